@@ -1,0 +1,129 @@
+"""`python -m vtc_jax replay TRACE.csv ...`: replay a trace under one policy.
+
+Bad input of any kind ends in one line `vtc_jax: error: ...` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from fractions import Fraction
+
+from vtc_jax.run import replay
+from vtc_jax.settings import DEFAULT_RPM_WINDOW, POLICIES, InputError, Settings
+from vtc_jax.workload import read_trace_csv
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (no usage block) and exit 2."""
+
+    def error(self, message):
+        raise InputError(message)
+
+
+def _weights(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(","))
+    if not text.strip() or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"weights must be comma-separated numbers, got {text!r}")
+    return parts
+
+
+def _int_arg(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vtc_jax", description="Exact fair-queueing simulator for LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    rp = sub.add_parser("replay", help="replay a trace CSV under one scheduler",
+                        description="Replay TRACE.csv (header arrival,client,prompt,output[,cached]; "
+                                    "arrival in steps) under one scheduler of MODEL.md.")
+    rp.add_argument("trace", help="trace CSV file")
+    rp.add_argument("--policy", required=True, choices=POLICIES, help="scheduler")
+    rp.add_argument("--kv-budget", required=True, type=_int_arg(1), metavar="M", help="KV budget in tokens")
+    rp.add_argument("--w-p", default="1", help="cost of a prefill token (exact decimal, default 1)")
+    rp.add_argument("--w-q", default="2", help="cost of a decode token (default 2)")
+    rp.add_argument("--beta", default="0", help="decode surcharge per context token (default 0)")
+    rp.add_argument("--weights", type=_weights, help="client weights w0,w1,... (default all 1)")
+    rp.add_argument("--rpm", type=_int_arg(1), metavar="R", help="admissions per client per window (policy rpm)")
+    rp.add_argument("--rpm-window", type=_int_arg(1), default=DEFAULT_RPM_WINDOW, metavar="W",
+                    help=f"rpm window in steps (default {DEFAULT_RPM_WINDOW})")
+    rp.add_argument("--clients", type=_int_arg(1), metavar="K", help="number of clients (default: largest id + 1)")
+    rp.add_argument("--steps", type=_int_arg(1), metavar="T",
+                    help="horizon in steps (default: until every request completed)")
+    rp.add_argument("--record-every", type=_int_arg(1), default=1000, metavar="N",
+                    help="service checkpoint every N steps (default 1000; the last step is always kept)")
+    rp.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
+    return parser
+
+
+def _number(value: Fraction):
+    """Exact integers stay integers in JSON; other values are floats."""
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def replay_command(args) -> dict:
+    trace = read_trace_csv(args.trace)
+    settings = Settings(policy=args.policy, kv_budget=args.kv_budget, w_p=args.w_p, w_q=args.w_q,
+                        beta=args.beta, weights=args.weights, rpm_limit=args.rpm,
+                        rpm_window=args.rpm_window)
+    num_clients = args.clients if args.clients is not None else trace.num_clients
+    result = replay(trace, settings, num_clients=num_clients, steps=args.steps,
+                    record_every=args.record_every)
+    if not result.finished[0]:
+        raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
+    steps = int(result.steps[0])
+    service = result.service_exact[0]
+    out = {
+        "steps": steps,
+        "clients": num_clients,
+        "service": [_number(x) for x in service],
+        "counters": [_number(x) for x in result.counters_exact[0]],
+        "admitted": [int(x) for x in result.admitted[0]],
+        "completed": [int(x) for x in result.completed[0]],
+        "max_drift": _number(result.max_drift_exact[0]),
+        "max_drift_step": int(result.max_drift_step[0]),
+        "throughput": float(sum(service) / steps),
+        "checkpoints": {"steps": [int(s) for s in result.checkpoint_steps],
+                        "service": [[_number(Fraction(v)) for v in row] for row in result.checkpoints[0]]},
+    }
+    return out
+
+
+def _summary(out: dict, policy: str) -> str:
+    lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
+             f"throughput {out['throughput']:.2f} weighted tokens/step, "
+             f"max drift {out['max_drift']} at step {out['max_drift_step']}",
+             f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9}"]
+    for k in range(out["clients"]):
+        lines.append(f"{k:>6} {out['service'][k]:>14} {out['counters'][k]:>14} "
+                     f"{out['admitted'][k]:>9} {out['completed'][k]:>9}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        out = replay_command(args)
+        if args.json:
+            try:
+                with open(args.json, "w") as fh:
+                    json.dump(out, fh, indent=1)
+            except OSError as err:
+                raise InputError(f"cannot write {args.json} ({err.strerror})") from None
+    except InputError as err:
+        print(f"vtc_jax: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(_summary(out, args.policy))
+    return 0

@@ -1,0 +1,282 @@
+"""The exact engine of MODEL.md as a pure JAX state machine.
+
+One lane is one simulated server. Its `State` advances by *events*, one per scan iteration,
+chosen per lane by masks (never a per-lane `lax.cond`: under vmap both branches run):
+
+  * ARRIVE  : some request with arrival <= t has not joined its FIFO yet: take up to
+              `arrival_width` more per client (phase 1, with the lift rule);
+  * ADMIT   : otherwise, the policy's candidate exists and fits: admit it (phase 2);
+  * FINISH  : otherwise, step t ends: decode and completion (phases 3-4), measures, t += 1,
+              and the first arrival batch of step t+1 (phase 1 again).
+
+A run of T steps takes T FINISH events, one ADMIT per admitted request and an ARRIVE per
+step whose arrivals exceed `arrival_width` for some client: at most T + 2 * requests
+iterations. Lanes that reach their horizon become no-ops (`done`).
+
+Queues are pointers (DESIGN.md): client k's FIFO is `[head_k, arrived_k)` in its stream.
+Decode is O(K): per client the number of running requests and the sum of their contexts;
+a completion calendar indexed by `completion step mod calendar_len` retires requests.
+All quantities are int32 in the exact units of settings.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from vtc_jax.settings import INT32_MAX, Params
+from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Workload
+
+I32 = jnp.int32
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static settings: changing one recompiles.
+
+    Attributes:
+      num_clients: K.
+      stream_len: N, rows per client stream (requests + look-ahead padding).
+      calendar_len: L >= the longest output: completion-calendar rows.
+      record_every: checkpoint W every this many steps (0: no checkpoints).
+      num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
+      arrival_width: arrivals per client taken in one event.
+      drain: run until every request completed (horizon is then only a safety bound).
+    """
+
+    num_clients: int
+    stream_len: int
+    calendar_len: int
+    record_every: int = 0
+    num_checkpoints: int = 0
+    arrival_width: int = 4
+    drain: bool = False
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class State:
+    """One lane's state (a batch adds a leading lane axis to every field).
+
+    Attributes:
+      step: int32[]  t, the step in progress (equals the steps run once `done`).
+      horizon: int32[]  T: steps to run (drain mode: a bound that suffices).
+      done: bool[]  reached the horizon (or, drain mode, every request completed).
+      head: int32[K]  stream index of client k's next request to admit.
+      arrived: int32[K]  requests of client k that have joined its FIFO.
+      counter: int32[K]  c_k in counter units.
+      service: int32[K]  W_k in cost units.
+      running: int32[K]  running requests of client k.
+      context: int32[K]  sum over those of prompt + generated.
+      cal_count: int32[L, K]  running requests completing at step = row (mod L).
+      cal_context: int32[L, K]  their contexts at completion (prompt + output).
+      last_left: int32[]  client of the last admitted request, -1 for none.
+      admitted, completed: int32[K]  request counts.
+      window_admits: int32[K]  admissions in the current rpm window.
+      max_drift: int32[]  max over finished steps of max_k W_k - min_k W_k (-1: none yet).
+      max_drift_step: int32[]  first step where it was reached.
+      checkpoints: int32[C, K]  W after steps record_every*(i+1) - 1.
+      iterations: int32[]  events consumed (for the budget check).
+    """
+
+    step: jax.Array
+    horizon: jax.Array
+    done: jax.Array
+    head: jax.Array
+    arrived: jax.Array
+    counter: jax.Array
+    service: jax.Array
+    running: jax.Array
+    context: jax.Array
+    cal_count: jax.Array
+    cal_context: jax.Array
+    last_left: jax.Array
+    admitted: jax.Array
+    completed: jax.Array
+    window_admits: jax.Array
+    max_drift: jax.Array
+    max_drift_step: jax.Array
+    checkpoints: jax.Array
+    iterations: jax.Array
+
+
+def init_state(config: EngineConfig, horizon: jax.Array) -> State:
+    """Empty server at step 0 (step 0's arrivals are taken by the first ARRIVE event)."""
+    k, zeros_k = config.num_clients, jnp.zeros(config.num_clients, I32)
+    calendar = jnp.zeros((config.calendar_len, k), I32)
+    return State(
+        step=jnp.zeros((), I32), horizon=jnp.asarray(horizon, I32),
+        done=jnp.asarray(horizon, I32) <= 0, head=zeros_k, arrived=zeros_k, counter=zeros_k,
+        service=zeros_k, running=zeros_k, context=zeros_k, cal_count=calendar,
+        cal_context=calendar, last_left=jnp.asarray(-1, I32), admitted=zeros_k,
+        completed=zeros_k, window_admits=zeros_k, max_drift=jnp.asarray(-1, I32),
+        max_drift_step=jnp.zeros((), I32),
+        checkpoints=jnp.zeros((config.num_checkpoints, k), I32),
+        iterations=jnp.zeros((), I32))
+
+
+def _rows_at(requests: jax.Array, index: jax.Array) -> jax.Array:
+    """requests[k, index[k], :] for every client: int32[K, 5]."""
+    return jnp.take_along_axis(requests, index[:, None, None], axis=1)[:, 0, :]
+
+
+def select_candidate(state: State, requests: jax.Array, params: Params):
+    """The policy's candidate (phase 2): one interface for every policy.
+
+    FCFS and RPM take the oldest head request (smallest global ORDER); LCF and VTC the
+    head of the least-counter backlogged client (argmin takes the smallest k on ties).
+    RPM's limit masks clients that used their window's admissions (INT32_MAX elsewhere).
+
+    Returns (has_candidate: bool[], client: int32[], row: int32[5]).
+    """
+    heads = _rows_at(requests, state.head)
+    eligible = (state.head < state.arrived) & (state.window_admits < params.rpm_limit)
+    oldest = jnp.argmin(jnp.where(eligible, heads[:, ORDER], INT32_MAX))
+    least = jnp.argmin(jnp.where(eligible, state.counter, INT32_MAX))
+    client = jnp.where(params.by_counter, least, oldest).astype(I32)
+    return eligible.any(), client, heads[client]
+
+
+def admit(state: State, client: jax.Array, row: jax.Array, params: Params, mask: jax.Array,
+          config: EngineConfig) -> State:
+    """Admit `row` of `client` where `mask` (phase 2, one request)."""
+    onehot = (jnp.arange(config.num_clients) == client) & mask
+    take = onehot.astype(I32)
+    prompt, output = row[PROMPT], row[OUTPUT]
+    charge = params.prefill_cost * (prompt - row[CACHED])
+    finish_row = (state.step + output - 1) % config.calendar_len
+    add = mask.astype(I32)
+    return dataclasses.replace(
+        state,
+        head=state.head + take,
+        running=state.running + take,
+        context=state.context + take * prompt,
+        service=state.service + take * charge,
+        counter=state.counter + take * charge * params.counter_mult,
+        admitted=state.admitted + take,
+        window_admits=state.window_admits + take,
+        last_left=jnp.where(mask, client, state.last_left),
+        cal_count=state.cal_count.at[finish_row, client].add(add),
+        cal_context=state.cal_context.at[finish_row, client].add(add * (prompt + output)),
+    )
+
+
+def finish_step(state: State, workload: Workload, params: Params, mask: jax.Array,
+                config: EngineConfig) -> State:
+    """Phases 3-4 of step t where `mask`, then the step's measures; t += 1."""
+    m = mask.astype(I32)
+    t = state.step
+    decode = params.decode_cost * state.running + params.context_cost * state.context
+    service = state.service + m * decode
+    counter = state.counter + m * decode * params.counter_mult
+    context = state.context + m * state.running
+    row = t % config.calendar_len
+    leaving, leaving_context = state.cal_count[row], state.cal_context[row]
+    running = state.running - m * leaving
+    context = context - m * leaving_context
+    completed = state.completed + m * leaving
+    cal_count = state.cal_count.at[row].add(-m * leaving)
+    cal_context = state.cal_context.at[row].add(-m * leaving_context)
+
+    drift = service.max() - service.min()
+    new_max = mask & (drift > state.max_drift)
+    checkpoints = state.checkpoints
+    if config.num_checkpoints:
+        due = mask & ((t + 1) % config.record_every == 0)
+        slot = jnp.minimum((t + 1) // config.record_every - 1, config.num_checkpoints - 1)
+        checkpoints = checkpoints.at[slot].set(jnp.where(due, service, checkpoints[slot]))
+
+    next_t = t + m
+    new_window = (next_t // params.rpm_window) != (t // params.rpm_window)
+    finished = next_t >= state.horizon
+    if config.drain:
+        finished |= completed.sum() == workload.num_requests
+    return dataclasses.replace(
+        state, step=next_t, done=state.done | (mask & finished), service=service, counter=counter,
+        running=running, context=context, completed=completed, cal_count=cal_count,
+        cal_context=cal_context,
+        max_drift=jnp.where(new_max, drift, state.max_drift),
+        max_drift_step=jnp.where(new_max, t, state.max_drift_step),
+        checkpoints=checkpoints,
+        window_admits=jnp.where(mask & new_window, 0, state.window_admits))
+
+
+def take_arrivals(state: State, requests: jax.Array, params: Params, mask: jax.Array,
+                  config: EngineConfig) -> State:
+    """Phase 1 at step t where `mask`: up to `arrival_width` arrivals per client.
+
+    The lift rule, applied request by request in trace order, reduces to one floor: if
+    some client is backlogged when the step's arrivals begin, every arriving client that was
+    not backlogged is lifted to that minimum (each lifted counter is >= it, so the minimum
+    never changes). If none is, the first newcomer in trace order is lifted to
+    c_{last_left}, and that value is the floor for every later newcomer. Only a client's
+    first arrival of a step can find it not backlogged, and every client's first arrival is
+    in the step's first batch, so later batches (no admissions in between) lift nobody.
+    """
+    width = config.arrival_width
+    index = state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
+    upcoming = jnp.take_along_axis(requests[:, :, ARRIVAL], index, axis=1)  # [K, width]
+    joining = jnp.where(mask, (upcoming <= state.step).sum(axis=1, dtype=I32), 0)
+    backlogged = state.head < state.arrived
+    newcomer = ~backlogged & (joining > 0)
+
+    first_order = jnp.where(newcomer, _rows_at(requests, state.arrived)[:, ORDER], INT32_MAX)
+    first = jnp.argmin(first_order)
+    has_last = params.lift_last_left & (state.last_left >= 0)
+    last_counter = state.counter[jnp.maximum(state.last_left, 0)]
+    first_floor = jnp.where(has_last, jnp.maximum(state.counter[first], last_counter),
+                            state.counter[first])
+    floor = jnp.where(backlogged.any(), jnp.where(backlogged, state.counter, INT32_MAX).min(),
+                      first_floor)
+    lifted = newcomer & params.lift
+    return dataclasses.replace(
+        state,
+        counter=jnp.where(lifted, jnp.maximum(state.counter, floor), state.counter),
+        arrived=state.arrived + joining)
+
+
+def iterate(state: State, workload: Workload, params: Params, config: EngineConfig) -> State:
+    """One event of one lane (see module docstring)."""
+    requests = workload.requests
+    active = ~state.done
+    next_arrival = _rows_at(requests, state.arrived)[:, ARRIVAL]
+    pending = active & (next_arrival <= state.step).any()
+    has_candidate, client, row = select_candidate(state, requests, params)
+    fits = state.context.sum() + row[PROMPT] <= params.kv_budget
+    admitting = active & ~pending & has_candidate & fits
+    finishing = active & ~pending & ~admitting
+
+    state = admit(state, client, row, params, admitting, config)
+    state = finish_step(state, workload, params, finishing, config)
+    arriving = pending | (finishing & ~state.done)
+    state = take_arrivals(state, requests, params, arriving, config)
+    return dataclasses.replace(state, iterations=state.iterations + active.astype(I32))
+
+
+def advance(state: State, workload: Workload, params: Params, config: EngineConfig,
+            num_events: int) -> State:
+    """`num_events` iterations of one lane."""
+
+    def body(carry, _):
+        return iterate(carry, workload, params, config), None
+
+    state, _ = jax.lax.scan(body, state, None, length=num_events)
+    return state
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_events", "shared_workload"))
+def advance_lanes(state: State, workload: Workload, params: Params, *, config: EngineConfig,
+                  num_events: int, shared_workload: bool) -> State:
+    """`advance` vmapped over a leading lane axis of state and params (and of the workload
+    unless `shared_workload`, when every lane replays the same one)."""
+    lane = functools.partial(advance, config=config, num_events=num_events)
+    return jax.vmap(lane, in_axes=(0, None if shared_workload else 0, 0))(state, workload, params)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def init_lanes(horizons: jax.Array, *, config: EngineConfig) -> State:
+    """Batched initial state, one lane per horizon: int32[B]."""
+    return jax.vmap(functools.partial(init_state, config))(horizons)

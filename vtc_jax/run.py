@@ -1,0 +1,271 @@
+"""Running lanes to their horizon, and the results users read.
+
+`run_lanes` is the one driver loop: it advances a batch of lanes in compiled chunks of
+events until every lane is done or the event budget (which always suffices for a valid
+input) is spent, and flags any lane that did not finish. `replay` wraps it for one trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
+from vtc_jax.settings import INT32_MAX, InputError, Scales, Settings, encode_settings
+from vtc_jax.workload import Trace, Workload, make_workload, pad_rows, requests_per_client
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneResults:
+    """Per-lane results in tokens (float64, exact to within 1e-9 relative) and counts.
+
+    Shapes: B lanes, K clients, C checkpoints.
+
+    Attributes:
+      steps: int64[B] horizon run (drain mode: last completion step + 1).
+      finished: bool[B] the lane reached its horizon (False: flagged, results partial).
+      service: float64[B, K] W_k after the last step.
+      counters: float64[B, K] c_k after the last step.
+      admitted, completed: int64[B, K] request counts.
+      max_drift: float64[B]; max_drift_step: int64[B].
+      throughput: float64[B] sum_k W_k / steps (weighted tokens per step).
+      checkpoint_steps: int64[C]; checkpoints: float64[B, C, K] W after those steps
+        (the last step is the last row; lanes with fewer steps repeat their final W).
+      service_exact, counters_exact: object[B, K]; max_drift_exact: object[B]: the same
+        values as exact Python Fractions.
+    """
+
+    steps: np.ndarray
+    finished: np.ndarray
+    service: np.ndarray
+    counters: np.ndarray
+    admitted: np.ndarray
+    completed: np.ndarray
+    max_drift: np.ndarray
+    max_drift_step: np.ndarray
+    throughput: np.ndarray
+    checkpoint_steps: np.ndarray
+    checkpoints: np.ndarray
+    service_exact: np.ndarray
+    counters_exact: np.ndarray
+    max_drift_exact: np.ndarray
+
+
+def service_bound(trace: Trace, settings: Settings, num_clients: int, horizon: int | None) -> tuple[float, float]:
+    """Upper bounds (cost units, counter units) on any lane total: every request that can
+    arrive charged its full prefill, all its decode tokens and their context surcharge.
+    Every counter is at most the sum of all scaled charges (a lift copies another's)."""
+    params, _ = encode_settings([settings], num_clients)
+    arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
+    p, o, c = (x[arrives].astype(np.float64) for x in (trace.prompt, trace.output, trace.cached))
+    per_request = (float(params.prefill_cost[0]) * (p - c) + float(params.decode_cost[0]) * o
+                   + float(params.context_cost[0]) * (o * p + o * (o - 1) / 2))
+    per_client = np.bincount(trace.client[arrives], weights=per_request, minlength=num_clients)
+    mult = np.asarray(params.counter_mult[0], dtype=np.float64)
+    return float(per_client.sum()), float((per_client * mult).sum())
+
+
+def check_fits_int32(trace: Trace, settings: Settings, num_clients: int, horizon: int | None) -> None:
+    """Refuse up front a run whose exact totals could pass int32."""
+    total, counter = service_bound(trace, settings, num_clients, horizon)
+    limit = float(INT32_MAX)
+    if total >= limit:
+        raise InputError(
+            f"total service could reach {total:.3g} cost units, past the exact int32 limit {INT32_MAX}; "
+            "shorten the horizon or the trace (or use integer costs)")
+    if counter >= limit:
+        raise InputError(
+            f"counters could reach {counter:.3g} units, past the exact int32 limit {INT32_MAX}; "
+            "weights spanning a wide range or fractional costs need a shorter run")
+
+
+def default_chunk(expected_events: int) -> int:
+    """Events per compiled call: about 1/8 of the expected run, so a finished batch wastes
+    little, and the host checks `done` only a few times."""
+    return int(min(8192, max(128, -(-expected_events // 8))))
+
+
+def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
+              config: EngineConfig, event_budget: int, shared_workload: bool,
+              chunk: int | None = None) -> tuple[State, Scales, np.ndarray]:
+    """Advance every lane until done or `event_budget` events; returns the final state,
+    the lanes' scales and `finished` (bool[B]). One compile per (config, chunk)."""
+    params, scales = encode_settings(settings, config.num_clients)
+    state = init_lanes(jnp.asarray(np.asarray(horizons, dtype=np.int32)), config=config)
+    chunk = chunk or default_chunk(int(max(horizons)))
+    spent = 0
+    while spent < event_budget and not bool(jax.device_get(state.done.all())):
+        state = advance_lanes(state, workload, params, config=config, num_events=chunk,
+                              shared_workload=shared_workload)
+        spent += chunk
+    finished = np.asarray(jax.device_get(state.done))
+    return state, scales, finished
+
+
+def _exact(units: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Integers in lane units -> exact Fractions; `scale` is per lane (object[B])."""
+    units = np.asarray(units, dtype=np.int64)
+    out = np.empty(units.shape, dtype=object)
+    for idx in np.ndindex(units.shape):
+        out[idx] = Fraction(int(units[idx]), int(scale[idx[0]]))
+    return out
+
+
+def _floats(exact: np.ndarray) -> np.ndarray:
+    return np.vectorize(float, otypes=[np.float64])(exact) if exact.size else np.zeros(exact.shape)
+
+
+def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineConfig) -> LaneResults:
+    """Host-side results from a final batched state."""
+    host = jax.device_get(state)
+    q = np.asarray([int(x) for x in scales.cost_scale], dtype=object)
+    qd = np.asarray([int(a) * int(b) for a, b in zip(scales.cost_scale, scales.counter_scale)], dtype=object)
+    service_exact = _exact(host.service, q)
+    counters_exact = _exact(host.counter, qd)
+    drift_exact = _exact(np.maximum(np.asarray(host.max_drift, np.int64), 0), q)
+    steps = np.asarray(host.step, dtype=np.int64)
+    ckpt_steps, ckpts = _checkpoints(host, config, steps, int(steps.max()) if steps.size else 0)
+    service = _floats(service_exact)
+    return LaneResults(
+        steps=steps, finished=finished, service=service, counters=_floats(counters_exact),
+        admitted=np.asarray(host.admitted, dtype=np.int64),
+        completed=np.asarray(host.completed, dtype=np.int64),
+        max_drift=_floats(drift_exact),
+        max_drift_step=np.asarray(host.max_drift_step, dtype=np.int64),
+        throughput=np.where(steps > 0, service.sum(axis=1) / np.maximum(steps, 1), 0.0),
+        checkpoint_steps=ckpt_steps, checkpoints=_floats(_exact(ckpts, q)),
+        service_exact=service_exact, counters_exact=counters_exact, max_drift_exact=drift_exact)
+
+
+def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray, max_steps: int):
+    """Checkpoint rows at steps N-1, 2N-1, ... below the longest run, plus its last step;
+    a lane that ran fewer steps repeats its final service."""
+    if not config.record_every or max_steps == 0:
+        return np.zeros(0, np.int64), np.zeros((len(steps), 0, config.num_clients), np.int64)
+    every = config.record_every
+    ckpt_steps = list(range(every - 1, max_steps, every))
+    if not ckpt_steps or ckpt_steps[-1] != max_steps - 1:
+        ckpt_steps.append(max_steps - 1)
+    buf = np.asarray(host.checkpoints, dtype=np.int64)
+    final = np.asarray(host.service, dtype=np.int64)
+    rows = []
+    for s in ckpt_steps:
+        slot = (s + 1) // every - 1
+        recorded = (s + 1) % every == 0 and slot < buf.shape[1]
+        lane_rows = np.where((s < steps - 1)[:, None] & recorded, buf[:, min(slot, buf.shape[1] - 1)] if recorded
+                             else final, final)
+        rows.append(lane_rows)
+    return np.asarray(ckpt_steps, np.int64), np.stack(rows, axis=1)
+
+
+def drain_horizon(trace: Trace, rpm_window: int) -> int:
+    """A horizon that drains `trace`: last arrival + sum of outputs + requests * rpm_window + 1.
+
+    A request never waits while the server is empty (its prompt fits M) except for an rpm
+    window to end (at most one window per admission; `rpm_window` = 0 for other policies),
+    and at every other step some request runs.
+    """
+    return int(trace.arrival.max()) + int(trace.output.sum()) + len(trace) * rpm_window + 1
+
+
+def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int,
+               steps: int | None, record_every: int, allow_unadmittable: bool = False,
+               arrival_width: int = 4) -> tuple[EngineConfig, list[int], int]:
+    """Validate lanes (trace i under settings i) and size their common static config.
+
+    Returns (config, horizons, event budget). Fixed horizon T: T + 2 * requests events
+    always suffice (T step ends, one admission per request, at most one extra arrival
+    event per request). Drain mode: `drain_horizon` steps suffice.
+    """
+    if num_clients < 1:
+        raise InputError(f"clients must be >= 1, got {num_clients}")
+    if len(settings) == 0:
+        raise InputError("no settings given (need at least one lane)")
+    if steps is not None and steps < 1:
+        raise InputError(f"steps must be >= 1, got {steps}")
+    horizons = []
+    for trace, s in zip(traces, settings, strict=True):
+        if len(trace) == 0:
+            raise InputError("the trace has no requests")
+        trace.validate(num_clients)
+        validate_fits(trace, s, steps, allow_unadmittable)
+        check_fits_int32(trace, s, num_clients, steps)
+        horizons.append(int(steps) if steps is not None else
+                        drain_horizon(trace, s.rpm_window if s.policy == "rpm" else 0))
+    longest = max(horizons)
+    if longest >= INT32_MAX // 2:
+        raise InputError(f"horizon {longest} steps exceeds the limit {INT32_MAX // 2}")
+    most_requests = max(int(requests_per_client(t, num_clients).max()) for t in traces)
+    config = EngineConfig(
+        num_clients=num_clients, stream_len=pad_rows(most_requests, arrival_width),
+        calendar_len=max(int(t.output.max()) for t in traces), record_every=record_every,
+        num_checkpoints=longest // record_every if record_every else 0,
+        arrival_width=arrival_width, drain=steps is None)
+    budget = longest + 2 * max(len(t) for t in traces) + 1
+    return config, horizons, budget
+
+
+def validate_fits(trace: Trace, settings: Settings, horizon: int | None, allow_unadmittable: bool) -> None:
+    """Refuse a prompt larger than M (it could never be admitted) unless explicitly allowed."""
+    arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
+    too_big = arrives & (trace.prompt > settings.kv_budget)
+    if too_big.any() and not allow_unadmittable:
+        row = int(np.argmax(too_big))
+        raise InputError(f"row {row + 1}: prompt {trace.prompt[row]} is larger than the KV budget M="
+                         f"{settings.kv_budget}; it could never be admitted")
+    if too_big.any() and horizon is None:
+        raise InputError("a prompt larger than M never completes: give a fixed number of steps")
+
+
+def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_clients: int,
+               steps: int | None = None, record_every: int = 0, chunk: int | None = None,
+               allow_unadmittable: bool = False, arrival_width: int = 4) -> LaneResults:
+    """Run lane i = trace i under settings i, all lanes in one compiled batch.
+
+    Args:
+      traces, settings: one per lane (equal lengths); every trace has `num_clients` clients.
+      num_clients: K (clients without requests still count in drift: their W stays 0).
+      steps: fixed horizon T, or None to run each lane until its requests all completed.
+      record_every: checkpoint service every N steps (0: only the last step).
+      chunk: events per compiled call (default: about 1/8 of the run).
+      allow_unadmittable: simulate prompts larger than M (they block their client's FIFO
+        and, head-of-line, admission) instead of refusing them (fixed horizon only).
+      arrival_width: arrivals per client taken per event (a speed knob; any value is exact).
+    """
+    if len(traces) != len(settings):
+        raise InputError(f"{len(traces)} traces for {len(settings)} settings")
+    config, horizons, budget = plan_lanes(traces, settings, num_clients, steps, record_every,
+                                          allow_unadmittable, arrival_width)
+    shared = all(t is traces[0] for t in traces)
+    if shared:
+        workload = make_workload(traces[0], num_clients, config.stream_len, steps)
+    else:
+        lanes = [make_workload(t, num_clients, config.stream_len, steps) for t in traces]
+        workload = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *lanes)
+    state, scales, finished = run_lanes(workload, settings, horizons, config=config,
+                                        event_budget=budget, shared_workload=shared, chunk=chunk)
+    return collect(state, scales, finished, config)
+
+
+def replay_lanes(trace: Trace, settings: Sequence[Settings], *, num_clients: int | None = None,
+                 **kwargs) -> LaneResults:
+    """Replay one trace under many settings at once (one lane per setting, one compile).
+    `num_clients` defaults to the largest client id + 1; other arguments as `run_traces`."""
+    num_clients = trace.num_clients if num_clients is None else int(num_clients)
+    return run_traces([trace] * len(settings), settings, num_clients=num_clients, **kwargs)
+
+
+def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResults:
+    """Replay one trace under one setting (a batch of one lane); see `replay_lanes`.
+
+    Example:
+      >>> trace = Trace.from_rows([(0, 0, 100, 20), (0, 1, 50, 40), (3, 0, 100, 20)])
+      >>> result = replay(trace, Settings(policy="vtc", kv_budget=256))
+      >>> result.service[0], result.max_drift[0]
+    """
+    return replay_lanes(trace, [settings or Settings()], **kwargs)
