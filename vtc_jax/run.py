@@ -8,6 +8,7 @@ input) is spent, and flags any lane that did not finish. `replay` wraps it for o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from fractions import Fraction
 from typing import Sequence
 
@@ -16,8 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
-from vtc_jax.settings import INT32_MAX, InputError, Scales, Settings, encode_settings
-from vtc_jax.workload import Trace, Workload, make_workload, pad_rows, requests_per_client
+from vtc_jax.settings import INT32_MAX, InputError, Params, Scales, Settings, encode_settings
+from vtc_jax.traffic import Traffic, TrafficParams, generate, stream_capacity
+from vtc_jax.workload import (ARRIVAL, CACHED, OUTPUT, PROMPT, Trace, Workload, make_workload, pad_rows,
+                              requests_per_client)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,8 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
         state = advance_lanes(state, workload, params, config=config, num_events=chunk,
                               shared_workload=shared_workload)
         spent += chunk
-    finished = np.asarray(jax.device_get(state.done))
+    finished = np.asarray(jax.device_get(state.done & ~workload.overflow))
+    finished = np.broadcast_to(finished, (len(settings),)).copy()
     return state, scales, finished
 
 
@@ -269,3 +273,89 @@ def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResu
       >>> result.service[0], result.max_drift[0]
     """
     return replay_lanes(trace, [settings or Settings()], **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("horizon", "capacity", "pad"))
+def generate_lanes(keys: jax.Array, traffic: TrafficParams, *, horizon: int, capacity: int,
+                   pad: int) -> Workload:
+    """`traffic.generate` vmapped over lane keys and lane traffic params."""
+    lane = functools.partial(generate, horizon=horizon, capacity=capacity, pad=pad)
+    return jax.vmap(lane)(keys, traffic)
+
+
+@jax.jit
+def cost_bound(workload: Workload, params: Params) -> jax.Array:
+    """float32[B]: per lane, the largest total a lane's charges could reach (cost units and
+    counter units, whichever is larger): every arriving request charged in full."""
+
+    def lane(wl, p):
+        r = wl.requests.astype(jnp.float32)
+        valid = wl.requests[..., ARRIVAL] < INT32_MAX
+        prompt, output, cached = r[..., PROMPT], r[..., OUTPUT], r[..., CACHED]
+        full = (p.prefill_cost * (prompt - cached) + p.decode_cost * output
+                + p.context_cost * (output * prompt + output * (output - 1) / 2))
+        per_client = jnp.where(valid, full, 0.0).sum(axis=1)
+        return jnp.maximum(per_client.sum(), (per_client * p.counter_mult).sum())
+
+    return jax.vmap(lane)(workload, params)
+
+
+def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
+    """One key per lane from its seed alone: the same seed gives the same trace in any batch."""
+    seeds = np.asarray(seeds, dtype=np.int64)
+    if seeds.ndim != 1 or (seeds < 0).any() or (seeds > INT32_MAX).any():
+        raise InputError("seeds must be integers in [0, 2^31)")
+    base = jax.random.key(base_seed)
+    return jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.asarray(seeds, jnp.uint32))
+
+
+def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
+    """Lane-batched traffic params; every lane must share K, the phase count and the pool size."""
+    encoded = [t.params() for t in traffics]
+    shapes = {jax.tree_util.tree_map(jnp.shape, e).__repr__() for e in encoded}
+    if len(shapes) != 1:
+        raise InputError("lanes' traffic must share clients, phase count and pool size")
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *encoded)
+
+
+def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int], *,
+                     base_seed: int = 0, record_every: int = 0, chunk: int | None = None,
+                     arrival_width: int = 4) -> LaneResults:
+    """Generate lane i's traffic from `seeds[i]` and run it under `settings[i]`, all lanes in
+    one compiled batch, for the traffic's horizon.
+
+    Args:
+      traffics: one `Traffic` per lane (equal horizon, clients and phase count).
+      settings: one `Settings` per lane.
+      seeds: one non-negative int per lane; the trace depends only on (base_seed, seed, traffic).
+      record_every: checkpoint service every N steps (0: only the last step).
+    """
+    if not (len(traffics) == len(settings) == len(seeds)):
+        raise InputError(f"{len(traffics)} traffics, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
+    if len(seeds) == 0:
+        raise InputError("no lanes: give at least one seed")
+    horizon, k = traffics[0].horizon, traffics[0].num_clients
+    if any(t.horizon != horizon for t in traffics):
+        raise InputError("every lane's traffic must have the same horizon")
+    if horizon * k >= INT32_MAX:
+        raise InputError(f"horizon x clients = {horizon * k} exceeds the int32 limit {INT32_MAX}")
+    max_prompt = max(t.max_lengths()[0] for t in traffics)
+    for s in settings:
+        if max_prompt > s.kv_budget:
+            raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
+                             "they could never be admitted")
+    capacity = max(stream_capacity(t) for t in traffics)
+    config = EngineConfig(
+        num_clients=k, stream_len=capacity + arrival_width + 1,
+        calendar_len=max(t.max_lengths()[1] for t in traffics), record_every=record_every,
+        num_checkpoints=horizon // record_every if record_every else 0, arrival_width=arrival_width)
+    params, _ = encode_settings(settings, k)
+    workload = generate_lanes(lane_keys(seeds, base_seed), stack_traffic(traffics), horizon=horizon,
+                              capacity=capacity, pad=arrival_width + 1)
+    bound = float(jax.device_get(cost_bound(workload, params)).max())
+    if bound >= 0.5 * INT32_MAX:  # float32 estimate: keep a 2x margin
+        raise InputError(f"totals could reach {bound:.3g} units, past the exact int32 limit; shorten the horizon")
+    budget = horizon + 2 * config.stream_len * k + 1
+    state, scales, finished = run_lanes(workload, settings, [horizon] * len(seeds), config=config,
+                                        event_budget=budget, shared_workload=False, chunk=chunk)
+    return collect(state, scales, finished, config)

@@ -169,10 +169,13 @@ class Workload:
         are padding with ARRIVAL = ORDER = INT32_MAX (they never arrive).
       num_requests: int32[] requests that arrive before the horizon (drain mode waits for
         all of them to complete).
+      overflow: bool[] a generated stream had more arrivals than rows: the lane is flagged
+        as not finished (never silently shortened).
     """
 
     requests: jax.Array
     num_requests: jax.Array
+    overflow: jax.Array
 
 
 def pad_rows(count: int, arrival_width: int) -> int:
@@ -206,4 +209,5 @@ def make_workload(trace: Trace, num_clients: int, stream_len: int, horizon: int 
     """Device layout of one trace. `horizon=None` counts every request (drain mode)."""
     arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
     return Workload(requests=jnp.asarray(layout_streams(trace, num_clients, stream_len)),
-                    num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32))
+                    num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32),
+                    overflow=jnp.asarray(False))

@@ -1,0 +1,91 @@
+"""Batching, jit and compile-count properties of the engine."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import jax
+import numpy as np
+import pytest
+
+from tests import reference as ref
+from tests.helpers import random_settings, run_reference, service_matrix, to_trace
+from vtc_jax import InputError, Settings, Trace, engine, replay, replay_lanes, run_traces
+
+
+def _random_lanes(seed: int, count: int, num_clients: int = 3):
+    rng = random.Random(seed)
+    traces, settings, requests = [], [], []
+    for i in range(count):
+        reqs, k, m = ref.random_trace(rng, num_clients=num_clients, num_requests=rng.randint(1, 25))
+        traces.append(to_trace(reqs))
+        settings.append(random_settings(rng, ("fcfs", "lcf", "vtc", "rpm")[i % 4], k, m))
+        requests.append(reqs)
+    return traces, settings, requests
+
+
+def test_jit_matches_no_jit():
+    traces, settings, requests = _random_lanes(7, 4)
+    kwargs = dict(num_clients=3, steps=30, record_every=1)
+    jitted = run_traces(traces, settings, **kwargs)
+    with jax.disable_jit():
+        eager = run_traces(traces, settings, chunk=64, **kwargs)
+    np.testing.assert_array_equal(jitted.checkpoints, eager.checkpoints)
+    assert (jitted.counters_exact == eager.counters_exact).all()
+    for lane, (reqs, s) in enumerate(zip(requests, settings)):
+        np.testing.assert_array_equal(eager.checkpoints[lane], service_matrix(run_reference(reqs, 3, s, 30)))
+
+
+def test_one_lane_equals_same_lane_in_batch_of_64():
+    traces, settings, _ = _random_lanes(11, 64)
+    batch = run_traces(traces, settings, num_clients=3, steps=40, record_every=1)
+    for lane in (0, 17, 63):
+        alone = run_traces([traces[lane]], [settings[lane]], num_clients=3, steps=40, record_every=1)
+        np.testing.assert_array_equal(alone.checkpoints[0], batch.checkpoints[lane])
+        assert list(alone.counters_exact[0]) == list(batch.counters_exact[lane])
+        assert alone.max_drift_step[0] == batch.max_drift_step[lane]
+
+
+def test_sweep_over_traced_settings_compiles_once(monkeypatch):
+    """M, w_p, w_q, beta, weights, policy, rpm limit and window all vary lane to lane and
+    call to call; `iterate` is traced once."""
+    traces = {}
+    calls = {"n": 0}
+    original = engine.iterate
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "iterate", counting)
+    jax.clear_caches()
+    trace = Trace.from_rows([(0, 0, 5, 7), (0, 1, 9, 3, 2), (2, 2, 4, 5), (6, 0, 8, 2), (6, 1, 3, 9)])
+    grid = [
+        [Settings("vtc", 16, weights=(1, 2, 3)), Settings("fcfs", 20, beta="0.5")],
+        [Settings("lcf", 12, w_p="1/3", w_q=5), Settings("rpm", 30, rpm_limit=1, rpm_window=3)],
+        [Settings("rpm", 9, rpm_limit=2, rpm_window=7, weights=("0.5", 1, 4)), Settings("vtc", 64, beta=2)],
+    ]
+    results = [replay_lanes(trace, lanes, num_clients=3, steps=25, chunk=32) for lanes in grid]
+    assert calls["n"] == 1
+    assert len({tuple(r.service[0]) for r in results}) == 3  # the settings did change the runs
+
+
+def test_refuses_totals_past_int32():
+    trace = Trace.from_rows([(0, 0, 30000, 100000)] * 4 + [(0, 1, 30000, 100000)] * 4)
+    with pytest.raises(InputError, match="int32"):
+        replay(trace, Settings("vtc", 32768, beta=1000))
+
+
+def test_fractional_settings_are_exact():
+    """beta = 0.1 and weight 3: service is an exact rational, reported within 1e-9."""
+    trace = Trace.from_rows([(0, 0, 7, 5), (1, 1, 3, 4), (2, 0, 2, 3)])
+    result = replay(trace, Settings("vtc", 16, beta="0.1", w_p="0.3", weights=(1, 3)))
+    expect = run_reference([ref.Request(0, 0, 7, 5), ref.Request(1, 1, 3, 4), ref.Request(2, 0, 2, 3)], 2,
+                           Settings("vtc", 16, beta="0.1", w_p="0.3", weights=(1, 3)), None)
+    assert list(result.service_exact[0]) == expect.service[-1]
+    assert list(result.counters_exact[0]) == expect.counters[-1]
+    assert expect.service[-1][0].denominator == 10
+    np.testing.assert_allclose(result.service[0], [float(x) for x in expect.service[-1]], rtol=1e-12)
+    assert result.counters_exact[0][1] == expect.counters[-1][1] and expect.counters[-1][1] != Fraction(
+        int(expect.counters[-1][1]))

@@ -1,0 +1,332 @@
+"""Generated traffic on device: per-client request streams from a key and traced rates.
+
+Arrivals are an inhomogeneous Poisson process in steps: client k's rate (requests per
+step) is piecewise linear over phases `[start_p, start_{p+1})`, and the number of its
+arrivals in step t is Poisson with mean lambda_k(t) (the rate at the step's start),
+independently over steps. It is drawn as one stream of unit-rate exponential gaps mapped
+through the cumulative intensity, so the cost is O(requests), not O(steps x draws).
+
+Determinism: a lane's trace depends only on its key and its `TrafficParams`, never on the
+batch it is generated in (derive lane keys with `jax.random.fold_in(base, seed_index)`).
+
+Lengths: per client, prompt and output uniform integers in [low, high] (constant when
+low == high), or resampled jointly from an empirical pool of (prompt, output) pairs (for
+example a real trace's rows); a cached-prefix fraction per client gives
+`cached = min(floor(fraction * prompt), prompt - 1)`.
+
+Requests in the same step are numbered client by client (trace order = (arrival, client,
+index)), so FCFS order is the key `arrival * K + client` among FIFO heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.settings import INT32_MAX, InputError
+from vtc_jax.workload import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT, Workload
+
+F32, I32 = jnp.float32, jnp.int32
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrafficParams:
+    """Traced traffic settings of one lane (a batch adds a leading axis to every field).
+
+    Attributes:
+      phase_start: int32[P]  first step of each phase; phase_start[0] == 0, increasing.
+      rate_start: float32[K, P]  rate (requests/step) of client k at the phase's start.
+      rate_end: float32[K, P]  rate at the phase's end (linear ramp; == rate_start: constant).
+      prompt_low, prompt_high: int32[K]  uniform prompt range (tokens, inclusive).
+      output_low, output_high: int32[K]  uniform output range (tokens, inclusive).
+      cached_fraction: float32[K]  fraction of every prompt served from a prefix cache.
+      empirical: bool[K]  draw (prompt, output) from `pool` instead of the ranges.
+      pool: int32[E, 2]  empirical (prompt, output) pairs (E >= 1; unused rows allowed
+        only as a dummy when no client is empirical).
+    """
+
+    phase_start: jax.Array
+    rate_start: jax.Array
+    rate_end: jax.Array
+    prompt_low: jax.Array
+    prompt_high: jax.Array
+    output_low: jax.Array
+    output_high: jax.Array
+    cached_fraction: jax.Array
+    empirical: jax.Array
+    pool: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A step interval [start, end) with per-client rates ramping linearly start -> end."""
+
+    start: int
+    end: int
+    rates: tuple[float, ...]
+    end_rates: tuple[float, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """Host description of a workload (validated); `params()` encodes it for the device.
+
+    Attributes:
+      phases: contiguous phases covering [0, horizon) exactly.
+      prompt, output: per-client (low, high) ranges, inclusive, in tokens.
+      cached_fraction: per-client fraction in [0, 1).
+      pool: optional (prompt, output) pairs to resample from, with `empirical` per client.
+    """
+
+    phases: tuple[Phase, ...]
+    prompt: tuple[tuple[int, int], ...]
+    output: tuple[tuple[int, int], ...]
+    cached_fraction: tuple[float, ...]
+    empirical: tuple[bool, ...] = ()
+    pool: np.ndarray | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def horizon(self) -> int:
+        return self.phases[-1].end
+
+    def validate(self) -> None:
+        k = self.num_clients
+        if k < 1:
+            raise InputError("traffic needs at least one client")
+        if not self.phases:
+            raise InputError("traffic needs at least one phase")
+        expected = 0
+        for i, ph in enumerate(self.phases):
+            if ph.start != expected:
+                raise InputError(f"phase {i} starts at step {ph.start}, expected {expected}: phases must "
+                                 "cover the horizon without gaps or overlaps")
+            if ph.end <= ph.start:
+                raise InputError(f"phase {i} is empty or reversed ([{ph.start}, {ph.end}))")
+            for rates in (ph.rates, ph.end_rates or ph.rates):
+                if len(rates) != k:
+                    raise InputError(f"phase {i} has {len(rates)} rates for {k} clients")
+                for c, r in enumerate(rates):
+                    if not math.isfinite(r) or r < 0:
+                        raise InputError(f"phase {i}: rate of client {c} must be finite and >= 0, got {r}")
+            expected = ph.end
+        for name, ranges in (("prompt", self.prompt), ("output", self.output)):
+            if len(ranges) != k:
+                raise InputError(f"{len(ranges)} {name} ranges for {k} clients")
+            for c, (lo, hi) in enumerate(ranges):
+                if lo < 1 or hi < lo:
+                    raise InputError(f"client {c}: {name} range [{lo}, {hi}] is empty or below 1")
+        if len(self.cached_fraction) != k or any(not 0 <= f < 1 for f in self.cached_fraction):
+            raise InputError("cached fraction must be one value in [0, 1) per client")
+        if any(self.empirical):
+            if self.pool is None or len(self.pool) == 0:
+                raise InputError("empirical lengths need a non-empty pool of (prompt, output) pairs")
+            if (np.asarray(self.pool) < 1).any():
+                raise InputError("empirical pool lengths must be >= 1")
+
+    def expected_requests(self) -> np.ndarray:
+        """float64[K]: mean number of arrivals per client over the horizon."""
+        total = np.zeros(self.num_clients)
+        for ph in self.phases:
+            t = np.arange(ph.start, ph.end)
+            lam = _ramp(np.asarray(ph.rates)[:, None], np.asarray(ph.end_rates or ph.rates)[:, None],
+                        (t - ph.start) / (ph.end - ph.start))
+            total += lam.sum(axis=1)
+        return total
+
+    def max_lengths(self) -> tuple[int, int]:
+        """Largest possible prompt and output."""
+        prompts = [hi for (_, hi), e in zip(self.prompt, self._empirical()) if not e]
+        outputs = [hi for (_, hi), e in zip(self.output, self._empirical()) if not e]
+        if any(self.empirical):
+            prompts.append(int(np.max(self.pool[:, 0])))
+            outputs.append(int(np.max(self.pool[:, 1])))
+        return max(prompts), max(outputs)
+
+    def _empirical(self) -> tuple[bool, ...]:
+        return self.empirical or (False,) * self.num_clients
+
+    def params(self) -> TrafficParams:
+        self.validate()
+        starts = [ph.start for ph in self.phases]
+        rate_start = np.asarray([ph.rates for ph in self.phases], np.float32).T
+        rate_end = np.asarray([ph.end_rates or ph.rates for ph in self.phases], np.float32).T
+        pool = np.asarray(self.pool if self.pool is not None else [[1, 1]], np.int32).reshape(-1, 2)
+        return TrafficParams(
+            phase_start=jnp.asarray(starts, I32), rate_start=jnp.asarray(rate_start),
+            rate_end=jnp.asarray(rate_end),
+            prompt_low=jnp.asarray([lo for lo, _ in self.prompt], I32),
+            prompt_high=jnp.asarray([hi for _, hi in self.prompt], I32),
+            output_low=jnp.asarray([lo for lo, _ in self.output], I32),
+            output_high=jnp.asarray([hi for _, hi in self.output], I32),
+            cached_fraction=jnp.asarray(self.cached_fraction, F32),
+            empirical=jnp.asarray(self._empirical(), bool), pool=jnp.asarray(pool))
+
+
+def _ramp(start, end, frac):
+    return start + (end - start) * frac
+
+
+# ---- host constructors: the workloads users ask for, as one-liners ------------------
+
+def _per_client(value, k: int, name: str) -> tuple:
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
+        if len(value) != k:
+            raise InputError(f"{len(value)} {name} values for {k} clients")
+        return tuple(tuple(v) for v in value)
+    return (tuple(value),) * k
+
+
+def overload(rates: Sequence[float], horizon: int, *, prompt=(64, 512), output=(32, 384),
+             cached_fraction: float | Sequence[float] = 0.0) -> Traffic:
+    """K clients with constant Poisson rates (requests per step) over [0, horizon).
+
+    `prompt`/`output`: one (low, high) range for all clients, or one per client.
+    """
+    k = len(rates)
+    return phased([(0, horizon, rates)], prompt=_per_client(prompt, k, "prompt"),
+                  output=_per_client(output, k, "output"), cached_fraction=cached_fraction)
+
+
+def phased(phases: Sequence, *, prompt=(64, 512), output=(32, 384),
+           cached_fraction: float | Sequence[float] = 0.0) -> Traffic:
+    """Per-client rate schedules: phases as (start, end, rates) or (start, end, rates,
+    end_rates) for a linear ramp. Phases must cover [0, horizon) without gaps or overlaps."""
+    phases = tuple(Phase(p[0], p[1], tuple(float(r) for r in p[2]),
+                         tuple(float(r) for r in p[3]) if len(p) > 3 else None) for p in phases)
+    if not phases:
+        raise InputError("traffic needs at least one phase")
+    k = len(phases[0].rates)
+    fractions = (tuple(float(f) for f in cached_fraction) if isinstance(cached_fraction, (list, tuple))
+                 else (float(cached_fraction),) * k)
+    traffic = Traffic(phases, _per_client(prompt, k, "prompt"), _per_client(output, k, "output"), fractions)
+    traffic.validate()
+    return traffic
+
+
+def silence_and_return(horizon: int, *, quiet_rate: float, quiet_until: int, silent_until: int,
+                       return_rate: float, other_rates: Sequence[float], **lengths) -> Traffic:
+    """Client 0 sends `quiet_rate` until `quiet_until`, is silent until `silent_until`, then
+    sends `return_rate`; the other clients send `other_rates` throughout (the seed's
+    "quiet, then bursty" experiment)."""
+    others = tuple(other_rates)
+    return phased([(0, quiet_until, (quiet_rate, *others)), (quiet_until, silent_until, (0.0, *others)),
+                   (silent_until, horizon, (return_rate, *others))], **lengths)
+
+
+def on_off(horizon: int, period: int, rates: Sequence[float], *, client: int = 0, **lengths) -> Traffic:
+    """`client` is silent in every odd period of `period` steps; others constant."""
+    phases, start, on = [], 0, True
+    while start < horizon:
+        end = min(start + period, horizon)
+        r = list(rates)
+        if not on:
+            r[client] = 0.0
+        phases.append((start, end, r))
+        start, on = end, not on
+    return phased(phases, **lengths)
+
+
+def ramp(horizon: int, start_rates: Sequence[float], end_rates: Sequence[float], **lengths) -> Traffic:
+    """Every client's rate ramps linearly from `start_rates` to `end_rates` over the horizon."""
+    return phased([(0, horizon, start_rates, end_rates)], **lengths)
+
+
+def resample(traffic: Traffic, pool: np.ndarray, clients: Sequence[int] | None = None) -> Traffic:
+    """`traffic` with (prompt, output) of `clients` (default all) drawn from `pool` rows,
+    e.g. `np.stack([trace.prompt, trace.output], 1)` of a real trace."""
+    k = traffic.num_clients
+    chosen = set(range(k) if clients is None else clients)
+    out = dataclasses.replace(traffic, empirical=tuple(c in chosen for c in range(k)),
+                              pool=np.asarray(pool, np.int64).reshape(-1, 2))
+    out.validate()
+    return out
+
+
+# ---- device generation ----------------------------------------------------------------
+
+def stream_capacity(traffic: Traffic) -> int:
+    """Rows per client stream: the mean plus 12 standard deviations plus 32, so overflow
+    (flagged, never silent) has negligible probability."""
+    mean = float(traffic.expected_requests().max())
+    return int(math.ceil(mean + 12 * math.sqrt(mean) + 32))
+
+
+def arrival_steps(points: jax.Array, params: TrafficParams, horizon: int) -> jax.Array:
+    """Map unit-rate points to steps: int32[K, n], the smallest t with Lambda_k(t) > point.
+
+    Lambda_k(t) = sum over s <= t of lambda_k(s), with lambda_k(s) = a + d * (s - start)
+    inside a phase of length L (a = rate_start, d = (rate_end - rate_start) / L). Inside the
+    phase that holds the point, the offset u = t - start is the smallest integer with
+    a*(u+1) + d*u*(u+1)/2 > R (R: the point minus Lambda before the phase), solved in closed
+    form: u = floor(x*), x* = 2R / ((a - d/2) + sqrt((a - d/2)^2 + 2 d R)). O(P) per point,
+    no O(horizon) table. Points past the horizon map to `horizon`.
+    """
+    starts = params.phase_start.astype(F32)
+    ends = jnp.append(params.phase_start[1:], horizon).astype(F32)
+    length = ends - starts  # [P]
+    a, b = params.rate_start, params.rate_end  # [K, P]
+    d = (b - a) / length
+    totals = length * a + d * length * (length - 1) / 2
+    before = jnp.cumsum(totals, axis=1) - totals  # Lambda before each phase, [K, P]
+    phase = (points[:, :, None] >= before[:, None, :]).sum(axis=2) - 1  # [K, n]
+    take = lambda x: jnp.take_along_axis(x, phase, axis=1)  # noqa: E731
+    a_p, d_p, rest = take(a), take(d), points - take(before)
+    half = a_p - d_p / 2
+    denom = half + jnp.sqrt(jnp.maximum(half * half + 2 * d_p * rest, 0.0))
+    offset = jnp.where(denom > 0, jnp.floor(2 * rest / jnp.where(denom > 0, denom, 1.0)), jnp.inf)
+    length_p = jnp.broadcast_to(length, a.shape)
+    last = phase == params.phase_start.shape[0] - 1
+    # Rounding may put a point one step past its phase; only the last phase may overflow.
+    offset = jnp.where(last, offset, jnp.minimum(offset, take(length_p) - 1))
+    step = take(jnp.broadcast_to(starts, a.shape)) + offset
+    return jnp.where(step < horizon, step, horizon).astype(I32)
+
+
+def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: int,
+             pad: int) -> Workload:
+    """One lane's streams: `Workload.requests` int32[K, capacity + pad, 5].
+
+    Requests arriving at or after `horizon` are dropped (they never arrive). If a client's
+    arrivals before the horizon exceed `capacity`, the lane's `overflow` flag is set.
+    """
+    k = params.prompt_low.shape[0]
+    # Three random words per request row: its exponential gap, its prompt, its output (or
+    # the pool row). Uniform integers take the word modulo the range: the bias is below
+    # range / 2^32 (< 1e-5 for ranges under 40k tokens).
+    words = jax.random.bits(key, (3, k, capacity + 1), dtype=jnp.uint32)
+    unit = (words[0] >> 8).astype(F32) * (1.0 / (1 << 24))  # [0, 1) in 2^-24 steps
+    points = jnp.cumsum(-jnp.log1p(-unit), axis=1)  # unit-rate Poisson process
+    arrival = arrival_steps(points, params, horizon)
+    overflow = (arrival[:, capacity] < horizon).any()
+    arrival = arrival[:, :capacity]
+    valid = arrival < horizon
+
+    def uniform(word, low, high):
+        span = (high - low + 1).astype(jnp.uint32)[:, None]
+        return low[:, None] + (word[:, :capacity] % span).astype(I32)
+
+    prompt = uniform(words[1], params.prompt_low, params.prompt_high)
+    output = uniform(words[2], params.output_low, params.output_high)
+    pick = (words[1, :, :capacity] % jnp.uint32(params.pool.shape[0])).astype(I32)
+    prompt = jnp.where(params.empirical[:, None], params.pool[pick, 0], prompt)
+    output = jnp.where(params.empirical[:, None], params.pool[pick, 1], output)
+    cached = jnp.minimum(jnp.floor(params.cached_fraction[:, None] * prompt).astype(I32), prompt - 1)
+    order = arrival * k + jnp.arange(k, dtype=I32)[:, None]
+    rows = jnp.stack([
+        jnp.where(valid, arrival, INT32_MAX), jnp.where(valid, order, INT32_MAX),
+        jnp.where(valid, prompt, 0), jnp.where(valid, output, 1), jnp.where(valid, cached, 0)], axis=-1)
+    padding = jnp.zeros((k, pad, NUM_FIELDS), I32).at[:, :, ARRIVAL].set(INT32_MAX)
+    padding = padding.at[:, :, ORDER].set(INT32_MAX).at[:, :, OUTPUT].set(1)
+    assert (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED) == (0, 1, 2, 3, 4)
+    return Workload(requests=jnp.concatenate([rows, padding], axis=1),
+                    num_requests=valid.sum(dtype=I32), overflow=overflow)
