@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from fractions import Fraction
 
-from vtc_jax.run import replay
+from vtc_jax.run import drain_horizon, replay
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, POLICIES, InputError, Settings
 from vtc_jax.workload import read_trace_csv
 
 EXIT_BAD_INPUT = 2
+# Clients are laid out densely (ids 0..K-1): a stray huge id must not allocate K streams.
+MAX_CLIENTS = 100_000
+# Service checkpoints kept on device: horizon // record_every * K int32 values at most.
+MAX_CHECKPOINT_VALUES = 1 << 26
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,14 +29,25 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
+def _number_text(text: str) -> str:
+    """An exact number as typed (settings.to_fraction parses it). Refuses texts whose exact
+    value would take long to build or print: a usable cost or weight fits int32 units, so
+    64 characters and a 2-digit exponent always suffice."""
+    _, _, exponent = text.strip().lower().partition("e")
+    if len(text) > 64 or len(exponent.lstrip("+-")) > 2:
+        shown = text if len(text) <= 24 else text[:24] + "..."
+        raise argparse.ArgumentTypeError(f"number too long or exponent out of range, got {shown!r}")
+    return text
+
+
 def _weights(text: str) -> tuple[str, ...]:
     parts = tuple(p.strip() for p in text.split(","))
     if not text.strip() or any(not p for p in parts):
         raise argparse.ArgumentTypeError(f"weights must be comma-separated numbers, got {text!r}")
-    return parts
+    return tuple(_number_text(p) for p in parts)
 
 
-def _int_arg(minimum: int):
+def _int_arg(minimum: int, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -39,6 +55,8 @@ def _int_arg(minimum: int):
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
     return parse
 
@@ -52,14 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("trace", help="trace CSV file")
     rp.add_argument("--policy", required=True, choices=POLICIES, help="scheduler")
     rp.add_argument("--kv-budget", required=True, type=_int_arg(1), metavar="M", help="KV budget in tokens")
-    rp.add_argument("--w-p", default="1", help="cost of a prefill token (exact decimal, default 1)")
-    rp.add_argument("--w-q", default="2", help="cost of a decode token (default 2)")
-    rp.add_argument("--beta", default="0", help="decode surcharge per context token (default 0)")
+    rp.add_argument("--w-p", default="1", type=_number_text, help="cost of a prefill token (exact decimal, default 1)")
+    rp.add_argument("--w-q", default="2", type=_number_text, help="cost of a decode token (default 2)")
+    rp.add_argument("--beta", default="0", type=_number_text, help="decode surcharge per context token (default 0)")
     rp.add_argument("--weights", type=_weights, help="client weights w0,w1,... (default all 1)")
     rp.add_argument("--rpm", type=_int_arg(1), metavar="R", help="admissions per client per window (policy rpm)")
     rp.add_argument("--rpm-window", type=_int_arg(1), default=DEFAULT_RPM_WINDOW, metavar="W",
                     help=f"rpm window in steps (default {DEFAULT_RPM_WINDOW})")
-    rp.add_argument("--clients", type=_int_arg(1), metavar="K", help="number of clients (default: largest id + 1)")
+    rp.add_argument("--clients", type=_int_arg(1, MAX_CLIENTS), metavar="K", help="number of clients (default: largest id + 1)")
     rp.add_argument("--steps", type=_int_arg(1), metavar="T",
                     help="horizon in steps (default: until every request completed)")
     rp.add_argument("--record-every", type=_int_arg(1), default=1000, metavar="N",
@@ -79,8 +97,24 @@ def replay_command(args) -> dict:
                         beta=args.beta, weights=args.weights, rpm_limit=args.rpm,
                         rpm_window=args.rpm_window)
     num_clients = args.clients if args.clients is not None else trace.num_clients
-    result = replay(trace, settings, num_clients=num_clients, steps=args.steps,
-                    record_every=args.record_every)
+    if num_clients > MAX_CLIENTS:
+        line = int(trace.client.argmax()) + 2  # data row r is file line r + 1
+        raise InputError(f"{args.trace}: line {line}: client id {num_clients - 1} needs {num_clients} clients "
+                         f"(ids are 0..K-1); at most {MAX_CLIENTS} are supported")
+    horizon = args.steps or drain_horizon(trace, args.rpm_window if args.policy == "rpm" else 0)
+    if horizon // args.record_every * num_clients > MAX_CHECKPOINT_VALUES:
+        raise InputError(f"--record-every {args.record_every} over up to {horizon} steps keeps more than "
+                         f"{MAX_CHECKPOINT_VALUES} checkpoint values for {num_clients} clients; "
+                         "use a larger --record-every")
+    try:
+        result = replay(trace, settings, num_clients=num_clients, steps=args.steps,
+                        record_every=args.record_every)
+    except InputError as err:
+        # The trace checks name data row r; the CSV reader names file line r + 1.
+        match = re.match(r"row (\d+): (.*)", str(err), re.S)
+        if match:
+            raise InputError(f"{args.trace}: line {int(match.group(1)) + 1}: {match.group(2)}") from None
+        raise
     if not result.finished[0]:
         raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
     steps = int(result.steps[0])
@@ -123,7 +157,8 @@ def main(argv=None) -> int:
             except OSError as err:
                 raise InputError(f"cannot write {args.json} ({err.strerror})") from None
     except InputError as err:
-        print(f"vtc_jax: error: {err}", file=sys.stderr)
+        message = str(err).replace("\r", "\\r").replace("\n", "\\n")  # always one line
+        print(f"vtc_jax: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(_summary(out, args.policy))
     return 0

@@ -27,6 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_arrivals, on_finish, request_cost
 from vtc_jax.settings import INT32_MAX, Params
 from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Workload
 
@@ -45,6 +46,7 @@ class EngineConfig:
       num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
       arrival_width: arrivals per client taken in one event.
       drain: run until every request completed (horizon is then only a safety bound).
+      measures: which optional measures to accumulate.
     """
 
     num_clients: int
@@ -54,6 +56,7 @@ class EngineConfig:
     num_checkpoints: int = 0
     arrival_width: int = 4
     drain: bool = False
+    measures: MeasureConfig = MeasureConfig()
 
 
 @jax.tree_util.register_dataclass
@@ -76,9 +79,7 @@ class State:
       last_left: int32[]  client of the last admitted request, -1 for none.
       admitted, completed: int32[K]  request counts.
       window_admits: int32[K]  admissions in the current rpm window.
-      max_drift: int32[]  max over finished steps of max_k W_k - min_k W_k (-1: none yet).
-      max_drift_step: int32[]  first step where it was reached.
-      checkpoints: int32[C, K]  W after steps record_every*(i+1) - 1.
+      measures: Measures  accumulated measures (measures.py).
       iterations: int32[]  events consumed (for the budget check).
     """
 
@@ -97,9 +98,7 @@ class State:
     admitted: jax.Array
     completed: jax.Array
     window_admits: jax.Array
-    max_drift: jax.Array
-    max_drift_step: jax.Array
-    checkpoints: jax.Array
+    measures: Measures
     iterations: jax.Array
 
 
@@ -112,9 +111,8 @@ def init_state(config: EngineConfig, horizon: jax.Array) -> State:
         done=jnp.asarray(horizon, I32) <= 0, head=zeros_k, arrived=zeros_k, counter=zeros_k,
         service=zeros_k, running=zeros_k, context=zeros_k, cal_count=calendar,
         cal_context=calendar, last_left=jnp.asarray(-1, I32), admitted=zeros_k,
-        completed=zeros_k, window_admits=zeros_k, max_drift=jnp.asarray(-1, I32),
-        max_drift_step=jnp.zeros((), I32),
-        checkpoints=jnp.zeros((config.num_checkpoints, k), I32),
+        completed=zeros_k, window_admits=zeros_k,
+        measures=init_measures(k, config.num_checkpoints, config.measures),
         iterations=jnp.zeros((), I32))
 
 
@@ -161,6 +159,8 @@ def admit(state: State, client: jax.Array, row: jax.Array, params: Params, mask:
         last_left=jnp.where(mask, client, state.last_left),
         cal_count=state.cal_count.at[finish_row, client].add(add),
         cal_context=state.cal_context.at[finish_row, client].add(add * (prompt + output)),
+        measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output,
+                          state.horizon),
     )
 
 
@@ -181,14 +181,8 @@ def finish_step(state: State, workload: Workload, params: Params, mask: jax.Arra
     cal_count = state.cal_count.at[row].add(-m * leaving)
     cal_context = state.cal_context.at[row].add(-m * leaving_context)
 
-    drift = service.max() - service.min()
-    new_max = mask & (drift > state.max_drift)
-    checkpoints = state.checkpoints
-    if config.num_checkpoints:
-        due = mask & ((t + 1) % config.record_every == 0)
-        slot = jnp.minimum((t + 1) // config.record_every - 1, config.num_checkpoints - 1)
-        checkpoints = checkpoints.at[slot].set(jnp.where(due, service, checkpoints[slot]))
-
+    measures = on_finish(state.measures, mask, t, service, state.head, state.arrived, state.running,
+                         state.context.sum(), params.share_window, config.record_every)
     next_t = t + m
     new_window = (next_t // params.rpm_window) != (t // params.rpm_window)
     finished = next_t >= state.horizon
@@ -197,10 +191,7 @@ def finish_step(state: State, workload: Workload, params: Params, mask: jax.Arra
     return dataclasses.replace(
         state, step=next_t, done=state.done | (mask & finished), service=service, counter=counter,
         running=running, context=context, completed=completed, cal_count=cal_count,
-        cal_context=cal_context,
-        max_drift=jnp.where(new_max, drift, state.max_drift),
-        max_drift_step=jnp.where(new_max, t, state.max_drift_step),
-        checkpoints=checkpoints,
+        cal_context=cal_context, measures=measures,
         window_admits=jnp.where(mask & new_window, 0, state.window_admits))
 
 
@@ -218,8 +209,9 @@ def take_arrivals(state: State, requests: jax.Array, params: Params, mask: jax.A
     """
     width = config.arrival_width
     index = state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
-    upcoming = jnp.take_along_axis(requests[:, :, ARRIVAL], index, axis=1)  # [K, width]
-    joining = jnp.where(mask, (upcoming <= state.step).sum(axis=1, dtype=I32), 0)
+    upcoming = jnp.take_along_axis(requests, index[:, :, None], axis=1)  # [K, width, 5]
+    joins = mask & (upcoming[..., ARRIVAL] <= state.step)  # sorted: a prefix of each row
+    joining = joins.sum(axis=1, dtype=I32)
     backlogged = state.head < state.arrived
     newcomer = ~backlogged & (joining > 0)
 
@@ -232,10 +224,13 @@ def take_arrivals(state: State, requests: jax.Array, params: Params, mask: jax.A
     floor = jnp.where(backlogged.any(), jnp.where(backlogged, state.counter, INT32_MAX).min(),
                       first_floor)
     lifted = newcomer & params.lift
+    cost = request_cost(upcoming[..., PROMPT], upcoming[..., OUTPUT], upcoming[..., CACHED],
+                        params.prefill_cost, params.decode_cost, params.context_cost)
     return dataclasses.replace(
         state,
         counter=jnp.where(lifted, jnp.maximum(state.counter, floor), state.counter),
-        arrived=state.arrived + joining)
+        arrived=state.arrived + joining,
+        measures=on_arrivals(state.measures, state.step, cost, joins, config.record_every))
 
 
 def iterate(state: State, workload: Workload, params: Params, config: EngineConfig) -> State:

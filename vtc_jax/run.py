@@ -17,46 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
+from vtc_jax.results import LaneResults, collect
 from vtc_jax.settings import INT32_MAX, InputError, Params, Scales, Settings, encode_settings
 from vtc_jax.traffic import Traffic, TrafficParams, generate, stream_capacity
 from vtc_jax.workload import (ARRIVAL, CACHED, OUTPUT, PROMPT, Trace, Workload, make_workload, pad_rows,
                               requests_per_client)
-
-
-@dataclasses.dataclass(frozen=True)
-class LaneResults:
-    """Per-lane results in tokens (float64, exact to within 1e-9 relative) and counts.
-
-    Shapes: B lanes, K clients, C checkpoints.
-
-    Attributes:
-      steps: int64[B] horizon run (drain mode: last completion step + 1).
-      finished: bool[B] the lane reached its horizon (False: flagged, results partial).
-      service: float64[B, K] W_k after the last step.
-      counters: float64[B, K] c_k after the last step.
-      admitted, completed: int64[B, K] request counts.
-      max_drift: float64[B]; max_drift_step: int64[B].
-      throughput: float64[B] sum_k W_k / steps (weighted tokens per step).
-      checkpoint_steps: int64[C]; checkpoints: float64[B, C, K] W after those steps
-        (the last step is the last row; lanes with fewer steps repeat their final W).
-      service_exact, counters_exact: object[B, K]; max_drift_exact: object[B]: the same
-        values as exact Python Fractions.
-    """
-
-    steps: np.ndarray
-    finished: np.ndarray
-    service: np.ndarray
-    counters: np.ndarray
-    admitted: np.ndarray
-    completed: np.ndarray
-    max_drift: np.ndarray
-    max_drift_step: np.ndarray
-    throughput: np.ndarray
-    checkpoint_steps: np.ndarray
-    checkpoints: np.ndarray
-    service_exact: np.ndarray
-    counters_exact: np.ndarray
-    max_drift_exact: np.ndarray
 
 
 def service_bound(trace: Trace, settings: Settings, num_clients: int, horizon: int | None) -> tuple[float, float]:
@@ -109,62 +74,6 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
     finished = np.asarray(jax.device_get(state.done & ~workload.overflow))
     finished = np.broadcast_to(finished, (len(settings),)).copy()
     return state, scales, finished
-
-
-def _exact(units: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Integers in lane units -> exact Fractions; `scale` is per lane (object[B])."""
-    units = np.asarray(units, dtype=np.int64)
-    out = np.empty(units.shape, dtype=object)
-    for idx in np.ndindex(units.shape):
-        out[idx] = Fraction(int(units[idx]), int(scale[idx[0]]))
-    return out
-
-
-def _floats(exact: np.ndarray) -> np.ndarray:
-    return np.vectorize(float, otypes=[np.float64])(exact) if exact.size else np.zeros(exact.shape)
-
-
-def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineConfig) -> LaneResults:
-    """Host-side results from a final batched state."""
-    host = jax.device_get(state)
-    q = np.asarray([int(x) for x in scales.cost_scale], dtype=object)
-    qd = np.asarray([int(a) * int(b) for a, b in zip(scales.cost_scale, scales.counter_scale)], dtype=object)
-    service_exact = _exact(host.service, q)
-    counters_exact = _exact(host.counter, qd)
-    drift_exact = _exact(np.maximum(np.asarray(host.max_drift, np.int64), 0), q)
-    steps = np.asarray(host.step, dtype=np.int64)
-    ckpt_steps, ckpts = _checkpoints(host, config, steps, int(steps.max()) if steps.size else 0)
-    service = _floats(service_exact)
-    return LaneResults(
-        steps=steps, finished=finished, service=service, counters=_floats(counters_exact),
-        admitted=np.asarray(host.admitted, dtype=np.int64),
-        completed=np.asarray(host.completed, dtype=np.int64),
-        max_drift=_floats(drift_exact),
-        max_drift_step=np.asarray(host.max_drift_step, dtype=np.int64),
-        throughput=np.where(steps > 0, service.sum(axis=1) / np.maximum(steps, 1), 0.0),
-        checkpoint_steps=ckpt_steps, checkpoints=_floats(_exact(ckpts, q)),
-        service_exact=service_exact, counters_exact=counters_exact, max_drift_exact=drift_exact)
-
-
-def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray, max_steps: int):
-    """Checkpoint rows at steps N-1, 2N-1, ... below the longest run, plus its last step;
-    a lane that ran fewer steps repeats its final service."""
-    if not config.record_every or max_steps == 0:
-        return np.zeros(0, np.int64), np.zeros((len(steps), 0, config.num_clients), np.int64)
-    every = config.record_every
-    ckpt_steps = list(range(every - 1, max_steps, every))
-    if not ckpt_steps or ckpt_steps[-1] != max_steps - 1:
-        ckpt_steps.append(max_steps - 1)
-    buf = np.asarray(host.checkpoints, dtype=np.int64)
-    final = np.asarray(host.service, dtype=np.int64)
-    rows = []
-    for s in ckpt_steps:
-        slot = (s + 1) // every - 1
-        recorded = (s + 1) % every == 0 and slot < buf.shape[1]
-        lane_rows = np.where((s < steps - 1)[:, None] & recorded, buf[:, min(slot, buf.shape[1] - 1)] if recorded
-                             else final, final)
-        rows.append(lane_rows)
-    return np.asarray(ckpt_steps, np.int64), np.stack(rows, axis=1)
 
 
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
@@ -253,7 +162,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
         workload = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *lanes)
     state, scales, finished = run_lanes(workload, settings, horizons, config=config,
                                         event_budget=budget, shared_workload=shared, chunk=chunk)
-    return collect(state, scales, finished, config)
+    return collect(state, scales, finished, config, settings, workload)
 
 
 def replay_lanes(trace: Trace, settings: Sequence[Settings], *, num_clients: int | None = None,
@@ -358,4 +267,4 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
     budget = horizon + 2 * config.stream_len * k + 1
     state, scales, finished = run_lanes(workload, settings, [horizon] * len(seeds), config=config,
                                         event_budget=budget, shared_workload=False, chunk=chunk)
-    return collect(state, scales, finished, config)
+    return collect(state, scales, finished, config, settings, workload)

@@ -68,6 +68,8 @@ class Settings:
       rpm_window: window length in steps for "rpm".
       lift_last_left: MODEL.md's `last_left` clause of the lift (False: the artifact's
         variant, which keeps a returning client's counter when nobody is backlogged).
+      share_window: (start, end) steps of the window whose per-client service share is
+        measured (W(end-1) - W(start-1)); (0, 0): none.
     """
 
     policy: str = "vtc"
@@ -79,6 +81,7 @@ class Settings:
     rpm_limit: int | None = None
     rpm_window: int = DEFAULT_RPM_WINDOW
     lift_last_left: bool = True
+    share_window: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -103,6 +106,10 @@ class Settings:
         elif self.rpm_limit is not None:
             raise InputError(f"an rpm limit was given but the policy is {self.policy!r}, not rpm")
         set_("rpm_window", _positive_int(self.rpm_window, "rpm window"))
+        start, end = (int(x) for x in self.share_window)
+        if not 0 <= start <= end or end > INT32_MAX // 2:
+            raise InputError(f"share window must be 0 <= start <= end, got {self.share_window}")
+        set_("share_window", (start, end))
 
     def client_weights(self, num_clients: int) -> tuple[Fraction, ...]:
         if self.weights is None:
@@ -143,6 +150,7 @@ class Params:
       lift_last_left: bool[]  include the `last_left` clause of the lift.
       rpm_limit: int32[]  admissions per client per window (INT32_MAX: unlimited).
       rpm_window: int32[]  window length in steps.
+      share_window: int32[2]  (start, end) of the service-share window.
     """
 
     kv_budget: jax.Array
@@ -155,6 +163,7 @@ class Params:
     lift_last_left: jax.Array
     rpm_limit: jax.Array
     rpm_window: jax.Array
+    share_window: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +200,8 @@ def encode_settings(settings: Sequence[Settings], num_clients: int) -> tuple[Par
         if max(mult) > INT32_MAX:
             raise InputError(f"weights span too wide a range for exact int32 counters ({max(mult)} units)")
         rows.append((s.kv_budget, *scaled, mult, s.policy in ("lcf", "vtc"), s.policy == "vtc",
-                     s.lift_last_left, s.rpm_limit if s.policy == "rpm" else INT32_MAX, s.rpm_window))
+                     s.lift_last_left, s.rpm_limit if s.policy == "rpm" else INT32_MAX, s.rpm_window,
+                     s.share_window))
         cost_scales.append(q)
         counter_scales.append(d)
     cols = list(zip(*rows))
@@ -201,7 +211,7 @@ def encode_settings(settings: Sequence[Settings], num_clients: int) -> tuple[Par
         context_cost=i32(cols[3]), counter_mult=i32(cols[4]),
         by_counter=jnp.asarray(cols[5], dtype=bool), lift=jnp.asarray(cols[6], dtype=bool),
         lift_last_left=jnp.asarray(cols[7], dtype=bool), rpm_limit=i32(cols[8]),
-        rpm_window=i32(cols[9]))
+        rpm_window=i32(cols[9]), share_window=i32(cols[10]))
     scales = Scales(cost_scale=np.asarray(cost_scales, dtype=object),
                     counter_scale=np.asarray(counter_scales, dtype=object))
     return params, scales

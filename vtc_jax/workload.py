@@ -108,6 +108,8 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader)
+        while not any(cell.strip() for cell in header):  # blank lines before the header
+            header = next(reader)
     except StopIteration:
         raise InputError(f"{source}: empty file (expected header {','.join(REQUIRED_COLUMNS)}[,cached])") from None
     except csv.Error as err:
@@ -133,9 +135,11 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
                 cell = cell.strip()
                 if not _INT_RE.match(cell):
                     raise InputError(f"{source}: line {line_no}: {name} must be a non-negative integer, got {cell!r}")
-                value = int(cell)
-                if value > INT32_MAX:
-                    raise InputError(f"{source}: line {line_no}: {name} {value} exceeds {INT32_MAX}")
+                digits = cell.lstrip("+").lstrip("0") or "0"
+                if len(digits) > len(str(INT32_MAX)) or int(digits) > INT32_MAX:  # no int() of huge text
+                    shown = digits if len(digits) <= 24 else digits[:24] + "..."
+                    raise InputError(f"{source}: line {line_no}: {name} {shown} exceeds {INT32_MAX}")
+                value = int(digits)
                 columns[name].append(value)
     except csv.Error as err:
         raise InputError(f"{source}: malformed CSV ({err})") from None

@@ -1,0 +1,201 @@
+"""Measures accumulated in the scan carry (device side).
+
+Everything a sweep reports is folded into `Measures` as the lane runs; time series exist
+only at the checkpoint stride `record_every`. The engine calls three hooks:
+
+  on_arrivals(m, ...)  requests joining their FIFO (demand per stride bucket);
+  on_admit(m, ...)     one admission (latency histograms, raw tokens);
+  on_finish(m, ...)    the end of a step (drift, pair drift, occupancy, checkpoints, windows).
+
+Units: service-like quantities are in the lane's integer cost units (settings.py).
+Latency histograms: bin b < 64 holds exactly b steps; above, 8 bins per octave, so a
+percentile read from them is exact below 64 steps and within 1/8 octave (about 9%) above.
+Long sums (occupancy, latencies) use a two-word int32 accumulator (`WideSum`), exact up to
+2^51.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+I32 = jnp.int32
+EXACT_BINS = 64
+BINS_PER_OCTAVE = 8
+LATENCY_BINS = EXACT_BINS + BINS_PER_OCTAVE * 25  # covers every int32 latency
+WIDE_SHIFT = 20  # WideSum low word holds 20 bits; values added must be < 2^31 - 2^20
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureConfig:
+    """Static switches for the heavier measures.
+
+    Attributes:
+      pair_drift: track drift over jointly backlogged intervals for every client pair
+        (O(K^2) state; sized for small K).
+      latency: per-client waiting/completion-time histograms (O(K * LATENCY_BINS)).
+    """
+
+    pair_drift: bool = True
+    latency: bool = True
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Measures:
+    """One lane's accumulators. K clients, C checkpoint rows, Kp = K if pair drift else 1.
+
+    Attributes:
+      max_drift: int32[]  max over steps of max_k W_k - min_k W_k (-1 before any step).
+      max_drift_step: int32[]  first step reaching it.
+      checkpoints: int32[C, K]  W after steps (i+1)*record_every - 1.
+      demand: int32[C, K]  full cost of requests arriving in bucket i (steps
+        [i*record_every, (i+1)*record_every)).
+      backlogged_in: bool[C, K]  client backlogged (after arrivals) at some step of bucket i.
+      service_at_start: int32[K]  W at the start of the current step.
+      head_at_start: int32[K]  FIFO heads at the start of the current step.
+      in_period: bool[Kp, Kp]  pair (f, g) jointly backlogged at the previous step.
+      period_max, period_min: int32[Kp, Kp]  extremes of W_f - W_g within the current
+        jointly backlogged period (its value before the period included).
+      pair_drift: int32[Kp, Kp]  max over periods of (period_max - period_min).
+      share_start, share_end: int32[K]  W at the share window's edges.
+      raw_tokens: int32[K]  prompt tokens admitted plus tokens decoded.
+      occupancy_sum: int32[2]  WideSum of the KV tokens held at each decode phase.
+      wait_hist, done_hist: int32[K, B]  latency histograms (B = LATENCY_BINS or 0).
+      wait_sum, done_sum: int32[K, 2]  WideSums of waiting and completion times.
+    """
+
+    max_drift: jax.Array
+    max_drift_step: jax.Array
+    checkpoints: jax.Array
+    demand: jax.Array
+    backlogged_in: jax.Array
+    service_at_start: jax.Array
+    head_at_start: jax.Array
+    in_period: jax.Array
+    period_max: jax.Array
+    period_min: jax.Array
+    pair_drift: jax.Array
+    share_start: jax.Array
+    share_end: jax.Array
+    raw_tokens: jax.Array
+    occupancy_sum: jax.Array
+    wait_hist: jax.Array
+    done_hist: jax.Array
+    wait_sum: jax.Array
+    done_sum: jax.Array
+
+
+def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig) -> Measures:
+    k, c = num_clients, num_checkpoints
+    kp = k if config.pair_drift else 1
+    bins = LATENCY_BINS if config.latency else 0
+    zk = jnp.zeros(k, I32)
+    pair = jnp.zeros((kp, kp), I32)
+    return Measures(
+        max_drift=jnp.asarray(-1, I32), max_drift_step=jnp.zeros((), I32),
+        checkpoints=jnp.zeros((c, k), I32), demand=jnp.zeros((c, k), I32),
+        backlogged_in=jnp.zeros((c, k), bool), service_at_start=zk, head_at_start=zk,
+        in_period=jnp.zeros((kp, kp), bool), period_max=pair, period_min=pair, pair_drift=pair,
+        share_start=zk, share_end=zk, raw_tokens=zk, occupancy_sum=jnp.zeros(2, I32),
+        wait_hist=jnp.zeros((k, bins), I32), done_hist=jnp.zeros((k, bins), I32),
+        wait_sum=jnp.zeros((k, 2), I32), done_sum=jnp.zeros((k, 2), I32))
+
+
+def wide_add(acc: jax.Array, value: jax.Array) -> jax.Array:
+    """acc[..., 0] * 2^20 + acc[..., 1] += value (value: int32, 0 <= value < 2^30)."""
+    low = acc[..., 1] + value
+    return jnp.stack([acc[..., 0] + (low >> WIDE_SHIFT), low & ((1 << WIDE_SHIFT) - 1)], axis=-1)
+
+
+def latency_bin(steps: jax.Array) -> jax.Array:
+    """int32 latency (>= 0) -> histogram bin (see module docstring)."""
+    x = jnp.maximum(steps, 0).astype(I32)
+    octave = 31 - jax.lax.clz(jnp.maximum(x, 1))  # floor(log2 x)
+    sub = (x >> jnp.maximum(octave - 3, 0)) & (BINS_PER_OCTAVE - 1)
+    log_bin = EXACT_BINS + BINS_PER_OCTAVE * (octave - 6) + sub
+    return jnp.where(x < EXACT_BINS, x, log_bin)
+
+
+def request_cost(prompt, output, cached, prefill_cost, decode_cost, context_cost):
+    """Full charge of a request, int32 cost units: prefill, every decode token and its
+    context surcharge (sum over g < output of prompt + g)."""
+    context_tokens = output * prompt + output * (output - 1) // 2
+    return prefill_cost * (prompt - cached) + decode_cost * output + context_cost * context_tokens
+
+
+def on_arrivals(m: Measures, step, cost, joined, record_every: int) -> Measures:
+    """`joined` (bool[K, W]) requests with full costs `cost` (int32[K, W]) arrive at `step`."""
+    if m.demand.shape[0] == 0:
+        return m
+    bucket = step // record_every
+    per_client = jnp.where(joined, cost, 0).sum(axis=1)
+    inside = bucket < m.demand.shape[0]
+    row = jnp.minimum(bucket, m.demand.shape[0] - 1)
+    return dataclasses.replace(m, demand=m.demand.at[row].add(jnp.where(inside, per_client, 0)))
+
+
+def on_admit(m: Measures, mask, client, step, arrival, prompt, output, horizon) -> Measures:
+    """An admission at `step` of a request (arrival, prompt, output) of `client`."""
+    take = jnp.where(mask, 1, 0).astype(I32)
+    raw = m.raw_tokens.at[client].add(take * prompt)
+    if m.wait_hist.shape[1] == 0:
+        return dataclasses.replace(m, raw_tokens=raw)
+    wait = step - arrival
+    done = step + output - 1 - arrival  # no preemption: its completion step is known now
+    completes = mask & (step + output - 1 < horizon)
+    return dataclasses.replace(
+        m, raw_tokens=raw,
+        wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),
+        done_hist=m.done_hist.at[client, latency_bin(done)].add(completes.astype(I32)),
+        wait_sum=m.wait_sum.at[client].set(jnp.where(mask, wide_add(m.wait_sum[client], wait), m.wait_sum[client])),
+        done_sum=m.done_sum.at[client].set(
+            jnp.where(completes, wide_add(m.done_sum[client], done), m.done_sum[client])))
+
+
+def on_finish(m: Measures, mask, step, service, head, arrived, running, occupancy,
+              share_window, record_every: int) -> Measures:
+    """Step `step` ends where `mask`; `service` is W after it, `head`/`arrived` the FIFO
+    pointers (arrivals of the step all in), `running` the requests that decoded and
+    `occupancy` the KV tokens they held at decode."""
+    backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
+    drift = service.max() - service.min()
+    new_max = mask & (drift > m.max_drift)
+    updates = dict(
+        max_drift=jnp.where(new_max, drift, m.max_drift),
+        max_drift_step=jnp.where(new_max, step, m.max_drift_step),
+        raw_tokens=m.raw_tokens + jnp.where(mask, running, 0),
+        occupancy_sum=jnp.where(mask, wide_add(m.occupancy_sum, occupancy), m.occupancy_sum),
+        service_at_start=jnp.where(mask, service, m.service_at_start),
+        head_at_start=jnp.where(mask, head, m.head_at_start),
+        share_start=jnp.where(mask & (step + 1 == share_window[0]), service, m.share_start),
+        share_end=jnp.where(mask & (step + 1 == share_window[1]), service, m.share_end),
+    )
+    if m.checkpoints.shape[0]:
+        slot = jnp.minimum(step // record_every, m.checkpoints.shape[0] - 1)
+        due = mask & ((step + 1) % record_every == 0) & (step // record_every < m.checkpoints.shape[0])
+        updates["checkpoints"] = m.checkpoints.at[slot].set(jnp.where(due, service, m.checkpoints[slot]))
+        inside = mask & (step // record_every < m.checkpoints.shape[0])
+        updates["backlogged_in"] = m.backlogged_in.at[slot].set(m.backlogged_in[slot] | (backlogged & inside))
+    if m.in_period.shape[0] > 1:
+        updates.update(_pair_drift(m, mask, service, backlogged))
+    return dataclasses.replace(m, **updates)
+
+
+def _pair_drift(m: Measures, mask, service, backlogged) -> dict:
+    """Max |(W_f - W_g)(t2) - (W_f - W_g)(t1)| over intervals in which f and g are both
+    backlogged at every step: per jointly backlogged period, max minus min of the
+    difference, taken from just before the period's first step to its last step."""
+    joint = backlogged[:, None] & backlogged[None, :]
+    diff = service[:, None] - service[None, :]
+    before = m.service_at_start[:, None] - m.service_at_start[None, :]
+    starting = joint & ~m.in_period
+    hi = jnp.where(starting, jnp.maximum(before, diff), jnp.maximum(m.period_max, diff))
+    lo = jnp.where(starting, jnp.minimum(before, diff), jnp.minimum(m.period_min, diff))
+    best = jnp.where(joint, jnp.maximum(m.pair_drift, hi - lo), m.pair_drift)
+    return dict(in_period=jnp.where(mask, joint, m.in_period),
+                period_max=jnp.where(mask & joint, hi, m.period_max),
+                period_min=jnp.where(mask & joint, lo, m.period_min),
+                pair_drift=jnp.where(mask, best, m.pair_drift))

@@ -1,0 +1,264 @@
+"""Host-side results of a batch of lanes, and the measures derived from them.
+
+`collect` turns the final device state into `LaneResults` (tokens as float64, exact
+Fractions beside them). Windowed measures (the VTC paper's service difference, Jain's
+index) and latency percentiles are computed here from the stride-recorded time series and
+histograms, vectorized over lanes in numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from vtc_jax.engine import EngineConfig, State
+from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, WIDE_SHIFT
+from vtc_jax.settings import Scales, Settings
+from vtc_jax.workload import ARRIVAL, PROMPT, Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneResults:
+    """Per-lane results. Shapes: B lanes, K clients, C checkpoint rows, H histogram bins.
+
+    Service-like values are in weighted tokens (float64: integer / Q, one rounding).
+
+    Attributes:
+      steps: int64[B] horizon run (drain mode: last completion step + 1).
+      finished: bool[B] reached the horizon (False: flagged, results partial).
+      service, counters: float64[B, K] W_k and c_k after the last step.
+      arrived, admitted, completed: int64[B, K] request counts.
+      waiting, running: int64[B, K] requests waiting / running at the horizon.
+      max_drift: float64[B] max over steps of max_k W_k - min_k W_k; max_drift_step: int64[B].
+      pair_drift: float64[B, K, K] max over jointly backlogged intervals of
+        |W_f(t1..t2) - W_g(t1..t2)| (zeros when not tracked).
+      backlogged_drift: float64[B] max of pair_drift over pairs.
+      kv_budget: int64[B] M; max_prompt: int64[B] L_input, the largest arrived prompt.
+      bound_u: float64[B] U = max(w_p * L_input, w_q * M); drift_over_2u = max_drift / 2U.
+      throughput: float64[B] weighted tokens per step (sum_k W_k / steps).
+      raw_throughput: float64[B] tokens per step (prompt tokens admitted + tokens decoded).
+      mean_occupancy: float64[B] mean over steps of KV tokens held at decode, / M.
+      share_service: float64[B, K] service in the share window (NaN if none was set).
+      wait_hist, done_hist: int64[B, K, H] waiting (admission - arrival) and completion
+        (finish - arrival) time histograms in steps; wait_mean, done_mean: float64[B, K].
+      record_every: checkpoint stride in steps (0: none).
+      checkpoint_steps: int64[C'] steps of `checkpoints` (stride rows plus the last step).
+      checkpoints: float64[B, C', K] W after those steps.
+      demand: float64[B, C, K] full cost of the requests arriving in stride bucket i.
+      backlogged_in: bool[B, C, K] client backlogged at some step of bucket i.
+      service_exact, counters_exact: object[B, K]; max_drift_exact: object[B] (Fractions).
+    """
+
+    steps: np.ndarray
+    finished: np.ndarray
+    service: np.ndarray
+    counters: np.ndarray
+    arrived: np.ndarray
+    admitted: np.ndarray
+    completed: np.ndarray
+    waiting: np.ndarray
+    running: np.ndarray
+    max_drift: np.ndarray
+    max_drift_step: np.ndarray
+    pair_drift: np.ndarray
+    backlogged_drift: np.ndarray
+    kv_budget: np.ndarray
+    max_prompt: np.ndarray
+    bound_u: np.ndarray
+    drift_over_2u: np.ndarray
+    throughput: np.ndarray
+    raw_throughput: np.ndarray
+    mean_occupancy: np.ndarray
+    share_service: np.ndarray
+    wait_hist: np.ndarray
+    done_hist: np.ndarray
+    wait_mean: np.ndarray
+    done_mean: np.ndarray
+    record_every: int
+    checkpoint_steps: np.ndarray
+    checkpoints: np.ndarray
+    demand: np.ndarray
+    backlogged_in: np.ndarray
+    service_exact: np.ndarray
+    counters_exact: np.ndarray
+    max_drift_exact: np.ndarray
+
+    @property
+    def share(self) -> np.ndarray:
+        """float64[B, K]: each client's fraction of the service in the share window."""
+        total = self.share_service.sum(axis=1, keepdims=True)
+        return np.divide(self.share_service, total, out=np.full_like(self.share_service, np.nan),
+                         where=total > 0)
+
+    def latency_percentile(self, which: str, q: float) -> np.ndarray:
+        """float64[B, K]: the q-quantile (0 < q <= 1; the smallest latency x with at least
+        a fraction q of requests <= x) of "wait" or "done" times, from the histograms: exact
+        below 64 steps, the bin's midpoint above (within 1/8 octave). NaN with no requests."""
+        hist = {"wait": self.wait_hist, "done": self.done_hist}[which]
+        if hist.shape[-1] == 0:
+            return np.full(hist.shape[:2], np.nan)
+        counts = hist.sum(axis=-1, keepdims=True)
+        cdf = np.cumsum(hist, axis=-1)
+        need = np.ceil(q * counts - 1e-9)
+        bin_index = (cdf < np.maximum(need, 1)).sum(axis=-1)
+        lo, hi = latency_bin_edges()
+        mid = np.where(hi - lo > 1, (lo + hi - 1) / 2, lo)
+        out = mid[np.minimum(bin_index, LATENCY_BINS - 1)]
+        return np.where(counts[..., 0] > 0, out, np.nan)
+
+    def windows(self, window: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Service rate y, demand rate d (tokens per step) and backlogged flags per sliding
+        window [x, x + window), x = 0, stride, 2*stride, ... inside the recorded buckets.
+        Shapes [B, n_windows, K]. `window` and `stride` must be multiples of record_every."""
+        every = self.record_every
+        if not every or window % every or stride % every or window <= 0 or stride <= 0:
+            raise ValueError(f"window {window} and stride {stride} must be positive multiples of "
+                             f"record_every {every}")
+        buckets = self.demand.shape[1]
+        w, s = window // every, stride // every
+        starts = np.arange(0, buckets - w + 1, s)
+        if len(starts) == 0:
+            raise ValueError(f"no window of {window} steps fits the {buckets * every} recorded steps")
+        ckpt = self.checkpoints[:, : buckets]  # row i: W after step (i+1)*every - 1
+        before = np.concatenate([np.zeros_like(ckpt[:, :1]), ckpt], axis=1)  # W before bucket i
+        y = (before[:, starts + w] - before[:, starts]) / window
+        demand_cum = np.concatenate([np.zeros_like(self.demand[:, :1]), np.cumsum(self.demand, axis=1)], axis=1)
+        d = (demand_cum[:, starts + w] - demand_cum[:, starts]) / window
+        back_cum = np.concatenate([np.zeros_like(self.backlogged_in[:, :1], dtype=np.int64),
+                                   np.cumsum(self.backlogged_in, axis=1)], axis=1)
+        backlogged = (back_cum[:, starts + w] - back_cum[:, starts]) > 0
+        return y, d, backlogged
+
+    def service_difference(self, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+        """The VTC paper's service difference per window,
+        sum_j min(max_k y_k - y_j, |d_j - y_j|); returns (max, mean) over windows, [B] each."""
+        y, d, _ = self.windows(window, stride)
+        diff = np.minimum(y.max(axis=2, keepdims=True) - y, np.abs(d - y)).sum(axis=2)
+        return diff.max(axis=1), diff.mean(axis=1)
+
+    def jain_index(self, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+        """Jain's index (sum y)^2 / (n sum y^2) of windowed service over the clients
+        backlogged in the window; returns (mean, min) over windows with any service, [B]."""
+        y, _, backlogged = self.windows(window, stride)
+        yb = np.where(backlogged, y, 0.0)
+        n = backlogged.sum(axis=2)
+        sq = (yb ** 2).sum(axis=2)
+        valid = (n > 0) & (sq > 0)
+        jain = np.where(valid, yb.sum(axis=2) ** 2 / np.maximum(n * sq, 1e-300), np.nan)
+        with np.errstate(all="ignore"):
+            return np.nanmean(jain, axis=1), np.nanmin(jain, axis=1)
+
+
+def latency_bin_edges() -> tuple[np.ndarray, np.ndarray]:
+    """int64[H] lower (inclusive) and upper (exclusive) latency of every histogram bin."""
+    b = np.arange(LATENCY_BINS + 1)
+    octave = 6 + (b - EXACT_BINS) // BINS_PER_OCTAVE
+    sub = (b - EXACT_BINS) % BINS_PER_OCTAVE
+    log_lo = (BINS_PER_OCTAVE + sub).astype(np.int64) << np.maximum(octave - 3, 0)
+    lo = np.where(b < EXACT_BINS, b, log_lo)
+    return lo[:-1], lo[1:]
+
+
+def _exact(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Integers in lane units -> exact Fractions; `scale[b]` is lane b's unit."""
+    units = np.asarray(units, dtype=np.int64)
+    out = np.empty(units.shape, dtype=object)
+    for idx in np.ndindex(units.shape):
+        out[idx] = Fraction(int(units[idx]), int(scale[idx[0]]))
+    return out
+
+
+def _tokens(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Integers in lane units -> float64 tokens (exact integer / scale, one rounding)."""
+    units = np.asarray(units, dtype=np.int64)
+    per_lane = np.asarray([int(s) for s in scale], dtype=np.float64).reshape((-1,) + (1,) * (units.ndim - 1))
+    return units / per_lane  # |units| < 2^31 and scale < 2^53: both exact in float64
+
+
+def _wide(acc: np.ndarray) -> np.ndarray:
+    acc = np.asarray(acc, dtype=np.int64)
+    return (acc[..., 0] << WIDE_SHIFT) + acc[..., 1]
+
+
+def _lane_max_prompt(workload: Workload, horizons: np.ndarray, lanes: int) -> np.ndarray:
+    rows = np.asarray(jax.device_get(workload.requests))
+    if rows.ndim == 3:
+        rows = np.broadcast_to(rows, (lanes,) + rows.shape)
+    arrives = rows[..., ARRIVAL] < np.asarray(horizons).reshape(-1, 1, 1)
+    return np.where(arrives, rows[..., PROMPT], 0).reshape(lanes, -1).max(axis=1).astype(np.int64)
+
+
+def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineConfig,
+            settings: Sequence[Settings], workload: Workload) -> LaneResults:
+    """Host-side results from a final batched state."""
+    host = jax.device_get(state)
+    m = host.measures
+    b = len(settings)
+    q = [int(x) for x in scales.cost_scale]
+    qd = [int(a) * int(c) for a, c in zip(scales.cost_scale, scales.counter_scale)]
+    steps = np.asarray(host.step, dtype=np.int64)
+    horizons = np.asarray(host.horizon, dtype=np.int64)
+    service = _tokens(host.service, q)
+    max_drift = _tokens(np.maximum(np.asarray(m.max_drift, np.int64), 0), q)
+    kv_budget = np.asarray([s.kv_budget for s in settings], dtype=np.int64)
+    max_prompt = _lane_max_prompt(workload, np.where(config.drain, np.iinfo(np.int32).max, horizons), b)
+    bound_u = np.maximum(np.asarray([float(s.w_p) for s in settings]) * max_prompt,
+                         np.asarray([float(s.w_q) for s in settings]) * kv_budget)
+    pair = _tokens(np.abs(np.asarray(m.pair_drift, np.int64)), q)
+    arrived = np.asarray(host.arrived, dtype=np.int64)
+    admitted = np.asarray(host.admitted, dtype=np.int64)
+    completed = np.asarray(host.completed, dtype=np.int64)
+    done_hist = np.asarray(m.done_hist, dtype=np.int64)
+    has_window = np.asarray([s.share_window[1] > 0 for s in settings])
+    share = _tokens(np.asarray(m.share_end, np.int64) - np.asarray(m.share_start, np.int64), q)
+    ckpt_steps, ckpt_units = _checkpoints(host, config, steps)
+    per_step = np.maximum(steps, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wait_mean = _wide(m.wait_sum) / admitted
+        done_mean = _wide(m.done_sum) / done_hist.sum(axis=-1) if done_hist.shape[-1] else \
+            np.full(admitted.shape, np.nan)
+    return LaneResults(
+        steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd),
+        arrived=arrived, admitted=admitted, completed=completed,
+        waiting=arrived - admitted, running=admitted - completed,
+        max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
+        pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1),
+        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u,
+        drift_over_2u=max_drift / (2 * bound_u),
+        throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
+        raw_throughput=np.where(steps > 0, np.asarray(m.raw_tokens, np.int64).sum(axis=1) / per_step, 0.0),
+        mean_occupancy=np.where(steps > 0, _wide(m.occupancy_sum) / per_step / kv_budget, 0.0),
+        share_service=np.where(has_window[:, None], share, np.nan),
+        wait_hist=np.asarray(m.wait_hist, dtype=np.int64), done_hist=done_hist,
+        wait_mean=wait_mean, done_mean=done_mean,
+        record_every=config.record_every, checkpoint_steps=ckpt_steps,
+        checkpoints=_tokens(ckpt_units, q), demand=_tokens(m.demand, q),
+        backlogged_in=np.asarray(m.backlogged_in, dtype=bool),
+        service_exact=_exact(host.service, q), counters_exact=_exact(host.counter, qd),
+        max_drift_exact=_exact(np.maximum(np.asarray(m.max_drift, np.int64), 0), q))
+
+
+def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray):
+    """Checkpoint rows at steps N-1, 2N-1, ... below the longest run, plus its last step;
+    a lane that ran fewer steps repeats its final service. Returns (steps, int64 units)."""
+    final = np.asarray(host.service, dtype=np.int64)
+    max_steps = int(steps.max()) if steps.size else 0
+    if not config.record_every or max_steps == 0:
+        return np.asarray([max(max_steps - 1, 0)], np.int64), final[:, None, :]
+    every = config.record_every
+    buf = np.asarray(host.measures.checkpoints, dtype=np.int64)
+    ckpt_steps = list(range(every - 1, max_steps, every))
+    if not ckpt_steps or ckpt_steps[-1] != max_steps - 1:
+        ckpt_steps.append(max_steps - 1)
+    rows = []
+    for s in ckpt_steps:
+        slot = (s + 1) // every - 1
+        if (s + 1) % every == 0 and slot < buf.shape[1]:
+            rows.append(np.where((s < steps - 1)[:, None], buf[:, slot], final))
+        else:
+            rows.append(final)
+    return np.asarray(ckpt_steps, np.int64), np.stack(rows, axis=1)
