@@ -33,8 +33,8 @@ def _number_text(text: str) -> str:
     """An exact number as typed (settings.to_fraction parses it). Refuses texts whose exact
     value would take long to build or print: a usable cost or weight fits int32 units, so
     64 characters and a 2-digit exponent always suffice."""
-    _, _, exponent = text.strip().lower().partition("e")
-    if len(text) > 64 or len(exponent.lstrip("+-")) > 2:
+    exponent = re.search(r"[eE][+-]?0*(\d*)$", text.strip())
+    if len(text) > 64 or (exponent and len(exponent.group(1)) > 2):
         shown = text if len(text) <= 24 else text[:24] + "..."
         raise argparse.ArgumentTypeError(f"number too long or exponent out of range, got {shown!r}")
     return text

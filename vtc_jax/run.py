@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
+from vtc_jax.measures import MeasureConfig
 from vtc_jax.results import LaneResults, collect
 from vtc_jax.settings import INT32_MAX, InputError, Params, Scales, Settings, encode_settings
 from vtc_jax.traffic import Traffic, TrafficParams, generate, stream_capacity
@@ -118,7 +119,8 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         num_clients=num_clients, stream_len=pad_rows(most_requests, arrival_width),
         calendar_len=max(int(t.output.max()) for t in traces), record_every=record_every,
         num_checkpoints=longest // record_every if record_every else 0,
-        arrival_width=arrival_width, drain=steps is None)
+        arrival_width=arrival_width, drain=steps is None,
+        measures=MeasureConfig(pair_drift=num_clients <= 16))
     budget = longest + 2 * max(len(t) for t in traces) + 1
     return config, horizons, budget
 
@@ -227,9 +229,21 @@ def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
     return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *encoded)
 
 
+def traffic_config(traffics: Sequence[Traffic], record_every: int = 0, arrival_width: int = 4,
+                   measures: MeasureConfig | None = None) -> EngineConfig:
+    """The static config that fits every lane of `traffics` (one compile for all chunks)."""
+    horizon, k = traffics[0].horizon, traffics[0].num_clients
+    capacity = max(stream_capacity(t) for t in traffics)
+    return EngineConfig(
+        num_clients=k, stream_len=capacity + arrival_width + 1,
+        calendar_len=max(t.max_lengths()[1] for t in traffics), record_every=record_every,
+        num_checkpoints=horizon // record_every if record_every else 0, arrival_width=arrival_width,
+        measures=measures or MeasureConfig(pair_drift=k <= 16))
+
+
 def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int], *,
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None,
-                     arrival_width: int = 4) -> LaneResults:
+                     arrival_width: int = 4, config: EngineConfig | None = None) -> LaneResults:
     """Generate lane i's traffic from `seeds[i]` and run it under `settings[i]`, all lanes in
     one compiled batch, for the traffic's horizon.
 
@@ -238,6 +252,8 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
       settings: one `Settings` per lane.
       seeds: one non-negative int per lane; the trace depends only on (base_seed, seed, traffic).
       record_every: checkpoint service every N steps (0: only the last step).
+      config: a static config from `traffic_config` over a larger set of lanes, so that
+        chunks of a sweep share one compile (default: sized for these lanes).
     """
     if not (len(traffics) == len(settings) == len(seeds)):
         raise InputError(f"{len(traffics)} traffics, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
@@ -253,14 +269,14 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
         if max_prompt > s.kv_budget:
             raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
                              "they could never be admitted")
-    capacity = max(stream_capacity(t) for t in traffics)
-    config = EngineConfig(
-        num_clients=k, stream_len=capacity + arrival_width + 1,
-        calendar_len=max(t.max_lengths()[1] for t in traffics), record_every=record_every,
-        num_checkpoints=horizon // record_every if record_every else 0, arrival_width=arrival_width)
+    config = config or traffic_config(traffics, record_every, arrival_width)
+    if any(stream_capacity(t) + config.arrival_width + 1 > config.stream_len or
+           t.max_lengths()[1] > config.calendar_len for t in traffics):
+        raise InputError("the given engine config is too small for these lanes' traffic")
+    pad = config.arrival_width + 1
     params, _ = encode_settings(settings, k)
     workload = generate_lanes(lane_keys(seeds, base_seed), stack_traffic(traffics), horizon=horizon,
-                              capacity=capacity, pad=arrival_width + 1)
+                              capacity=config.stream_len - pad, pad=pad)
     bound = float(jax.device_get(cost_bound(workload, params)).max())
     if bound >= 0.5 * INT32_MAX:  # float32 estimate: keep a 2x margin
         raise InputError(f"totals could reach {bound:.3g} units, past the exact int32 limit; shorten the horizon")

@@ -1,0 +1,89 @@
+"""Each seed experiment as a sweep CLI, at a small seed count, checking what the seed claims."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from sweeps import kv_budget, return_after_silence, rpm, schedulers
+
+SEEDS = "12"
+
+
+def _run(module, tmp_path, *args, plots=False):
+    out = tmp_path / module.__name__.split(".")[-1]
+    argv = ["--seeds", SEEDS, "--out", str(out), *args] + ([] if plots else ["--no-plots"])
+    name = module.__name__.split(".")[-1]
+    from vtc_jax.sweep import main
+    assert main(name, module.__doc__, module.add_arguments, module.build, argv) == 0
+    with open(out / "results.json") as fh:
+        result = json.load(fh)
+    return {r["label"]: r["metrics"] for r in result["rows"]}, result, out
+
+
+def test_schedulers_fcfs_grows_vtc_bounded(tmp_path, capsys):
+    short, _, _ = _run(schedulers, tmp_path / "a", "--steps", "1500")
+    long, result, out = _run(schedulers, tmp_path / "b", "--steps", "3000", plots=True)
+    assert long["fcfs"]["max_drift"]["mean"] > 1.6 * short["fcfs"]["max_drift"]["mean"]
+    bound = 2 * max(1 * 512, 2 * 8192)
+    for m in (short, long):
+        assert m["vtc"]["max_drift"]["max"] <= bound
+        assert m["fcfs"]["max_drift"]["mean"] > 5 * m["vtc"]["max_drift"]["mean"]
+    assert abs(long["vtc"]["throughput"]["mean"] - long["fcfs"]["throughput"]["mean"]) < 2
+    assert set(result) == {"sweep", "config", "rows"} and result["sweep"] == "schedulers"
+    for metrics in long.values():
+        for m in metrics.values():
+            assert set(m) >= {"mean", "std", "ci95", "min", "max"}
+            assert m["ci95"][0] <= m["mean"] <= m["ci95"][1]
+    assert (out / "gap_over_time.png").stat().st_size > 1000 and (out / "drift.png").exists()
+    with open(out / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["policy"] for r in rows} == {"fcfs", "lcf", "vtc"}
+    printed = capsys.readouterr().out
+    assert "(seed 248,796)" in printed and "max_drift" in printed
+
+
+def test_return_after_silence_shares(tmp_path):
+    m, _, out = _run(return_after_silence, tmp_path, plots=True)
+    assert 0.4 < m["vtc"]["returning_share"]["mean"] < 0.6
+    assert m["lcf"]["returning_share"]["mean"] > 0.75
+    assert m["fcfs"]["returning_share"]["mean"] < 0.1
+    assert m["lcf"]["steady_service"]["mean"] < m["vtc"]["steady_service"]["mean"] < m["fcfs"]["steady_service"]["mean"]
+    assert (out / "returning_share_over_time.png").exists()
+
+
+def test_kv_budget_drift_rises_and_stays_bounded(tmp_path):
+    m, _, _ = _run(kv_budget, tmp_path, "--budgets", "2048,8192,32768", "--steps", "3000")
+    means = [m[f"M={b}"]["max_drift"]["mean"] for b in (2048, 8192, 32768)]
+    assert means[0] < means[1] < means[2]
+    for b in (2048, 8192, 32768):
+        assert m[f"M={b}"]["max_drift"]["max"] <= 2 * 2 * b
+        assert m[f"M={b}"]["bound"]["mean"] == 2 * 2 * b
+
+
+def test_rpm_throughput_rises_with_the_limit(tmp_path):
+    m, _, _ = _run(rpm, tmp_path, "--limits", "5,20,80", "--steps", "4000")
+    tput = [m[label]["throughput"]["mean"] for label in ("rpm 5", "rpm 20", "rpm 80", "rpm unlimited")]
+    assert tput == sorted(tput) and tput[0] < 0.2 * tput[-1]
+    assert m["vtc"]["throughput"]["mean"] > 0.95 * m["rpm unlimited"]["throughput"]["mean"]
+
+
+def test_chunking_does_not_change_results(tmp_path):
+    _, whole, _ = _run(kv_budget, tmp_path / "whole", "--budgets", "2048,4096", "--steps", "800")
+    _, chunked, _ = _run(kv_budget, tmp_path / "chunked", "--budgets", "2048,4096", "--steps", "800", "--chunk", "5")
+    assert whole["rows"] == chunked["rows"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0"], "seeds"), (["--chunk", "0"], "chunk"), (["--budgets", "100"], "KV budget"),
+])
+def test_bad_sweep_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    from vtc_jax.sweep import main
+    with pytest.raises(SystemExit) as exit_info:
+        main("kv_budget", "", kv_budget.add_arguments, kv_budget.build, ["--out", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
