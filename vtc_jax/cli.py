@@ -70,14 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("trace", help="trace CSV file")
     rp.add_argument("--policy", required=True, choices=POLICIES, help="scheduler")
     rp.add_argument("--kv-budget", required=True, type=_int_arg(1), metavar="M", help="KV budget in tokens")
-    rp.add_argument("--w-p", default="1", type=_number_text, help="cost of a prefill token (exact decimal, default 1)")
-    rp.add_argument("--w-q", default="2", type=_number_text, help="cost of a decode token (default 2)")
-    rp.add_argument("--beta", default="0", type=_number_text, help="decode surcharge per context token (default 0)")
+    rp.add_argument("--w-p", default="1", type=_number_text,
+                    help="cost of a prefill token (exact decimal, default 1)")
+    rp.add_argument("--w-q", default="2", type=_number_text,
+                    help="cost of a decode token (default 2)")
+    rp.add_argument("--beta", default="0", type=_number_text,
+                    help="decode surcharge per context token (default 0)")
     rp.add_argument("--weights", type=_weights, help="client weights w0,w1,... (default all 1)")
     rp.add_argument("--rpm", type=_int_arg(1), metavar="R", help="admissions per client per window (policy rpm)")
     rp.add_argument("--rpm-window", type=_int_arg(1), default=DEFAULT_RPM_WINDOW, metavar="W",
                     help=f"rpm window in steps (default {DEFAULT_RPM_WINDOW})")
-    rp.add_argument("--clients", type=_int_arg(1, MAX_CLIENTS), metavar="K", help="number of clients (default: largest id + 1)")
+    rp.add_argument("--clients", type=_int_arg(1, MAX_CLIENTS), metavar="K",
+                    help="number of clients (default: largest id + 1)")
     rp.add_argument("--steps", type=_int_arg(1), metavar="T",
                     help="horizon in steps (default: until every request completed)")
     rp.add_argument("--record-every", type=_int_arg(1), default=1000, metavar="N",
