@@ -32,7 +32,8 @@ def run_reference(requests, num_clients: int, settings: Settings, steps: int | N
                         policy=settings.policy, w_p=settings.w_p, w_q=settings.w_q, beta=settings.beta,
                         weights=settings.weights, rpm_limit=settings.rpm_limit,
                         rpm_window=settings.rpm_window, steps=steps,
-                        lift_last_left=settings.lift_last_left)
+                        lift_last_left=settings.lift_last_left, kv_cap=settings.kv_cap,
+                        charge_cached=settings.charge_cached)
 
 
 def service_matrix(result: ref.RefResult) -> np.ndarray:

@@ -67,6 +67,7 @@ class RefResult:
     completed: list[int]             # per client: requests completed by the end of the run
     decode_charge: list[list[Fraction]]   # decode charge of client k in step t
     prefill_charge: list[list[Fraction]]  # prefill (admission) charge of client k in step t
+    held: list[list[int]] = None     # KV tokens held per client after the decode of step t
 
 
 # ----------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def _validate_requests(requests, num_clients: int, kv_budget: int) -> list[Reque
 
 def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, policy: str,
              w_p=1, w_q=2, beta=0, weights=None, rpm_limit=None, rpm_window=2000,
-             steps: int | None = None, lift_last_left: bool = True) -> RefResult:
+             steps: int | None = None, lift_last_left: bool = True, kv_cap=None,
+             charge_cached: bool = False) -> RefResult:
     """Run the serving model of MODEL.md literally and record every step.
 
     Args:
@@ -153,6 +155,10 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, polic
       rpm_window: window length in steps (>= 1), default 2000.
       steps: horizon T (runs t = 0..T-1), or None to run until every request completed.
       lift_last_left: False gives the VTC-artifact variant without the last_left clause.
+      kv_cap: extension (issue 5), None for the contract: per-client caps (list) or one int;
+        a client is a candidate only while sum over its running requests of (prompt +
+        output) plus its head's prompt + output stays within its cap.
+      charge_cached: extension (issue 5): charge w_p * prompt (sent tokens) at admission.
 
     Returns:
       RefResult.
@@ -228,7 +234,7 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, polic
                     backlogged_after_arrivals=[], occupancy=[], running_count=[],
                     admit_step=admit_step, finish_step=finish_step,
                     admitted=admitted, completed=completed,
-                    decode_charge=[], prefill_charge=[])
+                    decode_charge=[], prefill_charge=[], held=[])
 
     def charge(k: int, x: Fraction, bucket: list[Fraction]) -> None:
         W[k] += x
@@ -238,9 +244,18 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, polic
     def is_backlogged(k: int) -> bool:
         return len(fifo[k]) > 0
 
+    caps = None if kv_cap is None else (list(kv_cap) if isinstance(kv_cap, (list, tuple)) else [kv_cap] * K)
+
+    def under_cap(k: int) -> bool:
+        if caps is None:
+            return True
+        reserved = sum(reqs[n].prompt + reqs[n].output for n in running if reqs[n].client == k)
+        head = reqs[fifo[k][0]]
+        return reserved + head.prompt + head.output <= caps[k]
+
     def candidate(t: int) -> int | None:
         """The request number the policy picks now, or None."""
-        backlogged = [k for k in range(K) if is_backlogged(k)]
+        backlogged = [k for k in range(K) if is_backlogged(k) and under_cap(k)]
         if policy == "rpm":
             j = t // window
             backlogged = [k for k in backlogged if rpm_counts.get((j, k), 0) < R]
@@ -301,7 +316,7 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, polic
             generated[n] = 0
             occupancy += r.prompt
             last_left = k
-            charge(k, w_p * (r.prompt - r.cached), prefill_t)
+            charge(k, w_p * (r.prompt if charge_cached else r.prompt - r.cached), prefill_t)
             admit_step[n] = t
             admitted[k] += 1
             if policy == "rpm":
@@ -313,6 +328,11 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, polic
             r = reqs[n]
             charge(r.client, w_q + beta * (r.prompt + generated[n]), decode_t)
             generated[n] += 1
+
+        held_t = [0] * K
+        for n in running:
+            held_t[reqs[n].client] += reqs[n].prompt + generated[n]
+        res.held.append(held_t)
 
         # ---- phase 4: completion ---------------------------------------------------
         still = []

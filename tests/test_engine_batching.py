@@ -71,10 +71,25 @@ def test_sweep_over_traced_settings_compiles_once(monkeypatch):
     assert len({tuple(r.service[0]) for r in results}) == 3  # the settings did change the runs
 
 
-def test_refuses_totals_past_int32():
-    trace = Trace.from_rows([(0, 0, 30000, 100000)] * 4 + [(0, 1, 30000, 100000)] * 4)
-    with pytest.raises(InputError, match="int32"):
-        replay(trace, Settings("vtc", 32768, beta=1000))
+def test_refuses_a_charge_past_the_exact_limit():
+    trace = Trace.from_rows([(0, 0, 30000, 10), (0, 1, 3000, 10)])
+    with pytest.raises(InputError, match="prefill charge.*exact int32 limit"):
+        replay(trace, Settings("vtc", 32768, weights=("0.001", "1000")))
+
+
+def test_totals_past_2_31_stay_exact():
+    """w_q = 3 x 10^6 pushes service and counters past 2^31 within a few thousand steps; the
+    wide accumulators keep every step exact (against the Fraction reference)."""
+    rows = [(0, 0, 50, 900), (5, 1, 40, 800, 10), (300, 0, 60, 700), (310, 1, 30, 1200)]
+    trace = Trace.from_rows(rows)
+    s = Settings("vtc", 128, w_q=3 * 10**6, beta="0.5", weights=(1, 3))
+    result = replay(trace, s, record_every=1)
+    expect = run_reference([ref.Request(*r) for r in rows], 2, s, None)
+    assert max(expect.service[-1]) > 2**31
+    assert list(result.service_exact[0]) == expect.service[-1]
+    assert list(result.counters_exact[0]) == expect.counters[-1]
+    assert result.max_drift_exact[0] == max(max(w) - min(w) for w in expect.service)
+    np.testing.assert_array_equal(result.checkpoints[0], service_matrix(expect))
 
 
 def test_fractional_settings_are_exact():

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_arrivals, on_finish, request_cost
+from vtc_jax import wide
 from vtc_jax.settings import INT32_MAX, Params
 from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Workload
 
@@ -70,10 +71,11 @@ class State:
       done: bool[]  reached the horizon (or, drain mode, every request completed).
       head: int32[K]  stream index of client k's next request to admit.
       arrived: int32[K]  requests of client k that have joined its FIFO.
-      counter: int32[K]  c_k in counter units.
-      service: int32[K]  W_k in cost units.
+      counter: int32[K, 2]  c_k in counter units (wide.py: exact int32 pairs).
+      service: int32[K, 2]  W_k in cost units (wide).
       running: int32[K]  running requests of client k.
       context: int32[K]  sum over those of prompt + generated.
+      reserved: int32[K]  sum over those of prompt + output (the KV they can reach).
       cal_count: int32[L, K]  running requests completing at step = row (mod L).
       cal_context: int32[L, K]  their contexts at completion (prompt + output).
       last_left: int32[]  client of the last admitted request, -1 for none.
@@ -92,6 +94,7 @@ class State:
     service: jax.Array
     running: jax.Array
     context: jax.Array
+    reserved: jax.Array
     cal_count: jax.Array
     cal_context: jax.Array
     last_left: jax.Array
@@ -108,8 +111,8 @@ def init_state(config: EngineConfig, horizon: jax.Array) -> State:
     calendar = jnp.zeros((config.calendar_len, k), I32)
     return State(
         step=jnp.zeros((), I32), horizon=jnp.asarray(horizon, I32),
-        done=jnp.asarray(horizon, I32) <= 0, head=zeros_k, arrived=zeros_k, counter=zeros_k,
-        service=zeros_k, running=zeros_k, context=zeros_k, cal_count=calendar,
+        done=jnp.asarray(horizon, I32) <= 0, head=zeros_k, arrived=zeros_k, counter=wide.zeros((k,)),
+        service=wide.zeros((k,)), running=zeros_k, context=zeros_k, reserved=zeros_k, cal_count=calendar,
         cal_context=calendar, last_left=jnp.asarray(-1, I32), admitted=zeros_k,
         completed=zeros_k, window_admits=zeros_k,
         measures=init_measures(k, config.num_checkpoints, config.measures),
@@ -126,14 +129,16 @@ def select_candidate(state: State, requests: jax.Array, params: Params):
 
     FCFS and RPM take the oldest head request (smallest global ORDER); LCF and VTC the
     head of the least-counter backlogged client (argmin takes the smallest k on ties).
-    RPM's limit masks clients that used their window's admissions (INT32_MAX elsewhere).
+    RPM's limit masks clients that used their window's admissions (INT32_MAX elsewhere);
+    a per-client KV cap masks clients whose head would take their reserved KV past it.
 
     Returns (has_candidate: bool[], client: int32[], row: int32[5]).
     """
     heads = _rows_at(requests, state.head)
-    eligible = (state.head < state.arrived) & (state.window_admits < params.rpm_limit)
+    within_cap = state.reserved <= params.kv_cap - heads[:, PROMPT] - heads[:, OUTPUT]
+    eligible = (state.head < state.arrived) & (state.window_admits < params.rpm_limit) & within_cap
     oldest = jnp.argmin(jnp.where(eligible, heads[:, ORDER], INT32_MAX))
-    least = jnp.argmin(jnp.where(eligible, state.counter, INT32_MAX))
+    least = wide.argmin(state.counter, eligible)
     client = jnp.where(params.by_counter, least, oldest).astype(I32)
     return eligible.any(), client, heads[client]
 
@@ -144,7 +149,8 @@ def admit(state: State, client: jax.Array, row: jax.Array, params: Params, mask:
     onehot = (jnp.arange(config.num_clients) == client) & mask
     take = onehot.astype(I32)
     prompt, output = row[PROMPT], row[OUTPUT]
-    charge = params.prefill_cost * (prompt - row[CACHED])
+    charged_tokens = jnp.where(params.charge_cached, prompt, prompt - row[CACHED])
+    charge = params.prefill_cost * charged_tokens
     finish_row = (state.step + output - 1) % config.calendar_len
     add = mask.astype(I32)
     return dataclasses.replace(
@@ -152,15 +158,16 @@ def admit(state: State, client: jax.Array, row: jax.Array, params: Params, mask:
         head=state.head + take,
         running=state.running + take,
         context=state.context + take * prompt,
-        service=state.service + take * charge,
-        counter=state.counter + take * charge * params.counter_mult,
+        reserved=state.reserved + take * (prompt + output),
+        service=wide.add(state.service, take * charge),
+        counter=wide.add(state.counter, take * charge * params.counter_mult),
         admitted=state.admitted + take,
         window_admits=state.window_admits + take,
         last_left=jnp.where(mask, client, state.last_left),
         cal_count=state.cal_count.at[finish_row, client].add(add),
         cal_context=state.cal_context.at[finish_row, client].add(add * (prompt + output)),
         measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output,
-                          state.horizon),
+                          row[CACHED], state.horizon),
     )
 
 
@@ -170,19 +177,20 @@ def finish_step(state: State, workload: Workload, params: Params, mask: jax.Arra
     m = mask.astype(I32)
     t = state.step
     decode = params.decode_cost * state.running + params.context_cost * state.context
-    service = state.service + m * decode
-    counter = state.counter + m * decode * params.counter_mult
+    service = wide.add(state.service, m * decode)
+    counter = wide.add(state.counter, m * decode * params.counter_mult)
     context = state.context + m * state.running
     row = t % config.calendar_len
     leaving, leaving_context = state.cal_count[row], state.cal_context[row]
     running = state.running - m * leaving
     context = context - m * leaving_context
+    reserved = state.reserved - m * leaving_context
     completed = state.completed + m * leaving
     cal_count = state.cal_count.at[row].add(-m * leaving)
     cal_context = state.cal_context.at[row].add(-m * leaving_context)
 
     measures = on_finish(state.measures, mask, t, service, state.head, state.arrived, state.running,
-                         state.context.sum(), params.share_window, config.record_every)
+                         state.context, params.share_window, params.resource, config.record_every)
     next_t = t + m
     new_window = (next_t // params.rpm_window) != (t // params.rpm_window)
     finished = next_t >= state.horizon
@@ -190,7 +198,7 @@ def finish_step(state: State, workload: Workload, params: Params, mask: jax.Arra
         finished |= completed.sum() == workload.num_requests
     return dataclasses.replace(
         state, step=next_t, done=state.done | (mask & finished), service=service, counter=counter,
-        running=running, context=context, completed=completed, cal_count=cal_count,
+        running=running, context=context, reserved=reserved, completed=completed, cal_count=cal_count,
         cal_context=cal_context, measures=measures,
         window_admits=jnp.where(mask & new_window, 0, state.window_admits))
 
@@ -219,16 +227,15 @@ def take_arrivals(state: State, requests: jax.Array, params: Params, mask: jax.A
     first = jnp.argmin(first_order)
     has_last = params.lift_last_left & (state.last_left >= 0)
     last_counter = state.counter[jnp.maximum(state.last_left, 0)]
-    first_floor = jnp.where(has_last, jnp.maximum(state.counter[first], last_counter),
-                            state.counter[first])
-    floor = jnp.where(backlogged.any(), jnp.where(backlogged, state.counter, INT32_MAX).min(),
-                      first_floor)
+    first_floor = wide.where(has_last, wide.maximum(state.counter[first], last_counter),
+                             state.counter[first])
+    floor = wide.where(backlogged.any(), wide.min_of(state.counter, backlogged), first_floor)
     lifted = newcomer & params.lift
     cost = request_cost(upcoming[..., PROMPT], upcoming[..., OUTPUT], upcoming[..., CACHED],
                         params.prefill_cost, params.decode_cost, params.context_cost)
     return dataclasses.replace(
         state,
-        counter=jnp.where(lifted, jnp.maximum(state.counter, floor), state.counter),
+        counter=wide.where(lifted, wide.maximum(state.counter, floor), state.counter),
         arrived=state.arrived + joining,
         measures=on_arrivals(state.measures, state.step, cost, joins, config.record_every))
 

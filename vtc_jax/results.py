@@ -13,10 +13,12 @@ from fractions import Fraction
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.engine import EngineConfig, State
-from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, WIDE_SHIFT
+from vtc_jax import wide
+from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS
 from vtc_jax.settings import Scales, Settings
 from vtc_jax.workload import ARRIVAL, PROMPT, Workload
 
@@ -50,6 +52,11 @@ class LaneResults:
       checkpoints: float64[B, C', K] W after those steps.
       demand: float64[B, C, K] full cost of the requests arriving in stride bucket i.
       backlogged_in: bool[B, C, K] client backlogged at some step of bucket i.
+      computed_service: float64[B, K] service counting only computed prefill tokens
+        (equal to `service` unless prefill charged cached tokens too).
+      resource: float64[B, K] resource service R_k in GB (weights share + KV read).
+      resource_max_drift: float64[B] max over steps of max_k R_k - min_k R_k (GB).
+      resource_share_service: float64[B, K] R in the share window (NaN if none).
       service_exact, counters_exact: object[B, K]; max_drift_exact: object[B] (Fractions).
     """
 
@@ -83,6 +90,10 @@ class LaneResults:
     checkpoints: np.ndarray
     demand: np.ndarray
     backlogged_in: np.ndarray
+    computed_service: np.ndarray
+    resource: np.ndarray
+    resource_max_drift: np.ndarray
+    resource_share_service: np.ndarray
     service_exact: np.ndarray
     counters_exact: np.ndarray
     max_drift_exact: np.ndarray
@@ -164,32 +175,34 @@ def latency_bin_edges() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _exact(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Integers in lane units -> exact Fractions; `scale[b]` is lane b's unit."""
-    units = np.asarray(units, dtype=np.int64)
-    out = np.empty(units.shape, dtype=object)
-    for idx in np.ndindex(units.shape):
-        out[idx] = Fraction(int(units[idx]), int(scale[idx[0]]))
+    """Wide integers (int[..., 2]) in lane units -> exact Fractions; `scale[b]` is lane b's unit."""
+    ints = wide.to_int(units)
+    out = np.empty(ints.shape, dtype=object)
+    for idx in np.ndindex(ints.shape):
+        out[idx] = Fraction(ints[idx], int(scale[idx[0]]))
     return out
 
 
 def _tokens(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Integers in lane units -> float64 tokens (exact integer / scale, one rounding)."""
-    units = np.asarray(units, dtype=np.int64)
-    per_lane = np.asarray([int(s) for s in scale], dtype=np.float64).reshape((-1,) + (1,) * (units.ndim - 1))
-    return units / per_lane  # |units| < 2^31 and scale < 2^53: both exact in float64
+    """Wide integers in lane units -> float64 tokens (exact integer / scale, one rounding,
+    for totals below 2^53 units)."""
+    values = wide.to_float(units)
+    per_lane = np.asarray([int(s) for s in scale], dtype=np.float64).reshape((-1,) + (1,) * (values.ndim - 1))
+    return values / per_lane
 
 
-def _wide(acc: np.ndarray) -> np.ndarray:
-    acc = np.asarray(acc, dtype=np.int64)
-    return (acc[..., 0] << WIDE_SHIFT) + acc[..., 1]
+@jax.jit
+def _max_prompt(requests: jax.Array, horizons: jax.Array) -> jax.Array:
+    """int32[B]: largest prompt arriving before each lane's horizon (on device)."""
+    if requests.ndim == 3:
+        requests = jnp.broadcast_to(requests, horizons.shape + requests.shape)
+    arrives = requests[..., ARRIVAL] < horizons[:, None, None]
+    return jnp.where(arrives, requests[..., PROMPT], 0).max(axis=(1, 2))
 
 
 def _lane_max_prompt(workload: Workload, horizons: np.ndarray, lanes: int) -> np.ndarray:
-    rows = np.asarray(jax.device_get(workload.requests))
-    if rows.ndim == 3:
-        rows = np.broadcast_to(rows, (lanes,) + rows.shape)
-    arrives = rows[..., ARRIVAL] < np.asarray(horizons).reshape(-1, 1, 1)
-    return np.where(arrives, rows[..., PROMPT], 0).reshape(lanes, -1).max(axis=1).astype(np.int64)
+    horizons = jnp.asarray(np.broadcast_to(np.minimum(horizons, np.iinfo(np.int32).max), (lanes,)), jnp.int32)
+    return np.asarray(_max_prompt(workload.requests, horizons), dtype=np.int64)
 
 
 def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineConfig,
@@ -203,23 +216,24 @@ def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineCo
     steps = np.asarray(host.step, dtype=np.int64)
     horizons = np.asarray(host.horizon, dtype=np.int64)
     service = _tokens(host.service, q)
-    max_drift = _tokens(np.maximum(np.asarray(m.max_drift, np.int64), 0), q)
+    drift_units = np.where(wide.to_float(m.max_drift)[:, None] < 0, 0, np.asarray(m.max_drift))
+    max_drift = _tokens(drift_units, q)
     kv_budget = np.asarray([s.kv_budget for s in settings], dtype=np.int64)
     max_prompt = _lane_max_prompt(workload, np.where(config.drain, np.iinfo(np.int32).max, horizons), b)
     bound_u = np.maximum(np.asarray([float(s.w_p) for s in settings]) * max_prompt,
                          np.asarray([float(s.w_q) for s in settings]) * kv_budget)
-    pair = _tokens(np.abs(np.asarray(m.pair_drift, np.int64)), q)
+    pair = _tokens(m.pair_drift, q)
     arrived = np.asarray(host.arrived, dtype=np.int64)
     admitted = np.asarray(host.admitted, dtype=np.int64)
     completed = np.asarray(host.completed, dtype=np.int64)
     done_hist = np.asarray(m.done_hist, dtype=np.int64)
     has_window = np.asarray([s.share_window[1] > 0 for s in settings])
-    share = _tokens(np.asarray(m.share_end, np.int64) - np.asarray(m.share_start, np.int64), q)
+    share = _tokens(m.share_end, q) - _tokens(m.share_start, q)
     ckpt_steps, ckpt_units = _checkpoints(host, config, steps)
     per_step = np.maximum(steps, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        wait_mean = _wide(m.wait_sum) / admitted
-        done_mean = _wide(m.done_sum) / done_hist.sum(axis=-1) if done_hist.shape[-1] else \
+        wait_mean = wide.to_float(m.wait_sum) / admitted
+        done_mean = wide.to_float(m.done_sum) / done_hist.sum(axis=-1) if done_hist.shape[-1] else \
             np.full(admitted.shape, np.nan)
     return LaneResults(
         steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd),
@@ -230,16 +244,23 @@ def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineCo
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u,
         drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
-        raw_throughput=np.where(steps > 0, np.asarray(m.raw_tokens, np.int64).sum(axis=1) / per_step, 0.0),
-        mean_occupancy=np.where(steps > 0, _wide(m.occupancy_sum) / per_step / kv_budget, 0.0),
+        raw_throughput=np.where(steps > 0, wide.to_float(m.raw_tokens).sum(axis=1) / per_step, 0.0),
+        mean_occupancy=np.where(steps > 0, wide.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0),
         share_service=np.where(has_window[:, None], share, np.nan),
         wait_hist=np.asarray(m.wait_hist, dtype=np.int64), done_hist=done_hist,
         wait_mean=wait_mean, done_mean=done_mean,
         record_every=config.record_every, checkpoint_steps=ckpt_steps,
-        checkpoints=_tokens(ckpt_units, q), demand=_tokens(m.demand, q),
+        checkpoints=_tokens(ckpt_units, q),
+        demand=np.asarray(m.demand, np.float64) / np.asarray(q, np.float64)[:, None, None],
         backlogged_in=np.asarray(m.backlogged_in, dtype=bool),
+        computed_service=service - np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
+        * wide.to_float(m.cached_admitted),
+        resource=np.asarray(m.resource[..., 0], np.float64),
+        resource_max_drift=np.asarray(m.resource_max_drift, np.float64),
+        resource_share_service=np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
+                                        - np.asarray(m.resource_share_start, np.float64), np.nan),
         service_exact=_exact(host.service, q), counters_exact=_exact(host.counter, qd),
-        max_drift_exact=_exact(np.maximum(np.asarray(m.max_drift, np.int64), 0), q))
+        max_drift_exact=_exact(drift_units, q))
 
 
 def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray):
@@ -258,7 +279,7 @@ def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray):
     for s in ckpt_steps:
         slot = (s + 1) // every - 1
         if (s + 1) % every == 0 and slot < buf.shape[1]:
-            rows.append(np.where((s < steps - 1)[:, None], buf[:, slot], final))
+            rows.append(np.where((s < steps - 1)[:, None, None], buf[:, slot], final))
         else:
             rows.append(final)
     return np.asarray(ckpt_steps, np.int64), np.stack(rows, axis=1)

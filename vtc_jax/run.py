@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax import wide
 from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
 from vtc_jax.measures import MeasureConfig
 from vtc_jax.results import LaneResults, collect
@@ -25,32 +26,35 @@ from vtc_jax.workload import (ARRIVAL, CACHED, OUTPUT, PROMPT, Trace, Workload, 
                               requests_per_client)
 
 
-def service_bound(trace: Trace, settings: Settings, num_clients: int, horizon: int | None) -> tuple[float, float]:
-    """Upper bounds (cost units, counter units) on any lane total: every request that can
-    arrive charged its full prefill, all its decode tokens and their context surcharge.
-    Every counter is at most the sum of all scaled charges (a lift copies another's)."""
+def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int, max_prompt: int,
+                       max_output: int, horizon: int, max_requests: int) -> None:
+    """Refuse up front a lane whose exact integer arithmetic could overflow.
+
+    Totals and counters are wide (wide.py, exact to 2^55), but each single charge is added as
+    an int32: the largest prefill charge and the largest per-client decode charge of one
+    step, times the counter multiplier, must stay below wide.MAX_ADD (about 2^31). Running
+    requests are at most M / min_prompt (their prompts fit M together) and their context at
+    most M + that many times (max_output - 1).
+    """
     params, _ = encode_settings([settings], num_clients)
-    arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
-    p, o, c = (x[arrives].astype(np.float64) for x in (trace.prompt, trace.output, trace.cached))
-    per_request = (float(params.prefill_cost[0]) * (p - c) + float(params.decode_cost[0]) * o
-                   + float(params.context_cost[0]) * (o * p + o * (o - 1) / 2))
-    per_client = np.bincount(trace.client[arrives], weights=per_request, minlength=num_clients)
-    mult = np.asarray(params.counter_mult[0], dtype=np.float64)
-    return float(per_client.sum()), float((per_client * mult).sum())
-
-
-def check_fits_int32(trace: Trace, settings: Settings, num_clients: int, horizon: int | None) -> None:
-    """Refuse up front a run whose exact totals could pass int32."""
-    total, counter = service_bound(trace, settings, num_clients, horizon)
-    limit = float(INT32_MAX)
-    if total >= limit:
-        raise InputError(
-            f"total service could reach {total:.3g} cost units, past the exact int32 limit {INT32_MAX}; "
-            "shorten the horizon or the trace (or use integer costs)")
-    if counter >= limit:
-        raise InputError(
-            f"counters could reach {counter:.3g} units, past the exact int32 limit {INT32_MAX}; "
-            "weights spanning a wide range or fractional costs need a shorter run")
+    a_p, a_q, b = (int(x[0]) for x in (params.prefill_cost, params.decode_cost, params.context_cost))
+    mult = int(np.max(np.asarray(params.counter_mult)))
+    running = min(settings.kv_budget // max(min_prompt, 1), max_requests)
+    context = settings.kv_budget + running * (max_output - 1)
+    limits = [
+        ("the running context", context),
+        ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult),
+        ("one step's decode charge (w_q x running + beta x context, in exact units, x weight scale)",
+         (a_q * running + b * context) * mult),
+        ("the run's total service", horizon * (a_p * settings.kv_budget + a_q * running + b * context) * mult
+         >> wide.LOW_BITS),
+    ]
+    for name, value in limits:
+        if value > wide.MAX_ADD:
+            raise InputError(
+                f"{name} could reach {value:.3g}, past the exact int32 limit {wide.MAX_ADD} "
+                f"(M={settings.kv_budget}, max output {max_output}, costs scaled by their common "
+                "denominator): use coarser fractions, closer weights, a smaller M or shorter outputs")
 
 
 def default_chunk(expected_events: int) -> int:
@@ -108,7 +112,9 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
             raise InputError("the trace has no requests")
         trace.validate(num_clients)
         validate_fits(trace, s, steps, allow_unadmittable)
-        check_fits_int32(trace, s, num_clients, steps)
+        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
+                           max_output=int(trace.output.max()), horizon=steps or drain_horizon(trace, 0),
+                           max_requests=len(trace))
         horizons.append(int(steps) if steps is not None else
                         drain_horizon(trace, s.rpm_window if s.policy == "rpm" else 0))
     longest = max(horizons)
@@ -194,23 +200,6 @@ def generate_lanes(keys: jax.Array, traffic: TrafficParams, *, horizon: int, cap
     return jax.vmap(lane)(keys, traffic)
 
 
-@jax.jit
-def cost_bound(workload: Workload, params: Params) -> jax.Array:
-    """float32[B]: per lane, the largest total a lane's charges could reach (cost units and
-    counter units, whichever is larger): every arriving request charged in full."""
-
-    def lane(wl, p):
-        r = wl.requests.astype(jnp.float32)
-        valid = wl.requests[..., ARRIVAL] < INT32_MAX
-        prompt, output, cached = r[..., PROMPT], r[..., OUTPUT], r[..., CACHED]
-        full = (p.prefill_cost * (prompt - cached) + p.decode_cost * output
-                + p.context_cost * (output * prompt + output * (output - 1) / 2))
-        per_client = jnp.where(valid, full, 0.0).sum(axis=1)
-        return jnp.maximum(per_client.sum(), (per_client * p.counter_mult).sum())
-
-    return jax.vmap(lane)(workload, params)
-
-
 def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
     """One key per lane from its seed alone: the same seed gives the same trace in any batch."""
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -269,6 +258,10 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
         if max_prompt > s.kv_budget:
             raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
                              "they could never be admitted")
+    for s in set(settings):
+        check_exact_limits(s, k, min_prompt=min(t.min_prompt() for t in traffics), max_prompt=max_prompt,
+                           max_output=max(t.max_lengths()[1] for t in traffics), horizon=horizon,
+                           max_requests=config.stream_len * k)
     config = config or traffic_config(traffics, record_every, arrival_width)
     if any(stream_capacity(t) + config.arrival_width + 1 > config.stream_len or
            t.max_lengths()[1] > config.calendar_len for t in traffics):
@@ -277,9 +270,6 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
     params, _ = encode_settings(settings, k)
     workload = generate_lanes(lane_keys(seeds, base_seed), stack_traffic(traffics), horizon=horizon,
                               capacity=config.stream_len - pad, pad=pad)
-    bound = float(jax.device_get(cost_bound(workload, params)).max())
-    if bound >= 0.5 * INT32_MAX:  # float32 estimate: keep a 2x margin
-        raise InputError(f"totals could reach {bound:.3g} units, past the exact int32 limit; shorten the horizon")
     budget = horizon + 2 * config.stream_len * k + 1
     state, scales, finished = run_lanes(workload, settings, [horizon] * len(seeds), config=config,
                                         event_budget=budget, shared_workload=False, chunk=chunk)

@@ -27,6 +27,10 @@ import numpy as np
 
 POLICIES = ("fcfs", "lcf", "vtc", "rpm")
 DEFAULT_RPM_WINDOW = 2000
+# Llama-2-7B in fp16: ~13.5 GB of weights read per decode step; KV per token
+# 2 (K and V) x 32 layers x 4096 hidden x 2 bytes = 512 KiB.
+LLAMA2_7B_WEIGHT_GB = 13.5
+LLAMA2_7B_KV_GB_PER_TOKEN = 2 * 32 * 4096 * 2 / 1e9
 INT32_MAX = int(np.iinfo(np.int32).max)
 
 
@@ -70,6 +74,15 @@ class Settings:
         variant, which keeps a returning client's counter when nobody is backlogged).
       share_window: (start, end) steps of the window whose per-client service share is
         measured (W(end-1) - W(start-1)); (0, 0): none.
+      kv_cap: per-client KV cap in tokens (one int for all clients, or one per client), or
+        None. A client is eligible for admission only while the KV its running requests can
+        reach (sum of prompt + output, reserved at admission) plus the candidate's stays
+        within its cap, so the cap is never exceeded at any step. An extension beyond
+        MODEL.md (issue 5); None is the contract.
+      charge_cached: charge w_p for every *sent* prompt token, cached ones included (the
+        VTC paper's accounting), instead of MODEL.md's computed tokens (prompt - cached).
+      resource: (weight GB read per decode step, KV GB per context token) of the resource
+        model used for the resource-service measures (default: Llama-2-7B fp16).
     """
 
     policy: str = "vtc"
@@ -82,6 +95,9 @@ class Settings:
     rpm_window: int = DEFAULT_RPM_WINDOW
     lift_last_left: bool = True
     share_window: tuple[int, int] = (0, 0)
+    kv_cap: int | tuple[int, ...] | None = None
+    charge_cached: bool = False
+    resource: tuple[float, float] = (LLAMA2_7B_WEIGHT_GB, LLAMA2_7B_KV_GB_PER_TOKEN)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -110,6 +126,23 @@ class Settings:
         if not 0 <= start <= end or end > INT32_MAX // 2:
             raise InputError(f"share window must be 0 <= start <= end, got {self.share_window}")
         set_("share_window", (start, end))
+        if self.kv_cap is not None:
+            caps = self.kv_cap if isinstance(self.kv_cap, (tuple, list)) else (self.kv_cap,)
+            set_("kv_cap", tuple(_positive_int(c, "kv cap") for c in caps) if isinstance(self.kv_cap, (tuple, list))
+                 else _positive_int(self.kv_cap, "kv cap"))
+        weight_gb, kv_gb = (float(x) for x in self.resource)
+        if not (math.isfinite(weight_gb) and math.isfinite(kv_gb) and weight_gb >= 0 and kv_gb >= 0):
+            raise InputError(f"resource model must be two finite non-negative numbers, got {self.resource}")
+        set_("resource", (weight_gb, kv_gb))
+
+    def client_caps(self, num_clients: int) -> tuple[int, ...]:
+        if self.kv_cap is None:
+            return (INT32_MAX,) * num_clients
+        if isinstance(self.kv_cap, int):
+            return (self.kv_cap,) * num_clients
+        if len(self.kv_cap) != num_clients:
+            raise InputError(f"{len(self.kv_cap)} kv caps given for {num_clients} clients")
+        return self.kv_cap
 
     def client_weights(self, num_clients: int) -> tuple[Fraction, ...]:
         if self.weights is None:
@@ -151,6 +184,9 @@ class Params:
       rpm_limit: int32[]  admissions per client per window (INT32_MAX: unlimited).
       rpm_window: int32[]  window length in steps.
       share_window: int32[2]  (start, end) of the service-share window.
+      kv_cap: int32[K]  per-client reserved-KV cap (INT32_MAX: none).
+      charge_cached: bool[]  prefill charges sent (True) or computed (False) tokens.
+      resource: float32[2]  (weight GB per decode step, KV GB per context token).
     """
 
     kv_budget: jax.Array
@@ -164,6 +200,9 @@ class Params:
     rpm_limit: jax.Array
     rpm_window: jax.Array
     share_window: jax.Array
+    kv_cap: jax.Array
+    charge_cached: jax.Array
+    resource: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +240,7 @@ def encode_settings(settings: Sequence[Settings], num_clients: int) -> tuple[Par
             raise InputError(f"weights span too wide a range for exact int32 counters ({max(mult)} units)")
         rows.append((s.kv_budget, *scaled, mult, s.policy in ("lcf", "vtc"), s.policy == "vtc",
                      s.lift_last_left, s.rpm_limit if s.policy == "rpm" else INT32_MAX, s.rpm_window,
-                     s.share_window))
+                     s.share_window, s.client_caps(num_clients), s.charge_cached, s.resource))
         cost_scales.append(q)
         counter_scales.append(d)
     cols = list(zip(*rows))
@@ -211,7 +250,8 @@ def encode_settings(settings: Sequence[Settings], num_clients: int) -> tuple[Par
         context_cost=i32(cols[3]), counter_mult=i32(cols[4]),
         by_counter=jnp.asarray(cols[5], dtype=bool), lift=jnp.asarray(cols[6], dtype=bool),
         lift_last_left=jnp.asarray(cols[7], dtype=bool), rpm_limit=i32(cols[8]),
-        rpm_window=i32(cols[9]), share_window=i32(cols[10]))
+        rpm_window=i32(cols[9]), share_window=i32(cols[10]), kv_cap=i32(cols[11]),
+        charge_cached=jnp.asarray(cols[12], dtype=bool), resource=jnp.asarray(cols[13], dtype=jnp.float32))
     scales = Scales(cost_scale=np.asarray(cost_scales, dtype=object),
                     counter_scale=np.asarray(counter_scales, dtype=object))
     return params, scales

@@ -152,6 +152,13 @@ class Traffic:
             outputs.append(int(np.max(self.pool[:, 1])))
         return max(prompts), max(outputs)
 
+    def min_prompt(self) -> int:
+        """Smallest possible prompt."""
+        prompts = [lo for (lo, _), e in zip(self.prompt, self._empirical()) if not e]
+        if any(self.empirical):
+            prompts.append(int(np.min(self.pool[:, 0])))
+        return min(prompts)
+
     def _empirical(self) -> tuple[bool, ...]:
         return self.empirical or (False,) * self.num_clients
 
