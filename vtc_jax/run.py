@@ -111,7 +111,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         if len(trace) == 0:
             raise InputError("the trace has no requests")
         trace.validate(num_clients)
-        validate_fits(trace, s, steps, allow_unadmittable)
+        validate_fits(trace, s, num_clients, steps, allow_unadmittable)
         check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
                            max_output=int(trace.output.max()), horizon=steps or drain_horizon(trace, 0),
                            max_requests=len(trace))
@@ -131,9 +131,17 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
     return config, horizons, budget
 
 
-def validate_fits(trace: Trace, settings: Settings, horizon: int | None, allow_unadmittable: bool) -> None:
-    """Refuse a prompt larger than M (it could never be admitted) unless explicitly allowed."""
+def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: int | None,
+                  allow_unadmittable: bool) -> None:
+    """Refuse a prompt larger than M (it could never be admitted) unless explicitly allowed,
+    and a request larger than its client's KV cap."""
     arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
+    caps = np.asarray(settings.client_caps(num_clients), dtype=np.int64)
+    over_cap = arrives & (trace.prompt + trace.output > caps[trace.client])
+    if over_cap.any() and settings.kv_cap is not None:
+        row = int(np.argmax(over_cap))
+        raise InputError(f"row {row + 1}: prompt + output {trace.prompt[row] + trace.output[row]} exceeds "
+                         f"client {trace.client[row]}'s KV cap; it could never be admitted")
     too_big = arrives & (trace.prompt > settings.kv_budget)
     if too_big.any() and not allow_unadmittable:
         row = int(np.argmax(too_big))
@@ -258,11 +266,14 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
         if max_prompt > s.kv_budget:
             raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
                              "they could never be admitted")
+    config = config or traffic_config(traffics, record_every, arrival_width)
+    max_output = max(t.max_lengths()[1] for t in traffics)
     for s in set(settings):
         check_exact_limits(s, k, min_prompt=min(t.min_prompt() for t in traffics), max_prompt=max_prompt,
-                           max_output=max(t.max_lengths()[1] for t in traffics), horizon=horizon,
-                           max_requests=config.stream_len * k)
-    config = config or traffic_config(traffics, record_every, arrival_width)
+                           max_output=max_output, horizon=horizon, max_requests=config.stream_len * k)
+        if min(s.client_caps(k)) < max_prompt + max_output:
+            raise InputError(f"a request of up to {max_prompt + max_output} KV tokens (prompt + output) "
+                             f"could never fit the KV cap {min(s.client_caps(k))}")
     if any(stream_capacity(t) + config.arrival_width + 1 > config.stream_len or
            t.max_lengths()[1] > config.calendar_len for t in traffics):
         raise InputError("the given engine config is too small for these lanes' traffic")

@@ -46,7 +46,8 @@ class Plot:
     """A figure the driver draws from aggregated results.
 
     kind "metric": metric `y` (mean and 95% CI) against setting key `x`, one point per row;
-      `extra` names a metric drawn as a dashed line (for example the bound).
+      `extra` names a metric drawn as a dashed line (for example the bound); the result's
+      "overlays" whose "plot" is this filename are drawn on top (for example a search path).
     kind "scatter": metric `x` against metric `y`, one labelled point per row, CI bars.
     kind "series": time series `y` (mean and 2.5-97.5% band over seeds) per row.
     """
@@ -121,16 +122,32 @@ def chunk_size(total_lanes: int, config, requested: int | None, budget_bytes: in
     return max(1, min(total_lanes, budget_bytes // lane_bytes(config)))
 
 
-def run_sweep(sweep: Sweep, seeds: int, *, base_seed: int = 0, chunk: int | None = None,
-              budget_bytes: int = DEFAULT_LANE_BYTES_BUDGET, log=sys.stderr) -> dict:
-    """Run every (row, seed) lane; returns {"sweep", "config", "rows", "series"}."""
-    if seeds < 1:
-        raise InputError(f"--seeds must be >= 1, got {seeds}")
-    if not sweep.rows:
+@dataclasses.dataclass(frozen=True)
+class LaneValues:
+    """Per-lane outputs of `evaluate`, lane = row * seeds + seed index.
+
+    metrics: {name: float64[R * S]}; series: {name: float64[R * S, C]}; finished: bool[R * S];
+    series_steps: int64[C] or None; chunk: lanes per compiled call."""
+
+    metrics: dict
+    series: dict
+    finished: np.ndarray
+    series_steps: np.ndarray | None
+    chunk: int
+
+
+def evaluate(name: str, rows: Sequence[Row], seeds: Sequence[int], metrics: Callable, *,
+             series: Callable | None = None, record_every: int = 0, base_seed: int = 0,
+             chunk: int | None = None, budget_bytes: int = DEFAULT_LANE_BYTES_BUDGET,
+             log=sys.stderr) -> LaneValues:
+    """Run every (row, seed) lane in equal chunks with one static config (one compile)."""
+    seeds = list(seeds)
+    if len(seeds) < 1:
+        raise InputError(f"--seeds must be >= 1, got {len(seeds)}")
+    if not rows:
         raise InputError("the sweep has no settings")
-    traffics = [r.traffic for r in sweep.rows]
-    config = traffic_config(traffics, sweep.record_every)
-    total = len(sweep.rows) * seeds
+    config = traffic_config([r.traffic for r in rows], record_every)
+    total = len(rows) * len(seeds)
     size = chunk_size(total, config, chunk, budget_bytes)
     metric_parts, series_parts, finished_parts = [], [], []
     steps = None
@@ -138,43 +155,57 @@ def run_sweep(sweep: Sweep, seeds: int, *, base_seed: int = 0, chunk: int | None
     for first in range(0, total, size):
         lanes = np.arange(first, first + size) % total  # the last chunk repeats lanes: discarded
         keep = min(size, total - first)
-        row_of = lanes // seeds
-        results = simulate_traffic([sweep.rows[r].traffic for r in row_of],
-                                   [sweep.rows[r].settings for r in row_of],
-                                   list(lanes % seeds), base_seed=base_seed,
-                                   config=config)
-        chunk_rows = [sweep.rows[r] for r in row_of]
-        metric_parts.append({k: np.asarray(v)[:keep] for k, v in sweep.metrics(results, chunk_rows).items()})
-        if sweep.series is not None:
-            series_parts.append({k: np.asarray(v)[:keep] for k, v in sweep.series(results, chunk_rows).items()})
+        chunk_rows = [rows[r] for r in lanes // len(seeds)]
+        results = simulate_traffic([r.traffic for r in chunk_rows], [r.settings for r in chunk_rows],
+                                   [seeds[i] for i in lanes % len(seeds)], base_seed=base_seed, config=config)
+        metric_parts.append({k: np.asarray(v)[:keep] for k, v in metrics(results, chunk_rows).items()})
+        if series is not None:
+            series_parts.append({k: np.asarray(v)[:keep] for k, v in series(results, chunk_rows).items()})
             steps = results.checkpoint_steps
         finished_parts.append(results.finished[:keep])
         done = first + keep
-        print(f"[{sweep.name}] lanes {done}/{total} ({100 * done / total:.0f}%), chunk of {size}, "
+        print(f"[{name}] lanes {done}/{total} ({100 * done / total:.0f}%), chunk of {size}, "
               f"{time.perf_counter() - started:.1f} s", file=log, flush=True)
-    finished = np.concatenate(finished_parts)
-    metrics = {k: np.concatenate([p[k] for p in metric_parts]) for k in metric_parts[0]}
-    rows_out = []
-    series_out = []
-    for i, row in enumerate(sweep.rows):
+    join = lambda parts: {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}  # noqa: E731
+    return LaneValues(join(metric_parts), join(series_parts), np.concatenate(finished_parts), steps, size)
+
+
+def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, log=sys.stderr):
+    """Per row: every metric summarized over its finished seeds (unfinished lanes are
+    excluded and counted), and every series as mean and 2.5-97.5% band."""
+    rows_out, series_out = [], []
+    for i, row in enumerate(rows):
         lanes = slice(i * seeds, (i + 1) * seeds)
-        ok = finished[lanes]
+        ok = values.finished[lanes]
         entry = {"setting": row.setting, "label": row.label,
-                 "metrics": {k: summarize(v[lanes][ok]) for k, v in metrics.items()}}
+                 "metrics": {k: summarize(v[lanes][ok]) for k, v in values.metrics.items()}}
         if not ok.all():
             entry["unfinished_lanes"] = int((~ok).sum())
-            print(f"[{sweep.name}] warning: {int((~ok).sum())} lanes of {row.label} did not finish "
+            print(f"[{name}] warning: {int((~ok).sum())} lanes of {row.label} did not finish "
                   "and are excluded", file=log)
         rows_out.append(entry)
-        if series_parts:
-            stacked = {k: np.concatenate([p[k] for p in series_parts])[lanes][ok] for k in series_parts[0]}
+        if values.series:
+            stacked = {k: v[lanes][ok] for k, v in values.series.items()}
             series_out.append({k: {"mean": v.mean(axis=0).tolist(),
                                    "lo": np.percentile(v, 2.5, axis=0).tolist(),
                                    "hi": np.percentile(v, 97.5, axis=0).tolist()} for k, v in stacked.items()})
-    config_out = dict(sweep.config, seeds=seeds, base_seed=base_seed, lanes=total, chunk=size)
+    return rows_out, series_out
+
+
+def run_sweep(sweep: Sweep, seeds: int, *, base_seed: int = 0, chunk: int | None = None,
+              budget_bytes: int = DEFAULT_LANE_BYTES_BUDGET, log=sys.stderr) -> dict:
+    """Run every (row, seed) lane; returns {"sweep", "config", "rows"[, "series"]}."""
+    if seeds < 1:
+        raise InputError(f"--seeds must be >= 1, got {seeds}")
+    values = evaluate(sweep.name, sweep.rows, range(seeds), sweep.metrics, series=sweep.series,
+                      record_every=sweep.record_every, base_seed=base_seed, chunk=chunk,
+                      budget_bytes=budget_bytes, log=log)
+    rows_out, series_out = aggregate(sweep.name, sweep.rows, values, seeds, log)
+    config_out = dict(sweep.config, seeds=seeds, base_seed=base_seed, lanes=len(sweep.rows) * seeds,
+                      chunk=values.chunk)
     out = {"sweep": sweep.name, "config": config_out, "rows": rows_out}
     if series_out:
-        out["series"] = {"steps": [int(s) for s in steps], "rows": series_out}
+        out["series"] = {"steps": [int(s) for s in values.series_steps], "rows": series_out}
     return out
 
 
@@ -246,6 +277,9 @@ def draw(sweep: Sweep, result: dict, plot: Plot, out_dir: Path) -> Path:
         ax.fill_between(xs, lo, hi, alpha=0.3, label="95% CI")
         if plot.extra:
             ax.plot(xs, [r["metrics"][plot.extra]["mean"] for r in rows], "k--", label=plot.extra)
+        for overlay in result.get("overlays", []):
+            if overlay["plot"] == plot.filename:
+                ax.plot(overlay["x"], overlay["y"], "r.-", alpha=0.7, label=overlay["label"])
         ax.set_xlabel(plot.x)
         ax.legend()
     elif plot.kind == "scatter":
@@ -266,7 +300,12 @@ def draw(sweep: Sweep, result: dict, plot: Plot, out_dir: Path) -> Path:
     else:
         raise ValueError(f"unknown plot kind {plot.kind!r}")
     if plot.xlog:
-        ax.set_xscale("log", base=2)
+        xs = [r["setting"].get(plot.x) for r in rows] if plot.kind == "metric" else []
+        positive = [x for x in xs if isinstance(x, (int, float)) and x > 0]
+        if positive and len(positive) < len(xs):  # a zero setting (beta = 0): linear near 0
+            ax.set_xscale("symlog", base=2, linthresh=min(positive) / 2)
+        else:
+            ax.set_xscale("log", base=2)
     ax.set_ylabel(plot.ylabel or plot.y)
     ax.set_title(plot.title)
     ax.grid(alpha=0.3)
