@@ -70,7 +70,7 @@ class Objective:
     def run(self, betas):
         self.calls += 1
         return evaluate("beta_tune", self.rows(betas), self.seeds, lane_metrics, base_seed=self.args.base_seed,
-                        chunk=self.args.chunk)
+                        chunk=self.args.chunk, devices=self.args.devices)
 
     def per_lane(self, values, n):
         gap = values.metrics["resource_gap"].reshape(n, -1)
@@ -143,14 +143,19 @@ def tune(args) -> dict:
 
 
 def main(argv=None) -> int:
-    from vtc_jax.sweep import _fail, base_parser, write_outputs
+    import jax
+
+    from vtc_jax.sweep import _fail, base_parser, setup_runtime, write_outputs
 
     parser = base_parser("beta_tune", __doc__)
     add_arguments(parser)
     parser.error = lambda message: _fail(message)
     args = parser.parse_args(argv)
     try:
+        setup_runtime(args)
         result = tune(args)
+        if jax.process_index() != 0:
+            return 0
         sweep = Sweep(name="beta_tune", config=result["config"], rows=(), metrics=lane_metrics,
                       columns=("objective", "resource_gap", "raw_throughput"),
                       plots=(Plot("metric", "objective_vs_beta.png", "objective vs beta (ES path in red)",

@@ -269,13 +269,19 @@ def advance(state: State, workload: Workload, params: Params, config: EngineConf
     return state
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_events", "shared_workload"))
-def advance_lanes(state: State, workload: Workload, params: Params, *, config: EngineConfig,
-                  num_events: int, shared_workload: bool) -> State:
-    """`advance` vmapped over a leading lane axis of state and params (and of the workload
-    unless `shared_workload`, when every lane replays the same one)."""
+def _advance_lanes(state: State, workload: Workload, params: Params, *, config: EngineConfig,
+                   num_events: int, shared_workload: bool) -> State:
     lane = functools.partial(advance, config=config, num_events=num_events)
     return jax.vmap(lane, in_axes=(0, None if shared_workload else 0, 0))(state, workload, params)
+
+
+_STATIC = ("config", "num_events", "shared_workload")
+advance_lanes = jax.jit(_advance_lanes, static_argnames=_STATIC)
+advance_lanes.__doc__ = """`advance` vmapped over a leading lane axis of state and params (and of the
+workload unless `shared_workload`, when every lane replays the same one)."""
+# The carried state is dead after each chunk: donating it lets XLA update it in place on
+# accelerators (the CPU backend ignores donation, with a warning, so it is not used there).
+advance_lanes_donating = jax.jit(_advance_lanes, static_argnames=_STATIC, donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

@@ -98,6 +98,14 @@ class LaneResults:
     counters_exact: np.ndarray
     max_drift_exact: np.ndarray
 
+    def head(self, lanes: int) -> "LaneResults":
+        """The first `lanes` lanes (drops padding lanes added for sharding)."""
+        if lanes == len(self.steps):
+            return self
+        per_lane = {f.name: getattr(self, f.name)[:lanes] for f in dataclasses.fields(self)
+                    if f.name not in ("record_every", "checkpoint_steps")}
+        return dataclasses.replace(self, **per_lane)
+
     @property
     def share(self) -> np.ndarray:
         """float64[B, K]: each client's fraction of the service in the share window."""

@@ -15,9 +15,11 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from vtc_jax import wide
-from vtc_jax.engine import EngineConfig, State, advance_lanes, init_lanes
+from vtc_jax.devices import lane_mesh, pad_to, shard
+from vtc_jax.engine import EngineConfig, State, advance_lanes, advance_lanes_donating, init_lanes
 from vtc_jax.measures import MeasureConfig
 from vtc_jax.results import LaneResults, collect
 from vtc_jax.settings import INT32_MAX, InputError, Params, Scales, Settings, encode_settings
@@ -65,16 +67,23 @@ def default_chunk(expected_events: int) -> int:
 
 def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
               config: EngineConfig, event_budget: int, shared_workload: bool,
-              chunk: int | None = None) -> tuple[State, Scales, np.ndarray]:
+              chunk: int | None = None, mesh: Mesh | None = None) -> tuple[State, Scales, np.ndarray]:
     """Advance every lane until done or `event_budget` events; returns the final state,
-    the lanes' scales and `finished` (bool[B]). One compile per (config, chunk)."""
+    the lanes' scales and `finished` (bool[B]). One compile per (config, chunk, mesh).
+
+    With a `mesh`, the lane axis is sharded over its devices (B must be a multiple of its
+    size: see `devices.pad_to`); results are identical lane for lane.
+    """
     params, scales = encode_settings(settings, config.num_clients)
     state = init_lanes(jnp.asarray(np.asarray(horizons, dtype=np.int32)), config=config)
+    if mesh is not None:
+        state, params = shard(state, mesh), shard(params, mesh)
+        workload = shard(workload, mesh, batched=not shared_workload)
+    step = advance_lanes if jax.default_backend() == "cpu" else advance_lanes_donating
     chunk = chunk or default_chunk(int(max(horizons)))
     spent = 0
     while spent < event_budget and not bool(jax.device_get(state.done.all())):
-        state = advance_lanes(state, workload, params, config=config, num_events=chunk,
-                              shared_workload=shared_workload)
+        state = step(state, workload, params, config=config, num_events=chunk, shared_workload=shared_workload)
         spent += chunk
     finished = np.asarray(jax.device_get(state.done & ~workload.overflow))
     finished = np.broadcast_to(finished, (len(settings),)).copy()
@@ -153,7 +162,8 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 
 def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_clients: int,
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
-               allow_unadmittable: bool = False, arrival_width: int = 4) -> LaneResults:
+               allow_unadmittable: bool = False, arrival_width: int = 4,
+               mesh: Mesh | None = None) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -165,11 +175,15 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
       allow_unadmittable: simulate prompts larger than M (they block their client's FIFO
         and, head-of-line, admission) instead of refusing them (fixed horizon only).
       arrival_width: arrivals per client taken per event (a speed knob; any value is exact).
+      mesh: devices to shard the lanes over (default: every local device).
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
     config, horizons, budget = plan_lanes(traces, settings, num_clients, steps, record_every,
                                           allow_unadmittable, arrival_width)
+    mesh = mesh or lane_mesh()
+    n_lanes, target = len(settings), pad_to(len(settings), mesh)
+    traces, settings, horizons = ([x[i % n_lanes] for i in range(target)] for x in (traces, settings, horizons))
     shared = all(t is traces[0] for t in traces)
     if shared:
         workload = make_workload(traces[0], num_clients, config.stream_len, steps)
@@ -177,8 +191,8 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
         lanes = [make_workload(t, num_clients, config.stream_len, steps) for t in traces]
         workload = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *lanes)
     state, scales, finished = run_lanes(workload, settings, horizons, config=config,
-                                        event_budget=budget, shared_workload=shared, chunk=chunk)
-    return collect(state, scales, finished, config, settings, workload)
+                                        event_budget=budget, shared_workload=shared, chunk=chunk, mesh=mesh)
+    return collect(state, scales, finished, config, settings, workload).head(n_lanes)
 
 
 def replay_lanes(trace: Trace, settings: Sequence[Settings], *, num_clients: int | None = None,
@@ -240,7 +254,8 @@ def traffic_config(traffics: Sequence[Traffic], record_every: int = 0, arrival_w
 
 def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int], *,
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None,
-                     arrival_width: int = 4, config: EngineConfig | None = None) -> LaneResults:
+                     arrival_width: int = 4, config: EngineConfig | None = None,
+                     mesh: Mesh | None = None) -> LaneResults:
     """Generate lane i's traffic from `seeds[i]` and run it under `settings[i]`, all lanes in
     one compiled batch, for the traffic's horizon.
 
@@ -251,6 +266,7 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
       record_every: checkpoint service every N steps (0: only the last step).
       config: a static config from `traffic_config` over a larger set of lanes, so that
         chunks of a sweep share one compile (default: sized for these lanes).
+      mesh: devices to shard the lanes over (default: every local device).
     """
     if not (len(traffics) == len(settings) == len(seeds)):
         raise InputError(f"{len(traffics)} traffics, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
@@ -278,10 +294,12 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
            t.max_lengths()[1] > config.calendar_len for t in traffics):
         raise InputError("the given engine config is too small for these lanes' traffic")
     pad = config.arrival_width + 1
-    params, _ = encode_settings(settings, k)
-    workload = generate_lanes(lane_keys(seeds, base_seed), stack_traffic(traffics), horizon=horizon,
-                              capacity=config.stream_len - pad, pad=pad)
+    mesh = mesh or lane_mesh()
+    n_lanes, target = len(settings), pad_to(len(settings), mesh)
+    traffics, settings, seeds = ([x[i % n_lanes] for i in range(target)] for x in (traffics, settings, list(seeds)))
+    keys, traffic = shard((lane_keys(seeds, base_seed), stack_traffic(traffics)), mesh)
+    workload = generate_lanes(keys, traffic, horizon=horizon, capacity=config.stream_len - pad, pad=pad)
     budget = horizon + 2 * config.stream_len * k + 1
-    state, scales, finished = run_lanes(workload, settings, [horizon] * len(seeds), config=config,
-                                        event_budget=budget, shared_workload=False, chunk=chunk)
-    return collect(state, scales, finished, config, settings, workload)
+    state, scales, finished = run_lanes(workload, settings, [horizon] * target, config=config,
+                                        event_budget=budget, shared_workload=False, chunk=chunk, mesh=mesh)
+    return collect(state, scales, finished, config, settings, workload).head(n_lanes)

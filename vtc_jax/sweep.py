@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
+from vtc_jax.devices import (DEFAULT_CACHE_DIR, available_bytes, enable_compilation_cache, gather_lanes,
+                             init_distributed, lane_mesh, process_share)
 from vtc_jax.results import LaneResults
 from vtc_jax.run import simulate_traffic, traffic_config
 from vtc_jax.settings import InputError, Settings
@@ -28,7 +31,6 @@ from vtc_jax.stats import summarize
 from vtc_jax.traffic import Traffic
 
 DEFAULT_SEEDS = 4096
-DEFAULT_LANE_BYTES_BUDGET = 2 << 30  # per chunk, for the CPU default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,12 +116,16 @@ def lane_bytes(config) -> int:
     return 2 * (streams + calendar + series) + 4096
 
 
-def chunk_size(total_lanes: int, config, requested: int | None, budget_bytes: int) -> int:
+def chunk_size(total_lanes: int, config, requested: int | None, budget_bytes: int, multiple: int = 1) -> int:
+    """Lanes per compiled call: `requested`, or as many as half the free memory holds,
+    rounded to a multiple of the device count (the mesh needs equal shares)."""
     if requested is not None:
         if requested < 1:
             raise InputError(f"--chunk must be >= 1, got {requested}")
-        return min(requested, total_lanes)
-    return max(1, min(total_lanes, budget_bytes // lane_bytes(config)))
+        size = min(requested, total_lanes)
+    else:
+        size = max(1, min(total_lanes, budget_bytes // 2 // lane_bytes(config)))
+    return -(-size // multiple) * multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,36 +144,51 @@ class LaneValues:
 
 def evaluate(name: str, rows: Sequence[Row], seeds: Sequence[int], metrics: Callable, *,
              series: Callable | None = None, record_every: int = 0, base_seed: int = 0,
-             chunk: int | None = None, budget_bytes: int = DEFAULT_LANE_BYTES_BUDGET,
-             log=sys.stderr) -> LaneValues:
-    """Run every (row, seed) lane in equal chunks with one static config (one compile)."""
+             chunk: int | None = None, devices: int | None = None, log=sys.stderr) -> LaneValues:
+    """Run every (row, seed) lane in equal chunks with one static config (one compile).
+
+    Lanes are sharded over `devices` local devices (default all); with several processes
+    (jax.distributed), each runs a contiguous share and every process gets all results.
+    """
     seeds = list(seeds)
     if len(seeds) < 1:
         raise InputError(f"--seeds must be >= 1, got {len(seeds)}")
     if not rows:
         raise InputError("the sweep has no settings")
+    try:
+        mesh = lane_mesh(devices)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     config = traffic_config([r.traffic for r in rows], record_every)
     total = len(rows) * len(seeds)
-    size = chunk_size(total, config, chunk, budget_bytes)
+    start, stop = process_share(total)
+    local = stop - start
+    size = chunk_size(max(local, 1), config, chunk, available_bytes(mesh), multiple=mesh.devices.size)
     metric_parts, series_parts, finished_parts = [], [], []
     steps = None
     started = time.perf_counter()
-    for first in range(0, total, size):
-        lanes = np.arange(first, first + size) % total  # the last chunk repeats lanes: discarded
-        keep = min(size, total - first)
+    for first in range(0, local, size):
+        lanes = start + np.arange(first, first + size) % local  # the last chunk repeats lanes: discarded
+        keep = min(size, local - first)
         chunk_rows = [rows[r] for r in lanes // len(seeds)]
         results = simulate_traffic([r.traffic for r in chunk_rows], [r.settings for r in chunk_rows],
-                                   [seeds[i] for i in lanes % len(seeds)], base_seed=base_seed, config=config)
+                                   [seeds[i] for i in lanes % len(seeds)], base_seed=base_seed, config=config,
+                                   mesh=mesh)
         metric_parts.append({k: np.asarray(v)[:keep] for k, v in metrics(results, chunk_rows).items()})
         if series is not None:
             series_parts.append({k: np.asarray(v)[:keep] for k, v in series(results, chunk_rows).items()})
             steps = results.checkpoint_steps
         finished_parts.append(results.finished[:keep])
         done = first + keep
-        print(f"[{name}] lanes {done}/{total} ({100 * done / total:.0f}%), chunk of {size}, "
-              f"{time.perf_counter() - started:.1f} s", file=log, flush=True)
-    join = lambda parts: {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}  # noqa: E731
-    return LaneValues(join(metric_parts), join(series_parts), np.concatenate(finished_parts), steps, size)
+        where = f" (process {jax.process_index()}/{jax.process_count()})" if jax.process_count() > 1 else ""
+        print(f"[{name}] lanes {done}/{local}{where} ({100 * done / local:.0f}%), chunk of {size} on "
+              f"{mesh.devices.size} device(s), {time.perf_counter() - started:.1f} s", file=log, flush=True)
+
+    def join(parts):
+        return {k: gather_lanes(np.concatenate([p[k] for p in parts]), total) for k in parts[0]} if parts else {}
+
+    finished = gather_lanes(np.concatenate(finished_parts), total)
+    return LaneValues(join(metric_parts), join(series_parts), finished, steps, size)
 
 
 def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, log=sys.stderr):
@@ -193,13 +214,13 @@ def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, lo
 
 
 def run_sweep(sweep: Sweep, seeds: int, *, base_seed: int = 0, chunk: int | None = None,
-              budget_bytes: int = DEFAULT_LANE_BYTES_BUDGET, log=sys.stderr) -> dict:
+              devices: int | None = None, log=sys.stderr) -> dict:
     """Run every (row, seed) lane; returns {"sweep", "config", "rows"[, "series"]}."""
     if seeds < 1:
         raise InputError(f"--seeds must be >= 1, got {seeds}")
     values = evaluate(sweep.name, sweep.rows, range(seeds), sweep.metrics, series=sweep.series,
                       record_every=sweep.record_every, base_seed=base_seed, chunk=chunk,
-                      budget_bytes=budget_bytes, log=log)
+                      devices=devices, log=log)
     rows_out, series_out = aggregate(sweep.name, sweep.rows, values, seeds, log)
     config_out = dict(sweep.config, seeds=seeds, base_seed=base_seed, lanes=len(sweep.rows) * seeds,
                       chunk=values.chunk)
@@ -327,7 +348,21 @@ def base_parser(name: str, description: str) -> argparse.ArgumentParser:
                         help="lanes per compiled call (default: sized from memory)")
     parser.add_argument("--base-seed", type=int, default=0, help="base of every lane's random key")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--devices", type=int, default=None, help="use only the first N local devices")
+    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR),
+                        help=f"persistent compilation cache (default {DEFAULT_CACHE_DIR}; env VTC_JAX_CACHE)")
+    parser.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
+    parser.add_argument("--coordinator", default=None,
+                        help="multi-host: coordinator host:port for jax.distributed (or JAX_COORDINATOR_ADDRESS)")
+    parser.add_argument("--num-processes", type=int, default=None, help="multi-host: number of processes")
+    parser.add_argument("--process-id", type=int, default=None, help="multi-host: this process's index")
     return parser
+
+
+def setup_runtime(args) -> None:
+    """Compilation cache and (multi-host) distributed runtime, from the common flags."""
+    init_distributed(args.coordinator, args.num_processes, args.process_id)
+    enable_compilation_cache(None if args.no_cache else args.cache_dir)
 
 
 def main(name: str, description: str, add_arguments: Callable, build: Callable[[argparse.Namespace], Sweep],
@@ -340,8 +375,11 @@ def main(name: str, description: str, add_arguments: Callable, build: Callable[[
     try:
         if args.base_seed < 0:
             raise InputError(f"--base-seed must be >= 0, got {args.base_seed}")
+        setup_runtime(args)
         sweep = build(args)
-        result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk)
+        result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices)
+        if jax.process_index() != 0:  # process 0 reports and writes
+            return 0
         print(format_table(sweep, result))
         written = write_outputs(sweep, result, args.out, plots=not args.no_plots)
     except InputError as err:

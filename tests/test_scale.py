@@ -1,0 +1,88 @@
+"""Scale-out: sharding over 8 forced host devices, two processes with jax.distributed, and
+the compilation cache. Each case runs in fresh Python processes (device count and the
+distributed runtime are fixed when JAX starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = [sys.executable, "-m", "sweeps.kv_budget", "--seeds", "6", "--steps", "300", "--budgets", "2048,4096,8192",
+         "--no-plots", "--no-cache"]
+
+
+def _env(devices: int = 1) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _rows(out: Path) -> list:
+    with open(out / "results.json") as fh:
+        return json.load(fh)["rows"]
+
+
+def test_sharded_engine_equals_one_device():
+    script = """
+import numpy as np, random
+from tests import reference as ref
+from tests.helpers import random_settings, to_trace
+from vtc_jax import run_traces, POLICIES
+from vtc_jax.devices import lane_mesh
+import jax
+assert jax.device_count() == 8
+rng = random.Random(5)
+traces, settings = [], []
+for i in range(13):
+    reqs, k, m = ref.random_trace(rng, num_clients=3, num_requests=rng.randint(1, 25))
+    traces.append(to_trace(reqs)); settings.append(random_settings(rng, POLICIES[i % 4], 3, m))
+one = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(1))
+eight = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(8))
+assert len(eight.steps) == 13
+for name in ("checkpoints", "counters", "admitted", "completed", "max_drift", "pair_drift", "wait_hist"):
+    np.testing.assert_array_equal(getattr(one, name), getattr(eight, name), err_msg=name)
+print("OK")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(8), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-2000:]
+
+
+def test_sweep_over_8_devices_equals_1(tmp_path):
+    for devices in (1, 8):
+        done = subprocess.run(SWEEP + ["--out", str(tmp_path / str(devices)), "--devices", str(devices)], cwd=ROOT,
+                              env=_env(8), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert _rows(tmp_path / "1") == _rows(tmp_path / "8")
+
+
+def test_two_processes_merge_to_the_one_process_result(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen(SWEEP + ["--out", str(tmp_path / f"p{i}"), "--coordinator", f"localhost:{port}",
+                                       "--num-processes", "2", "--process-id", str(i)],
+                              cwd=ROOT, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
+    assert "process 1/2" in outputs[1][1]
+    assert not (tmp_path / "p1" / "results.json").exists()  # process 0 writes
+    single = subprocess.run(SWEEP + ["--out", str(tmp_path / "single")], cwd=ROOT, env=_env(1),
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert _rows(tmp_path / "p0") == _rows(tmp_path / "single")
+
+
+def test_compilation_cache_is_written(tmp_path):
+    cache = tmp_path / "cache"
+    done = subprocess.run([a for a in SWEEP if a != "--no-cache"] + ["--out", str(tmp_path / "o"), "--cache-dir",
+                                                                     str(cache)],
+                          cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any("advance_lanes" in p.name for p in cache.iterdir())
