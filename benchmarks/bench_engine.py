@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from tests import reference as ref
+from vtc_jax.devices import lane_mesh, pad_to, shard
 from vtc_jax.engine import EngineConfig, advance_lanes, init_lanes
 from vtc_jax.run import default_chunk, generate_lanes, lane_keys, run_lanes, stack_traffic
 from vtc_jax.settings import Settings, encode_settings
@@ -28,20 +29,24 @@ from vtc_jax.traffic import overload, stream_capacity
 STEPS, KV_BUDGET = 6000, 8192
 
 
-def workload(lanes: int, traffic):
+def workload(lanes: int, traffic, mesh=None):
     capacity = stream_capacity(traffic)
-    wl = generate_lanes(lane_keys(range(lanes)), stack_traffic([traffic] * lanes), horizon=STEPS,
-                        capacity=capacity, pad=5)
+    keys, params = lane_keys(range(lanes)), stack_traffic([traffic] * lanes)
+    if mesh is not None:
+        keys, params = shard((keys, params), mesh)
+    wl = generate_lanes(keys, params, horizon=STEPS, capacity=capacity, pad=5)
     config = EngineConfig(num_clients=2, stream_len=capacity + 5, calendar_len=traffic.max_lengths()[1])
     return jax.block_until_ready(wl), config
 
 
-def time_engine(lanes: int, traffic, repeats: int) -> dict:
-    wl, config = workload(lanes, traffic)
+def time_engine(lanes: int, traffic, repeats: int, mesh) -> dict:
+    lanes = pad_to(lanes, mesh)
+    wl, config = workload(lanes, traffic, mesh)
     settings = [Settings("vtc", KV_BUDGET)] * lanes
     params, _ = encode_settings(settings, 2)
     chunk = default_chunk(STEPS)
     state0 = init_lanes(np.full(lanes, STEPS, np.int32), config=config)
+    state0, params = shard((state0, params), mesh)
     t0 = time.perf_counter()
     advance_lanes.lower(state0, wl, params, config=config, num_events=chunk,
                         shared_workload=False).compile()
@@ -49,8 +54,8 @@ def time_engine(lanes: int, traffic, repeats: int) -> dict:
 
     def once():
         t = time.perf_counter()
-        state, _, finished = run_lanes(wl, settings, [STEPS] * lanes, config=config,
-                                       event_budget=10 * STEPS, shared_workload=False, chunk=chunk)
+        state, _, finished = run_lanes(wl, settings, [STEPS] * lanes, config=config, event_budget=10 * STEPS,
+                                       shared_workload=False, chunk=chunk, mesh=mesh)
         jax.block_until_ready(state)
         assert finished.all(), "a lane did not finish"
         return time.perf_counter() - t, int(np.asarray(state.iterations).max())
@@ -78,17 +83,21 @@ def main(argv=None):
     parser.add_argument("--lanes", type=int, nargs="+", default=None,
                         help="lane counts (default 1 256 4096 on CPU, plus 16384 65536 on GPU)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=None, help="shard lanes over the first N devices (default all)")
+    parser.add_argument("--no-reference", action="store_true", help="skip timing the slow reference")
     args = parser.parse_args(argv)
     device = jax.devices()[0]
+    mesh = lane_mesh(args.devices)
     lanes = args.lanes or ([1, 256, 4096] + ([16384, 65536] if device.platform == "gpu" else []))
     traffic = overload([1.0, 0.25], STEPS)
-    print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}  jax {jax.__version__}")
-    ref_rate = time_reference(traffic)
+    print(f"device: {device.platform} {device.device_kind}, lanes sharded over {mesh.devices.size} of "
+          f"{jax.device_count()} device(s); jax {jax.__version__}")
+    ref_rate = float("nan") if args.no_reference else time_reference(traffic)
     print(f"slow reference: {ref_rate:,.0f} steps/s (one lane, pure Python)")
     print(f"{'lanes':>6} {'compile s':>9} {'1st call s':>10} {'run s':>8} {'events':>7} "
           f"{'M lane-steps/s':>14} {'x reference':>11}")
     for n in lanes:
-        r = time_engine(n, traffic, args.repeats)
+        r = time_engine(n, traffic, args.repeats, mesh)
         print(f"{n:>6} {r['compile_s']:>9.2f} {r['first_call_s']:>10.2f} {r['run_s']:>8.3f} {r['events']:>7} "
               f"{r['lane_steps_per_s'] / 1e6:>14.2f} {r['lane_steps_per_s'] / ref_rate:>11.0f}", flush=True)
 

@@ -57,3 +57,4 @@ def test_matches_reference_every_step(num_clients, mode):
         assert result.max_drift_exact[lane] == max(drifts), context
         assert result.max_drift_step[lane] == drifts.index(max(drifts)), context
         assert result.throughput[lane] == pytest.approx(float(ref.throughput(expect)), rel=1e-12)
+        assert result.conservation[lane] == [], context

@@ -11,6 +11,7 @@ import re
 import sys
 from fractions import Fraction
 
+from vtc_jax.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
 from vtc_jax.run import drain_horizon, replay
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, POLICIES, InputError, Settings
 from vtc_jax.workload import read_trace_csv
@@ -20,6 +21,10 @@ EXIT_BAD_INPUT = 2
 MAX_CLIENTS = 100_000
 # Service checkpoints kept on device: horizon // record_every * K int32 values at most.
 MAX_CHECKPOINT_VALUES = 1 << 26
+
+
+class ConservationError(RuntimeError):
+    """--check found a conservation law violated (an engine bug, never bad input): exit 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--record-every", type=_int_arg(1), default=1000, metavar="N",
                     help="service checkpoint every N steps (default 1000; the last step is always kept)")
     rp.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
+    rp.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR),
+                    help=f"persistent compilation cache (default {DEFAULT_CACHE_DIR}; env VTC_JAX_CACHE)")
+    rp.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
+    rp.add_argument("--check", action="store_true",
+                    help="verify conservation (requests and charges) and fail with exit 1 if it does not hold")
     return parser
 
 
@@ -121,6 +131,8 @@ def replay_command(args) -> dict:
         raise
     if not result.finished[0]:
         raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
+    if args.check and result.conservation[0]:
+        raise ConservationError("; ".join(result.conservation[0]))
     steps = int(result.steps[0])
     service = result.service_exact[0]
     out = {
@@ -153,6 +165,10 @@ def _summary(out: dict, policy: str) -> str:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        try:
+            enable_compilation_cache(None if args.no_cache else args.cache_dir)
+        except OSError as err:
+            raise InputError(f"cannot use the compilation cache {args.cache_dir} ({err.strerror})") from None
         out = replay_command(args)
         if args.json:
             try:
@@ -164,5 +180,11 @@ def main(argv=None) -> int:
         message = str(err).replace("\r", "\\r").replace("\n", "\\n")  # always one line
         print(f"vtc_jax: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ConservationError as err:
+        print(f"vtc_jax: error: conservation violated: {err}", file=sys.stderr)
+        return 1
     print(_summary(out, args.policy))
+    if args.check:
+        print("check: conservation holds (requests arrived = waiting + running + completed; "
+              "service = charges of processed tokens)")
     return 0

@@ -64,7 +64,10 @@ class Measures:
         jointly backlogged period (its value before the period included).
       pair_drift: int32[Kp, Kp, 2]  max over periods of (period_max - period_min).
       share_start, share_end: int32[K, 2]  W at the share window's edges.
-      raw_tokens: int32[K, 2]  prompt tokens admitted plus tokens decoded.
+      prompt_tokens: int32[K, 2]  prompt tokens of admitted requests (cached included).
+      decoded_tokens: int32[K, 2]  tokens decoded.
+      decoded_context: int32[K, 2]  sum over decoded tokens of their context (prompt +
+        generated before the token): with the above, an independent ledger of every charge.
       occupancy_sum: int32[2]  sum of the KV tokens held at each decode phase.
       wait_hist, done_hist: int32[K, B]  latency histograms (B = LATENCY_BINS or 0).
       wait_sum, done_sum: int32[K, 2]  sums of waiting and completion times.
@@ -87,7 +90,9 @@ class Measures:
     pair_drift: jax.Array
     share_start: jax.Array
     share_end: jax.Array
-    raw_tokens: jax.Array
+    prompt_tokens: jax.Array
+    decoded_tokens: jax.Array
+    decoded_context: jax.Array
     occupancy_sum: jax.Array
     wait_hist: jax.Array
     done_hist: jax.Array
@@ -111,7 +116,8 @@ def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig)
         checkpoints=wide.zeros((c, k)), demand=jnp.zeros((c, k), jnp.float32),
         backlogged_in=jnp.zeros((c, k), bool), service_at_start=wk, head_at_start=jnp.zeros(k, I32),
         in_period=jnp.zeros((kp, kp), bool), period_max=pair, period_min=pair, pair_drift=pair,
-        share_start=wk, share_end=wk, raw_tokens=wk, occupancy_sum=wide.zeros(),
+        share_start=wk, share_end=wk, prompt_tokens=wk, decoded_tokens=wk, decoded_context=wk,
+        occupancy_sum=wide.zeros(),
         wait_hist=jnp.zeros((k, bins), I32), done_hist=jnp.zeros((k, bins), I32),
         wait_sum=wk, done_sum=wk, cached_admitted=wk, resource=jnp.zeros((k, 2), jnp.float32),
         resource_max_drift=jnp.zeros((), jnp.float32), resource_share_start=jnp.zeros(k, jnp.float32),
@@ -149,9 +155,8 @@ def on_arrivals(m: Measures, step, cost, joined, record_every: int) -> Measures:
 def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, horizon) -> Measures:
     """An admission at `step` of a request (arrival, prompt, output, cached) of `client`."""
     take = jnp.where(mask, 1, 0).astype(I32)
-    raw = m.raw_tokens.at[client].set(wide.add(m.raw_tokens[client], take * prompt))
     m = dataclasses.replace(
-        m, raw_tokens=raw,
+        m, prompt_tokens=m.prompt_tokens.at[client].set(wide.add(m.prompt_tokens[client], take * prompt)),
         cached_admitted=m.cached_admitted.at[client].set(wide.add(m.cached_admitted[client], take * cached)))
     if m.wait_hist.shape[1] == 0:
         return m
@@ -159,7 +164,7 @@ def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, h
     done = step + output - 1 - arrival  # no preemption: its completion step is known now
     completes = mask & (step + output - 1 < horizon)
     return dataclasses.replace(
-        m, raw_tokens=raw,
+        m,
         wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),
         done_hist=m.done_hist.at[client, latency_bin(done)].add(completes.astype(I32)),
         wait_sum=m.wait_sum.at[client].set(wide.add(m.wait_sum[client], take * wait)),
@@ -196,7 +201,8 @@ def on_finish(m: Measures, mask, step, service, head, arrived, running, context,
     updates = dict(
         max_drift=wide.where(new_max, drift, m.max_drift),
         max_drift_step=jnp.where(new_max, step, m.max_drift_step),
-        raw_tokens=wide.add(m.raw_tokens, m32 * running),
+        decoded_tokens=wide.add(m.decoded_tokens, m32 * running),
+        decoded_context=wide.add(m.decoded_context, m32 * context),
         occupancy_sum=wide.add(m.occupancy_sum, m32 * occupancy),
         service_at_start=wide.where(mask, service, m.service_at_start),
         head_at_start=jnp.where(mask, head, m.head_at_start),

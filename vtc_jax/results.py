@@ -58,6 +58,8 @@ class LaneResults:
       resource_max_drift: float64[B] max over steps of max_k R_k - min_k R_k (GB).
       resource_share_service: float64[B, K] R in the share window (NaN if none).
       service_exact, counters_exact: object[B, K]; max_drift_exact: object[B] (Fractions).
+      conservation: list[str] per lane: violated conservation laws (empty: all hold), see
+        `check_conservation`.
     """
 
     steps: np.ndarray
@@ -97,6 +99,7 @@ class LaneResults:
     service_exact: np.ndarray
     counters_exact: np.ndarray
     max_drift_exact: np.ndarray
+    conservation: list
 
     def head(self, lanes: int) -> "LaneResults":
         """The first `lanes` lanes (drops padding lanes added for sharding)."""
@@ -252,7 +255,8 @@ def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineCo
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u,
         drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
-        raw_throughput=np.where(steps > 0, wide.to_float(m.raw_tokens).sum(axis=1) / per_step, 0.0),
+        raw_throughput=np.where(steps > 0, (wide.to_float(m.prompt_tokens) + wide.to_float(m.decoded_tokens)).sum(
+            axis=1) / per_step, 0.0),
         mean_occupancy=np.where(steps > 0, wide.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0),
         share_service=np.where(has_window[:, None], share, np.nan),
         wait_hist=np.asarray(m.wait_hist, dtype=np.int64), done_hist=done_hist,
@@ -268,7 +272,64 @@ def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineCo
         resource_share_service=np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
                                         - np.asarray(m.resource_share_start, np.float64), np.nan),
         service_exact=_exact(host.service, q), counters_exact=_exact(host.counter, qd),
-        max_drift_exact=_exact(drift_units, q))
+        max_drift_exact=_exact(drift_units, q),
+        conservation=check_conservation(host, settings, config, _arrived_before(workload, steps)))
+
+
+@jax.jit
+def _count_arrived(requests: jax.Array, steps: jax.Array) -> jax.Array:
+    if requests.ndim == 3:
+        requests = jnp.broadcast_to(requests, steps.shape + requests.shape)
+    return (requests[..., ARRIVAL] < steps[:, None, None]).sum(axis=2, dtype=jnp.int32)
+
+
+def _arrived_before(workload: Workload, steps: np.ndarray) -> np.ndarray:
+    """int64[B, K]: requests of each client with arrival < the lane's final step, counted
+    from the streams (independently of the engine's pointers)."""
+    return np.asarray(_count_arrived(workload.requests, jnp.asarray(steps.astype(np.int32))), np.int64)
+
+
+def check_conservation(host: State, settings: Sequence[Settings], config: EngineConfig,
+                       arrived_streams: np.ndarray) -> list:
+    """Per lane, the conservation laws that do not hold (an empty list: all hold).
+
+    1. Requests: every arrived request (counted from the streams) is waiting, running
+       (counted from the completion calendar) or completed, and the engine's own pointers
+       and counts agree.
+    2. Service: W_k equals, in exact integers, the charges of the tokens actually
+       processed: w_p * (admitted prompt tokens - cached ones, unless sent tokens are
+       charged) + w_q * decoded tokens + beta * their contexts, from a separate ledger.
+    """
+    from vtc_jax.settings import encode_settings
+
+    params, _ = encode_settings(settings, config.num_clients)
+    m = host.measures
+    service = wide.to_int(host.service)
+    prompt, cached = wide.to_int(m.prompt_tokens), wide.to_int(m.cached_admitted)
+    decoded, context = wide.to_int(m.decoded_tokens), wide.to_int(m.decoded_context)
+    arrived = np.asarray(host.arrived, np.int64)
+    head = np.asarray(host.head, np.int64)
+    admitted = np.asarray(host.admitted, np.int64)
+    completed = np.asarray(host.completed, np.int64)
+    on_calendar = np.asarray(host.cal_count, np.int64).sum(axis=1)
+    running = np.asarray(host.running, np.int64)
+    out = []
+    for b, s in enumerate(settings):
+        problems = []
+        waiting = arrived[b] - head[b]
+        if not (arrived_streams[b] == arrived[b]).all():
+            problems.append(f"arrived {arrived[b].tolist()} != streams {arrived_streams[b].tolist()}")
+        if not ((waiting >= 0).all() and (arrived[b] == waiting + on_calendar[b] + completed[b]).all()):
+            problems.append("arrived != waiting + running + completed")
+        if not ((head[b] == admitted[b]).all() and (on_calendar[b] == running[b]).all()):
+            problems.append("queue pointers, admissions and the calendar disagree")
+        a_p, a_q, c = (int(x[b]) for x in (params.prefill_cost, params.decode_cost, params.context_cost))
+        for k in range(config.num_clients):
+            charged_prompt = prompt[b, k] - (0 if s.charge_cached else cached[b, k])
+            if service[b, k] != a_p * charged_prompt + a_q * decoded[b, k] + c * context[b, k]:
+                problems.append(f"client {k}: service != charges of processed tokens")
+        out.append(problems)
+    return out
 
 
 def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray):

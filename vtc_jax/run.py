@@ -188,8 +188,9 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
     if shared:
         workload = make_workload(traces[0], num_clients, config.stream_len, steps)
     else:
-        lanes = [make_workload(t, num_clients, config.stream_len, steps) for t in traces]
-        workload = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *lanes)
+        per_lane = [jax.tree_util.tree_map(np.asarray, make_workload(t, num_clients, config.stream_len, steps))
+                    for t in traces]
+        workload = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_lane)
     state, scales, finished = run_lanes(workload, settings, horizons, config=config,
                                         event_budget=budget, shared_workload=shared, chunk=chunk, mesh=mesh)
     return collect(state, scales, finished, config, settings, workload).head(n_lanes)
@@ -232,12 +233,19 @@ def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
 
 
 def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
-    """Lane-batched traffic params; every lane must share K, the phase count and the pool size."""
-    encoded = [t.params() for t in traffics]
-    shapes = {jax.tree_util.tree_map(jnp.shape, e).__repr__() for e in encoded}
+    """Lane-batched traffic params; every lane must share K, the phase count and the pool size.
+    Each distinct Traffic is encoded once and gathered on the host (no per-lane device ops)."""
+    unique = {id(t): t for t in traffics}
+    index = {key: i for i, key in enumerate(unique)}
+    encoded = [jax.tree_util.tree_map(np.asarray, t.params()) for t in unique.values()]
+    shapes = {repr(jax.tree_util.tree_map(np.shape, e)) for e in encoded}
     if len(shapes) != 1:
         raise InputError("lanes' traffic must share clients, phase count and pool size")
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *encoded)
+    lanes = np.asarray([index[id(t)] for t in traffics])
+    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[lanes]), *encoded)
+
+
+MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request streams and generator words
 
 
 def traffic_config(traffics: Sequence[Traffic], record_every: int = 0, arrival_width: int = 4,
@@ -245,6 +253,9 @@ def traffic_config(traffics: Sequence[Traffic], record_every: int = 0, arrival_w
     """The static config that fits every lane of `traffics` (one compile for all chunks)."""
     horizon, k = traffics[0].horizon, traffics[0].num_clients
     capacity = max(stream_capacity(t) for t in traffics)
+    if capacity * k * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
+        raise InputError(f"a lane would hold {capacity:,} requests per client x {k} clients "
+                         f"(> {MAX_LANE_STREAM_BYTES >> 30} GiB of streams): shorten the horizon or lower the rates")
     return EngineConfig(
         num_clients=k, stream_len=capacity + arrival_width + 1,
         calendar_len=max(t.max_lengths()[1] for t in traffics), record_every=record_every,

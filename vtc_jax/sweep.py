@@ -96,6 +96,7 @@ def base_metrics(results: LaneResults, rows: Sequence[Row]) -> dict:
     """Metrics every sweep reports (per lane)."""
     total = results.service.sum(axis=1)
     return {
+        "conservation_violations": np.asarray([len(c) for c in results.conservation], np.float64),
         "max_drift": results.max_drift,
         "drift_over_2u": results.drift_over_2u,
         "drift_over_total": np.divide(results.max_drift, total, out=np.full_like(total, np.nan), where=total > 0),
@@ -349,6 +350,8 @@ def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--base-seed", type=int, default=0, help="base of every lane's random key")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--devices", type=int, default=None, help="use only the first N local devices")
+    parser.add_argument("--check", action="store_true",
+                        help="verify conservation in every lane; exit 1 if any lane violates it")
     parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR),
                         help=f"persistent compilation cache (default {DEFAULT_CACHE_DIR}; env VTC_JAX_CACHE)")
     parser.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
@@ -380,6 +383,11 @@ def main(name: str, description: str, add_arguments: Callable, build: Callable[[
         result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices)
         if jax.process_index() != 0:  # process 0 reports and writes
             return 0
+        if args.check:
+            bad = sum(r["metrics"].get("conservation_violations", {}).get("max") or 0 for r in result["rows"])
+            print(f"check: {'conservation holds in every lane' if bad == 0 else 'CONSERVATION VIOLATED'}")
+            if bad:
+                raise SystemExit(1)
         print(format_table(sweep, result))
         written = write_outputs(sweep, result, args.out, plots=not args.no_plots)
     except InputError as err:

@@ -1,0 +1,195 @@
+"""Reliability: extreme settings run exactly or are refused up front; hostile input (fuzzed
+with hypothesis) ends in a result or one error line with exit 2; long runs stay exact;
+conservation holds and `--check` reports it."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from tests import reference as ref
+from tests.helpers import run_reference, service_matrix, to_trace
+from vtc_jax import InputError, Settings, replay, run_traces
+from vtc_jax.cli import main as cli_main
+from vtc_jax.workload import read_trace_csv
+
+
+def _random_requests(rng, k, n, max_arrival, prompt, output):
+    return [ref.Request(rng.randrange(max_arrival), rng.randrange(k), rng.randint(*prompt), rng.randint(*output))
+            for _ in range(n)]
+
+
+# (name, clients, settings, requests maker, steps): every case must equal the reference.
+EXACT = [
+    ("1024 clients", 1024, Settings("vtc", 64), lambda r: _random_requests(r, 1024, 60, 20, (1, 30), (1, 9)), 30),
+    ("M = 1, 1-token prompts", 3, Settings("lcf", 1), lambda r: _random_requests(r, 3, 20, 10, (1, 1), (1, 5)), 40),
+    ("M = 2^20", 2, Settings("fcfs", 1 << 20),
+     lambda r: _random_requests(r, 2, 12, 5, (1, 1 << 20), (1, 6)), 20),
+    ("100k-token outputs", 2, Settings("vtc", 256), lambda r: _random_requests(r, 2, 6, 10, (1, 128), (1, 100_000)),
+     1500),
+    ("weights 1e-3 .. 1e3", 3, Settings("vtc", 64, weights=("0.001", "1", "1000")),
+     lambda r: _random_requests(r, 3, 20, 15, (1, 30), (1, 8)), 40),
+    ("beta = 1e3", 2, Settings("vtc", 128, beta=1000), lambda r: _random_requests(r, 2, 14, 10, (1, 60), (1, 9)), 40),
+]
+
+# (name, clients, settings, requests, message): each must be refused before running.
+REFUSED = [
+    ("30k requests of 100k outputs with 1-token prompts at M = 2^20", 2, Settings("vtc", 1 << 20),
+     [ref.Request(0, i % 2, 1, 100_000) for i in range(30_000)], "running context"),
+    ("weights 1e-3 .. 1e3 with 30k-token prompts", 2, Settings("vtc", 32768, weights=("0.001", "1000")),
+     [ref.Request(0, 0, 30000, 5), ref.Request(0, 1, 100, 5)], "prefill charge"),
+    ("beta = 1e3 at M = 2^20 with 2000 long requests", 2, Settings("vtc", 1 << 20, beta=1000),
+     [ref.Request(0, i % 2, 1000, 2000) for i in range(2000)], "decode charge"),
+    ("prompt larger than M", 1, Settings("vtc", 10), [ref.Request(0, 0, 11, 2)], "larger than the KV budget"),
+]
+
+
+@pytest.mark.parametrize("name, k, s, make, steps", EXACT, ids=[c[0] for c in EXACT])
+def test_extreme_settings_run_exactly(name, k, s, make, steps):
+    requests = make(random.Random(name))
+    result = run_traces([to_trace(requests)], [s], num_clients=k, steps=steps, record_every=1)
+    expect = run_reference(requests, k, s, steps)
+    np.testing.assert_array_equal(result.checkpoints[0][:steps], service_matrix(expect))
+    assert list(result.counters_exact[0]) == expect.counters[-1]
+    assert result.conservation[0] == []
+
+
+@pytest.mark.parametrize("name, k, s, requests, message", REFUSED, ids=[c[0] for c in REFUSED])
+def test_extreme_settings_beyond_the_limits_are_refused(name, k, s, requests, message):
+    with pytest.raises(InputError, match=message):
+        replay(to_trace(requests), s, num_clients=k, steps=100)
+
+
+def test_long_run_prefix_equals_short_run():
+    """A 20,000-step run's first 5,000 steps are the 5,000-step run, to the integer."""
+    rng = random.Random(2)
+    requests = _random_requests(rng, 3, 3000, 19000, (16, 400), (8, 300))
+    trace = to_trace(requests)
+    s = Settings("vtc", 2048, beta="1/3", weights=(1, 2, 5))
+    long = replay(trace, s, steps=20000, record_every=100)
+    short = replay(trace, s, steps=5000, record_every=100)
+    np.testing.assert_array_equal(long.checkpoints[0][:50], short.checkpoints[0])
+    assert long.conservation[0] == [] and short.conservation[0] == []
+
+
+# ---- hostile input ------------------------------------------------------------------
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vtc_jax: error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400))
+def test_fuzzed_csv_bytes_load_or_fail_cleanly(tmp_path, data):
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    try:
+        trace = read_trace_csv(path)
+    except InputError as err:
+        assert str(err).startswith(str(path))  # names the file
+        return
+    trace.validate()  # whatever loads is a valid trace
+
+
+CELLS = st.one_of(st.integers(-5, 2**40).map(str), st.sampled_from(["nan", "inf", "-inf", "1.5", "1e3", "", " ",
+                                                                     "0x10", "٣", "9" * 30, '"1"', "NaN"]),
+                  st.text(string.printable, max_size=6))
+HEADERS = st.one_of(st.just("arrival,client,prompt,output"), st.just("arrival,client,prompt,output,cached"),
+                    st.just("arrival,client,prompt"), st.just("arrival,client,prompt,output,output"),
+                    st.just("client,arrival,output,prompt"), st.just(""), st.text(string.printable, max_size=30))
+
+
+@hsettings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(HEADERS, st.lists(st.lists(CELLS, min_size=3, max_size=6), max_size=6))
+def test_fuzzed_csv_text_loads_or_fails_cleanly(tmp_path, header, rows):
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\n" + "\n".join(",".join(r) for r in rows))
+    try:
+        read_trace_csv(path)
+    except InputError:
+        pass
+
+
+GOOD_TRACE = "arrival,client,prompt,output,cached\n0,0,5,3,1\n1,1,4,2,0\n2,0,3,4,0\n"
+FLAG_VALUES = {
+    "--policy": st.sampled_from(["vtc", "fcfs", "lcf", "rpm", "VTC", "wfq", ""]),
+    "--kv-budget": st.sampled_from(["16", "0", "-3", "1.5", "abc", "99999999999", "5", "64"]),
+    "--w-p": st.sampled_from(["1", "0.5", "1/3", "-1", "nan", "inf", "1e999", "x"]),
+    "--w-q": st.sampled_from(["2", "0", "3/2", "-2", "NaN"]),
+    "--beta": st.sampled_from(["0", "0.25", "1e-3", "-0.1", "inf", "1e5000", "1/0"]),
+    "--weights": st.sampled_from(["1,2", "1", "1,2,3", "0,1", "-1,1", "a,b", ",", "1e-5000,1"]),
+    "--rpm": st.sampled_from(["1", "3", "0", "-1", "x"]),
+    "--rpm-window": st.sampled_from(["5", "0", "-5"]),
+    "--clients": st.sampled_from(["2", "3", "1", "0", "1000000000"]),
+    "--steps": st.sampled_from(["5", "20", "0", "-1", "1e9"]),
+    "--record-every": st.sampled_from(["1", "7", "0"]),
+}
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(sorted(FLAG_VALUES)), st.none(), max_size=6).flatmap(
+    lambda keys: st.fixed_dictionaries({k: FLAG_VALUES[k] for k in keys})))
+def test_fuzzed_cli_flags_end_in_a_result_or_one_error_line(tmp_path, capsys, flags):
+    path = tmp_path / "t.csv"
+    path.write_text(GOOD_TRACE)
+    argv = ["replay", str(path), "--no-cache", "--check"] + [x for kv in flags.items() for x in kv]
+    code = cli_main(argv)
+    if code == 0:
+        out = capsys.readouterr().out
+        assert "conservation holds" in out
+    else:
+        assert code == 2
+        _one_error_line(capsys)
+
+
+SWEEP_VALUES = {
+    "--seeds": st.sampled_from(["1", "2", "0", "-4", "x", "1e3"]),
+    "--steps": st.sampled_from(["40", "0", "-10", "x"]),
+    "--budgets": st.sampled_from(["1024", "100", "0", "a", "2048,x"]),
+    "--chunk": st.sampled_from(["1", "0", "-1", "x"]),
+    "--base-seed": st.sampled_from(["0", "-1", "x", "4294967296"]),
+    "--rates": st.sampled_from(["1.0,0.25", "-1,1", "nan,1", "x", "0,0"]),
+    "--prompt": st.sampled_from(["64,512", "5,1", "0,3", "x"]),
+    "--devices": st.sampled_from(["1", "0", "9"]),
+}
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(sorted(SWEEP_VALUES)), st.none(), max_size=4).flatmap(
+    lambda keys: st.fixed_dictionaries({k: SWEEP_VALUES[k] for k in keys})))
+def test_fuzzed_sweep_flags_end_in_a_result_or_one_error_line(tmp_path, capsys, flags):
+    from sweeps import kv_budget
+    from vtc_jax.sweep import main
+
+    flags = {"--seeds": "1", "--steps": "40", "--budgets": "1024", **flags}
+    argv = ["--out", str(tmp_path / "o"), "--no-plots", "--no-cache"] + [x for kv in flags.items() for x in kv]
+    try:
+        code = main("kv_budget", "", kv_budget.add_arguments, kv_budget.build, argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    if code == 0:
+        assert (tmp_path / "o" / "results.json").exists()
+    else:
+        assert code == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1
+
+
+def test_million_row_trace(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    cols = [rng.integers(0, 100_000, n), rng.integers(0, 8, n), rng.integers(1, 500, n), rng.integers(1, 300, n)]
+    path = tmp_path / "big.csv"
+    with open(path, "w") as fh:
+        fh.write("arrival,client,prompt,output\n")
+        np.savetxt(fh, np.stack(cols, axis=1), fmt="%d", delimiter=",")
+    assert cli_main(["replay", str(path), "--policy", "vtc", "--kv-budget", "8192", "--steps", "300",
+                     "--no-cache", "--check"]) == 0
+    assert "conservation holds" in capsys.readouterr().out
