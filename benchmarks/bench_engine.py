@@ -22,6 +22,7 @@ import numpy as np
 from tests import reference as ref
 from vtc_jax.devices import lane_mesh, pad_to, shard
 from vtc_jax.engine import EngineConfig, advance_lanes, init_lanes
+from vtc_jax.measures import MeasureConfig
 from vtc_jax.run import default_chunk, generate_lanes, lane_keys, run_lanes, stack_traffic
 from vtc_jax.settings import Settings, encode_settings
 from vtc_jax.traffic import overload, stream_capacity
@@ -29,19 +30,23 @@ from vtc_jax.traffic import overload, stream_capacity
 STEPS, KV_BUDGET = 6000, 8192
 
 
-def workload(lanes: int, traffic, mesh=None):
+MEASURES = {"all": MeasureConfig(), "minimal": MeasureConfig(pair_drift=False, latency=False, resource=False)}
+
+
+def workload(lanes: int, traffic, mesh=None, measures: str = "all"):
     capacity = stream_capacity(traffic)
     keys, params = lane_keys(range(lanes)), stack_traffic([traffic] * lanes)
     if mesh is not None:
         keys, params = shard((keys, params), mesh)
     wl = generate_lanes(keys, params, horizon=STEPS, capacity=capacity, pad=5)
-    config = EngineConfig(num_clients=2, stream_len=capacity + 5, calendar_len=traffic.max_lengths()[1])
+    config = EngineConfig(num_clients=2, stream_len=capacity + 5, calendar_len=traffic.max_lengths()[1],
+                          measures=MEASURES[measures])
     return jax.block_until_ready(wl), config
 
 
-def time_engine(lanes: int, traffic, repeats: int, mesh) -> dict:
+def time_engine(lanes: int, traffic, repeats: int, mesh, measures: str = "all") -> dict:
     lanes = pad_to(lanes, mesh)
-    wl, config = workload(lanes, traffic, mesh)
+    wl, config = workload(lanes, traffic, mesh, measures)
     settings = [Settings("vtc", KV_BUDGET)] * lanes
     params, _ = encode_settings(settings, 2)
     chunk = default_chunk(STEPS)
@@ -85,19 +90,21 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--devices", type=int, default=None, help="shard lanes over the first N devices (default all)")
     parser.add_argument("--no-reference", action="store_true", help="skip timing the slow reference")
+    parser.add_argument("--measures", choices=sorted(MEASURES), default="all",
+                        help="all measures (what sweeps use) or minimal (drift, service, counts: the core engine)")
     args = parser.parse_args(argv)
     device = jax.devices()[0]
     mesh = lane_mesh(args.devices)
     lanes = args.lanes or ([1, 256, 4096] + ([16384, 65536] if device.platform == "gpu" else []))
     traffic = overload([1.0, 0.25], STEPS)
     print(f"device: {device.platform} {device.device_kind}, lanes sharded over {mesh.devices.size} of "
-          f"{jax.device_count()} device(s); jax {jax.__version__}")
+          f"{jax.device_count()} device(s); jax {jax.__version__}; measures: {args.measures}")
     ref_rate = float("nan") if args.no_reference else time_reference(traffic)
     print(f"slow reference: {ref_rate:,.0f} steps/s (one lane, pure Python)")
     print(f"{'lanes':>6} {'compile s':>9} {'1st call s':>10} {'run s':>8} {'events':>7} "
           f"{'M lane-steps/s':>14} {'x reference':>11}")
     for n in lanes:
-        r = time_engine(n, traffic, args.repeats, mesh)
+        r = time_engine(n, traffic, args.repeats, mesh, args.measures)
         print(f"{n:>6} {r['compile_s']:>9.2f} {r['first_call_s']:>10.2f} {r['run_s']:>8.3f} {r['events']:>7} "
               f"{r['lane_steps_per_s'] / 1e6:>14.2f} {r['lane_steps_per_s'] / ref_rate:>11.0f}", flush=True)
 

@@ -15,8 +15,10 @@ log "correctness on the device (engine vs reference, batching, measures)"
 timeout 240 python3 -m pytest -q -x tests/test_engine_exact.py tests/test_engine_batching.py \
     tests/test_measures.py -k "not jit_matches" 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
 
-log "engine benchmark"
+log "engine benchmark (all measures, then the minimal core engine)"
 timeout 150 python3 -m benchmarks.bench_engine --lanes 1 4096 16384 65536 --repeats 3 2>&1 | tee "$OUT/bench.txt" | tail -8
+timeout 90 python3 -m benchmarks.bench_engine --lanes 16384 65536 --repeats 3 --measures minimal --no-reference \
+    2>&1 | tee "$OUT/bench_minimal.txt" | tail -4
 
 for sweep in kv_budget schedulers return_after_silence rpm; do
   start=$(date +%s.%N)
@@ -33,3 +35,4 @@ printf "sweep kv_budget (warm compilation cache) wall %.1f s\n" "$(echo "$end - 
 log "summary"
 cat "$OUT/summary.txt"
 tail -6 "$OUT/bench.txt"
+tail -3 "$OUT/bench_minimal.txt"

@@ -38,10 +38,12 @@ class MeasureConfig:
       pair_drift: track drift over jointly backlogged intervals for every client pair
         (O(K^2) state; sized for small K).
       latency: per-client waiting/completion-time histograms (O(K * LATENCY_BINS)).
+      resource: per-client resource service (bytes moved), its drift and window share.
     """
 
     pair_drift: bool = True
     latency: bool = True
+    resource: bool = True
 
 
 @jax.tree_util.register_dataclass
@@ -119,7 +121,8 @@ def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig)
         share_start=wk, share_end=wk, prompt_tokens=wk, decoded_tokens=wk, decoded_context=wk,
         occupancy_sum=wide.zeros(),
         wait_hist=jnp.zeros((k, bins), I32), done_hist=jnp.zeros((k, bins), I32),
-        wait_sum=wk, done_sum=wk, cached_admitted=wk, resource=jnp.zeros((k, 2), jnp.float32),
+        wait_sum=wk, done_sum=wk, cached_admitted=wk,
+        resource=jnp.zeros((k if config.resource else 0, 2), jnp.float32),
         resource_max_drift=jnp.zeros((), jnp.float32), resource_share_start=jnp.zeros(k, jnp.float32),
         resource_share_end=jnp.zeros(k, jnp.float32))
 
@@ -193,8 +196,16 @@ def on_finish(m: Measures, mask, step, service, head, arrived, running, context,
     requests that decoded and the KV tokens they held at decode."""
     backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
     occupancy = context.sum()
-    r = kahan_add(m.resource, jnp.where(mask, step_resource(running, context, resource), 0.0))
-    r_drift = r[:, 0].max() - r[:, 0].min()
+    if m.resource.shape[0]:
+        r = kahan_add(m.resource, jnp.where(mask, step_resource(running, context, resource), 0.0))
+        r_drift = r[:, 0].max() - r[:, 0].min()
+        resource_updates = dict(
+            resource=r,
+            resource_max_drift=jnp.where(mask, jnp.maximum(m.resource_max_drift, r_drift), m.resource_max_drift),
+            resource_share_start=jnp.where(mask & (step + 1 == share_window[0]), r[:, 0], m.resource_share_start),
+            resource_share_end=jnp.where(mask & (step + 1 == share_window[1]), r[:, 0], m.resource_share_end))
+    else:
+        resource_updates = {}
     drift = wide.sub(wide.max_of(service), wide.min_of(service))
     new_max = mask & wide.less(m.max_drift, drift)
     m32 = mask.astype(I32)
@@ -208,10 +219,7 @@ def on_finish(m: Measures, mask, step, service, head, arrived, running, context,
         head_at_start=jnp.where(mask, head, m.head_at_start),
         share_start=wide.where(mask & (step + 1 == share_window[0]), service, m.share_start),
         share_end=wide.where(mask & (step + 1 == share_window[1]), service, m.share_end),
-        resource=r,
-        resource_max_drift=jnp.where(mask, jnp.maximum(m.resource_max_drift, r_drift), m.resource_max_drift),
-        resource_share_start=jnp.where(mask & (step + 1 == share_window[0]), r[:, 0], m.resource_share_start),
-        resource_share_end=jnp.where(mask & (step + 1 == share_window[1]), r[:, 0], m.resource_share_end),
+        **resource_updates,
     )
     if m.checkpoints.shape[0]:
         slot = jnp.minimum(step // record_every, m.checkpoints.shape[0] - 1)

@@ -267,8 +267,10 @@ def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineCo
         backlogged_in=np.asarray(m.backlogged_in, dtype=bool),
         computed_service=service - np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
         * wide.to_float(m.cached_admitted),
-        resource=np.asarray(m.resource[..., 0], np.float64),
-        resource_max_drift=np.asarray(m.resource_max_drift, np.float64),
+        resource=(np.asarray(m.resource[..., 0], np.float64) if m.resource.shape[1] else
+                  np.full(service.shape, np.nan)),
+        resource_max_drift=(np.asarray(m.resource_max_drift, np.float64) if m.resource.shape[1] else
+                            np.full(steps.shape, np.nan)),
         resource_share_service=np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
                                         - np.asarray(m.resource_share_start, np.float64), np.nan),
         service_exact=_exact(host.service, q), counters_exact=_exact(host.counter, qd),
