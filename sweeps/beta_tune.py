@@ -19,7 +19,6 @@ import numpy as np
 import optax
 
 from vtc_jax.settings import InputError, Settings
-from vtc_jax.stats import summarize
 from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, aggregate, evaluate, format_table, workload_config
 from vtc_jax.traffic import overload
 from vtc_jax.tune import es_minimize

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from vtc_jax.settings import Settings
 from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config

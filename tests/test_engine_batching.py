@@ -50,7 +50,6 @@ def test_one_lane_equals_same_lane_in_batch_of_64():
 def test_sweep_over_traced_settings_compiles_once(monkeypatch):
     """M, w_p, w_q, beta, weights, policy, rpm limit and window all vary lane to lane and
     call to call; `iterate` is traced once."""
-    traces = {}
     calls = {"n": 0}
     original = engine.iterate
 

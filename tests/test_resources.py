@@ -11,7 +11,7 @@ import pytest
 
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
-from vtc_jax import POLICIES, Settings, run_traces
+from vtc_jax import POLICIES, run_traces
 
 STEPS = 30
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from sweeps import beta_tune, context_cost, kv_cap, prefix_cache
 from vtc_jax.sweep import main

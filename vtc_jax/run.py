@@ -7,9 +7,7 @@ input) is spent, and flags any lane that did not finish. `replay` wraps it for o
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from fractions import Fraction
 from typing import Sequence
 
 import jax
@@ -22,9 +20,9 @@ from vtc_jax.devices import lane_mesh, pad_to, shard
 from vtc_jax.engine import EngineConfig, State, advance_lanes, advance_lanes_donating, init_lanes
 from vtc_jax.measures import MeasureConfig
 from vtc_jax.results import LaneResults, collect
-from vtc_jax.settings import INT32_MAX, InputError, Params, Scales, Settings, encode_settings
+from vtc_jax.settings import INT32_MAX, InputError, Scales, Settings, encode_settings
 from vtc_jax.traffic import Traffic, TrafficParams, generate, stream_capacity
-from vtc_jax.workload import (ARRIVAL, CACHED, OUTPUT, PROMPT, Trace, Workload, make_workload, pad_rows,
+from vtc_jax.workload import (Trace, Workload, make_workload, pad_rows,
                               requests_per_client)
 
 
