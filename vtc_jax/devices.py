@@ -37,15 +37,6 @@ def pad_to(n: int, mesh: Mesh) -> int:
     return -(-n // size) * size
 
 
-def pad_lanes(tree, n: int, target: int):
-    """Repeat the first lanes so the leading axis grows from n to target (extra lanes are
-    computed and discarded)."""
-    if target == n:
-        return tree
-    index = np.arange(target) % n
-    return jax.tree_util.tree_map(lambda x: x[index], tree)
-
-
 def shard(tree, mesh: Mesh, batched: bool = True):
     """Place a pytree: leading axis split over the mesh (batched) or replicated."""
     spec = PartitionSpec(LANES) if batched else PartitionSpec()
