@@ -119,11 +119,10 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
             raise InputError("the trace has no requests")
         trace.validate(num_clients)
         validate_fits(trace, s, num_clients, steps, allow_unadmittable)
-        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
-                           max_output=int(trace.output.max()), horizon=steps or drain_horizon(trace, 0),
-                           max_requests=len(trace))
         horizons.append(int(steps) if steps is not None else
                         drain_horizon(trace, s.rpm_window if s.policy == "rpm" else 0))
+        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
+                           max_output=int(trace.output.max()), horizon=horizons[-1], max_requests=len(trace))
     longest = max(horizons)
     if longest >= INT32_MAX // 2:
         raise InputError(f"horizon {longest} steps exceeds the limit {INT32_MAX // 2}")
