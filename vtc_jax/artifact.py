@@ -47,6 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.results import service_difference
+from vtc_jax.settings import InputError
+
 I32, F32 = jnp.int32, jnp.float32
 POLICIES = ("fcfs", "lcf", "vtc", "vtc_oracle", "vtc_predict", "rpm")
 NO_LIMIT = 1 << 30
@@ -469,8 +472,9 @@ def run_lanes(trace: Trace, params: Params, config: Config) -> State:
 
 
 def stack(items):
-    """Stack pytrees (Trace or Params) along a new leading lane axis."""
-    return jax.tree_util.tree_map(lambda *x: jnp.stack([jnp.asarray(v) for v in x]), *items)
+    """Stack pytrees (Trace or Params) along a new leading lane axis, on the host (a
+    device-side jnp.stack of many lanes compiles one op per lane count)."""
+    return jax.tree_util.tree_map(lambda *x: jnp.asarray(np.stack([np.asarray(v) for v in x])), *items)
 
 
 # ----------------------------------------------------------------------------- measures
@@ -493,13 +497,6 @@ def demand_rates(arrival_s, service, client, ticks_lo, ticks_hi, num_clients: in
     inside = (arrival_s[:, None] >= ticks_lo[None, :]) & (arrival_s[:, None] <= ticks_hi[None, :])
     part = jnp.where(inside, service[:, None], 0.0)
     return jax.ops.segment_sum(part, client, num_segments=num_clients) / (ticks_hi - ticks_lo)[None, :]
-
-
-def service_difference(rate, demand, present):
-    """Per tick: sum over present clients j of min(max_k y_k - y_j, |d_j - y_j|). float[T]."""
-    top = jnp.where(present[:, None], rate, -jnp.inf).max(axis=0)
-    terms = jnp.minimum(top[None, :] - rate, jnp.abs(demand - rate))
-    return jnp.where(present[:, None], terms, 0.0).sum(axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,7 +536,7 @@ def lane_measures(trace: Trace, state: State, num_clients: int, ticks: Ticks = T
     demand = np.asarray(demand_rates(f(arrival), f(service), jnp.asarray(client), f(lo), f(hi), num_clients),
                         np.float64)
     present = np.bincount(client, minlength=num_clients) > 0
-    diff = np.asarray(service_difference(f(rate), f(demand), jnp.asarray(present)), np.float64)
+    diff = service_difference(rate, demand, present, client_axis=0)
     ttft = first[served] - arrival[served]
     span = end[served].max() - arrival.min() if served.any() else np.nan
     rejected = np.bincount(client[status == REJECTED], minlength=num_clients)
@@ -560,8 +557,38 @@ def lane_index(tree, i):
     return jax.tree_util.tree_map(lambda x: x[i], tree)
 
 
+TRACE_COLUMNS = ("arrival_s", "client", "prompt", "output")
+
+
 def read_trace_csv(path) -> dict:
-    """The real trace's columns: {"arrival_s", "client", "prompt", "output"} numpy arrays."""
-    data = np.genfromtxt(path, delimiter=",", names=True)
-    return {"arrival_s": data["arrival_s"].astype(np.float64), "client": data["client"].astype(np.int64),
-            "prompt": data["prompt"].astype(np.int64), "output": data["output"].astype(np.int64)}
+    """The real trace's columns: {"arrival_s", "client", "prompt", "output"} numpy arrays.
+
+    Raises InputError naming the file and the problem: a missing column, a value that is
+    not a number, a negative or non-finite arrival, a non-integer or out-of-range id or
+    length (client >= 0, prompt >= 1, output >= 1)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = np.atleast_1d(np.genfromtxt(path, delimiter=",", names=True, invalid_raise=True))
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read trace ({err})") from None
+    names = data.dtype.names or ()
+    for col in TRACE_COLUMNS:
+        if col not in names:
+            raise InputError(f"{path}: missing column {col!r} (header: {','.join(names)})")
+    if data.size == 0:
+        raise InputError(f"{path}: no requests")
+    cols = {c: np.asarray(data[c], np.float64) for c in TRACE_COLUMNS}
+    checks = [("arrival_s", ~np.isfinite(cols["arrival_s"]) | (cols["arrival_s"] < 0), "a finite number >= 0")]
+    for col, low in (("client", 0), ("prompt", 1), ("output", 1)):
+        v = cols[col]
+        checks.append((col, ~np.isfinite(v) | (v != np.round(v)) | (v < low) | (v > 2**31 - 1),
+                       f"an integer >= {low}"))
+    for col, bad, what in checks:
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise InputError(f"{path}: line {row + 2}: {col} must be {what}")
+    return {"arrival_s": cols["arrival_s"], "client": cols["client"].astype(np.int64),
+            "prompt": cols["prompt"].astype(np.int64), "output": cols["output"].astype(np.int64)}

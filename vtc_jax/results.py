@@ -159,7 +159,7 @@ class LaneResults:
         """The VTC paper's service difference per window,
         sum_j min(max_k y_k - y_j, |d_j - y_j|); returns (max, mean) over windows, [B] each."""
         y, d, _ = self.windows(window, stride)
-        diff = np.minimum(y.max(axis=2, keepdims=True) - y, np.abs(d - y)).sum(axis=2)
+        diff = service_difference(y, d, client_axis=2)
         return diff.max(axis=1), diff.mean(axis=1)
 
     def jain_index(self, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,6 +173,21 @@ class LaneResults:
         jain = np.where(valid, yb.sum(axis=2) ** 2 / np.maximum(n * sq, 1e-300), np.nan)
         with np.errstate(all="ignore"):
             return np.nanmean(jain, axis=1), np.nanmin(jain, axis=1)
+
+
+def service_difference(rate: np.ndarray, demand: np.ndarray, present: np.ndarray | None = None, *,
+                       client_axis: int) -> np.ndarray:
+    """The VTC paper's service difference per window: sum over (present) clients j of
+    min(max_k y_k - y_j, |d_j - y_j|), with y the service rate and d the demand rate.
+    `present` (bool, clients only) restricts the clients; the client axis is summed out."""
+    if present is None:
+        present = np.ones(rate.shape[client_axis], bool)
+    shape = [1] * rate.ndim
+    shape[client_axis] = -1
+    mask = np.asarray(present).reshape(shape)
+    top = np.where(mask, rate, -np.inf).max(axis=client_axis, keepdims=True)
+    terms = np.minimum(top - rate, np.abs(demand - rate))
+    return np.where(mask, terms, 0.0).sum(axis=client_axis)
 
 
 def latency_bin_edges() -> tuple[np.ndarray, np.ndarray]:
