@@ -9,6 +9,8 @@ import numpy as np
 
 from tests import reference as ref
 from vtc_jax import Settings, Trace
+from vtc_jax.estimators import ESTIMATORS
+from vtc_jax.policies import registry
 
 
 def to_trace(requests: list[ref.Request]) -> Trace:
@@ -16,24 +18,35 @@ def to_trace(requests: list[ref.Request]) -> Trace:
 
 
 def random_settings(rng: random.Random, policy: str, num_clients: int, kv_budget: int) -> Settings:
-    """Random exact settings: fractional costs, weights and beta some of the time."""
+    """Random exact settings for a registered policy: fractional costs, weights and beta
+    some of the time, and the parts that compose with any policy (an rpm limit that delays
+    or rejects, priority bands, a cost estimator, the policy's own options)."""
     weights = None
     if rng.random() < 0.5:
         weights = tuple(Fraction(rng.choice([1, 2, 3, 5, 7]), rng.choice([1, 2, 3, 4])) for _ in range(num_clients))
+    spec = registry.get(policy)
+    extra = {}
+    if policy == "rpm" or rng.random() < 0.15:
+        extra.update(rpm_limit=rng.randint(1, 3), rpm_mode=rng.choice(["delay", "delay", "reject"]))
+    if rng.random() < 0.15:
+        extra["bands"] = tuple(rng.choice([0, 0, 1, 2]) for _ in range(num_clients))
+    if spec.uses_estimator:
+        extra.update(estimator=rng.choice(ESTIMATORS), estimate_guess=rng.randint(1, 12),
+                     estimate_error=rng.choice([0, Fraction(1, 2), Fraction(9, 10)]),
+                     estimate_seed=rng.randrange(1 << 32))
+    if spec.fuzz_options is not None:
+        extra["options"] = tuple(spec.fuzz_options(rng).items())
+    if "lift_last_left" in spec.reads:
+        extra["lift_last_left"] = rng.random() < 0.8
     return Settings(
         policy=policy, kv_budget=kv_budget,
         w_p=rng.choice([1, 1, Fraction(1, 2), Fraction(3, 2)]), w_q=rng.choice([2, 2, 1, Fraction(5, 4)]),
         beta=rng.choice([0, 0, Fraction(1, 4), Fraction(3, 10), 1]), weights=weights,
-        rpm_limit=rng.randint(1, 3) if policy == "rpm" else None, rpm_window=rng.randint(1, 12))
+        rpm_window=rng.randint(1, 12), **extra)
 
 
 def run_reference(requests, num_clients: int, settings: Settings, steps: int | None) -> ref.RefResult:
-    return ref.simulate(requests, num_clients=num_clients, kv_budget=settings.kv_budget,
-                        policy=settings.policy, w_p=settings.w_p, w_q=settings.w_q, beta=settings.beta,
-                        weights=settings.weights, rpm_limit=settings.rpm_limit,
-                        rpm_window=settings.rpm_window, steps=steps,
-                        lift_last_left=settings.lift_last_left, kv_cap=settings.kv_cap,
-                        charge_cached=settings.charge_cached)
+    return ref.simulate(requests, num_clients=num_clients, settings=settings, steps=steps)
 
 
 def service_matrix(result: ref.RefResult) -> np.ndarray:

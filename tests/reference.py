@@ -1,43 +1,57 @@
 """Slow, literal, exact reference implementation of the serving model.
 
-This module follows ``MODEL.md`` (the contract) phase by phase, with plain Python
-lists/dicts and :class:`fractions.Fraction` for every cost and counter, so that its
-results are exact. It exists to check the fast JAX engine step by step; clarity and
-literalness beat speed. It depends on the standard library only.
+This module follows the project's model (docs/MODEL.md, the contract) phase by phase,
+with plain Python lists and :class:`fractions.Fraction` for every cost and counter, so that
+its results are exact. It exists to check the fast JAX engine step by step; clarity and
+literalness beat speed. The scheduling policy comes from the registry
+(`vtc_jax.policies`): each policy ships a literal `reference` class next to its JAX
+hooks, and this simulator drives it, so every registered policy (a user's own included)
+is checked against its own reference. The parts that compose with any policy (the rpm
+limit in both modes, per-client KV caps, priority bands and the cost estimators) are
+written out here.
 
-Choices made where MODEL.md leaves room (see the report / project docs):
+A reference policy object is built per run as ``cls(settings, sim)`` and may define:
 
-* ``steps=None`` runs until every request has completed; the horizon is then
-  ``T = last completion step + 1`` (``T = 0`` for an empty trace). Termination is
-  guaranteed because every prompt fits in ``M``: when nothing runs, occupancy is 0 and
-  the first candidate is always admitted (for ``rpm``, at the latest in the next window).
-* A request with ``prompt > M`` is always rejected with ``ValueError`` (even if its
-  arrival lies beyond a finite horizon).
-* ``rpm`` counts admissions per client per window ``j = t // window``; when every
-  backlogged client is at its limit there is no candidate and admission stops.
-* In the lift rule, ``min over backlogged clients`` is taken over the clients whose FIFO
-  is non-empty at the moment the arriving request is about to join (the arriving
-  client itself is, by the rule's condition, not among them). If ``last_left`` is the
-  arriving client itself, the ``last_left`` clause is a no-op.
-* ``lift_last_left=False`` is the documented artifact variant: when no client is
-  backlogged, the counter is left alone.
-* ``w_p``, ``w_q``, ``beta`` must be >= 0; weights must be > 0.
+* ``on_arrival(n)``: request n (trace order) is about to join its FIFO (phase 1);
+* ``select(eligible) -> client | None``: the candidate's client among `eligible`
+  (ascending client ids); it must not change the policy's state;
+* ``on_admit(n) -> value``: n was admitted (after the engine's charges); `value` is
+  handed back at its completion (default: the estimator's prediction);
+* ``on_step_end(elapsed)``: after phase 3 (decode) of a step; `elapsed` is 1, or the
+  length of the idle stretch that starts with this step (the engine jumps over steps in
+  which nothing runs or waits; hooks are not called inside such a stretch);
+* ``on_complete(n, value)``: phase 4, for each completing request in admission order;
+* ``counters() -> list | None``: the policy's own virtual counters, if any.
+
+`sim` exposes: t, K, reqs, fifo (lists of request numbers), c (MODEL.md counters, which
+a policy may lift), W, last_left, omega (weights), w_p, w_q, beta, running (request
+numbers, admission order), generated, cost_unit (1 / Q tokens), prefill_units and
+decode_units (w_p * Q and w_q * Q), estimate(n) and prefill_charge(n).
+
+Choices where the model is silent are those of docs/MODEL.md: ``steps=None`` runs until
+every (accepted) request has completed (T = last completion step + 1); a request with
+``prompt > M`` is refused; ties go to the smallest client id.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import random
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-POLICIES = ("fcfs", "lcf", "vtc", "rpm")
+from vtc_jax.estimators import reference_estimate
+from vtc_jax.policies import registry
+from vtc_jax.settings import Settings
+
+POLICIES = registry.names()
 
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a trace (see MODEL.md, Objects)."""
+    """One request of a trace (see the model, Objects)."""
 
     arrival: int
     client: int
@@ -68,33 +82,8 @@ class RefResult:
     decode_charge: list[list[Fraction]]   # decode charge of client k in step t
     prefill_charge: list[list[Fraction]]  # prefill (admission) charge of client k in step t
     held: list[list[int]] = None     # KV tokens held per client after the decode of step t
-
-
-# ----------------------------------------------------------------------------------
-# input conversion / validation
-# ----------------------------------------------------------------------------------
-
-def _frac(x, name: str) -> Fraction:
-    """Convert int / Fraction / str / float (via its str) to an exact Fraction."""
-    if isinstance(x, bool):
-        raise ValueError(f"{name} must be a number, got bool")
-    if isinstance(x, Fraction):
-        return x
-    if isinstance(x, float):
-        return Fraction(str(x))
-    if isinstance(x, (int, str)):
-        try:
-            return Fraction(x)
-        except (ValueError, ZeroDivisionError) as e:
-            raise ValueError(f"{name}: cannot convert {x!r} to a Fraction") from e
-    try:  # other integer-like objects (e.g. numpy ints)
-        return Fraction(operator.index(x))
-    except TypeError:
-        pass
-    try:
-        return Fraction(str(x))
-    except (ValueError, ZeroDivisionError) as e:
-        raise ValueError(f"{name}: cannot convert {x!r} to a Fraction") from e
+    rejected: list[int] = None       # per client: requests rejected at arrival (rpm reject)
+    policy_counters: list | None = None  # the policy's own counters at the end, if any
 
 
 def _int(x, name: str) -> int:
@@ -110,253 +99,236 @@ def _int(x, name: str) -> int:
 def _validate_requests(requests, num_clients: int, kv_budget: int) -> list[Request]:
     out = []
     for n, r in enumerate(requests):
-        arrival = _int(r.arrival, f"request {n}: arrival")
-        client = _int(r.client, f"request {n}: client")
-        prompt = _int(r.prompt, f"request {n}: prompt")
-        output = _int(r.output, f"request {n}: output")
-        cached = _int(r.cached, f"request {n}: cached")
-        if arrival < 0:
-            raise ValueError(f"request {n}: arrival {arrival} < 0")
-        if not 0 <= client < num_clients:
-            raise ValueError(f"request {n}: client {client} not in [0, {num_clients})")
-        if prompt < 1:
-            raise ValueError(f"request {n}: prompt {prompt} < 1")
-        if output < 1:
-            raise ValueError(f"request {n}: output {output} < 1")
-        if not 0 <= cached < prompt:
-            raise ValueError(f"request {n}: cached {cached} not in [0, prompt={prompt})")
+        arrival, client, prompt, output, cached = (_int(getattr(r, f), f"request {n}: {f}")
+                                                   for f in ("arrival", "client", "prompt", "output", "cached"))
+        if arrival < 0 or not 0 <= client < num_clients or prompt < 1 or output < 1 or not 0 <= cached < prompt:
+            raise ValueError(f"request {n} is invalid: {r}")
         if prompt > kv_budget:
-            raise ValueError(
-                f"request {n}: prompt {prompt} > kv_budget {kv_budget}: it can never be admitted"
-            )
+            raise ValueError(f"request {n}: prompt {prompt} > kv_budget {kv_budget}: it can never be admitted")
         out.append(Request(arrival, client, prompt, output, cached))
     return out
 
 
-# ----------------------------------------------------------------------------------
-# the simulator
-# ----------------------------------------------------------------------------------
+class _Sim:
+    """The state a reference policy may read (see the module docstring)."""
 
-def simulate(requests: list[Request], *, num_clients: int, kv_budget: int, policy: str,
-             w_p=1, w_q=2, beta=0, weights=None, rpm_limit=None, rpm_window=2000,
-             steps: int | None = None, lift_last_left: bool = True, kv_cap=None,
-             charge_cached: bool = False) -> RefResult:
-    """Run the serving model of MODEL.md literally and record every step.
+    def __init__(self, reqs, settings: Settings, K: int):
+        self.reqs, self.settings, self.K = reqs, settings, K
+        self.t = 0
+        self.fifo: list[list[int]] = [[] for _ in range(K)]
+        self.running: list[int] = []
+        self.generated: dict[int, int] = {}
+        self.c = [Fraction(0)] * K
+        self.W = [Fraction(0)] * K
+        self.last_left: int | None = None
+        self.omega = list(settings.client_weights(K))
+        self.w_p, self.w_q, self.beta = settings.w_p, settings.w_q, settings.beta
+        q = math.lcm(*(x.denominator for x in (self.w_p, self.w_q, self.beta)))
+        self.cost_unit = Fraction(1, q)
+        self.prefill_units, self.decode_units = int(self.w_p * q), int(self.w_q * q)
+        order = sorted(range(len(reqs)), key=lambda n: (reqs[n].arrival, n))
+        self.rank = {n: i for i, n in enumerate(order)}  # ORDER: rank in (arrival, number)
+        self.average = [0] * K  # the "average" estimator's per-client state
+        self.seen = [False] * K
 
-    Args:
-      requests: the trace; requests are numbered in list order (trace order). Need not
-        be sorted by arrival.
-      num_clients: K >= 1; client ids must lie in [0, K).
-      kv_budget: M >= 1 tokens.
-      policy: "fcfs", "lcf", "vtc" or "rpm".
-      w_p, w_q, beta: cost weights (int, Fraction, str, or float via str), >= 0.
-      weights: per-client omega_k > 0 (length K), default all 1.
-      rpm_limit: R >= 1, required for policy "rpm" (ignored otherwise).
-      rpm_window: window length in steps (>= 1), default 2000.
-      steps: horizon T (runs t = 0..T-1), or None to run until every request completed.
-      lift_last_left: False gives the VTC-artifact variant without the last_left clause.
-      kv_cap: extension (issue 5), None for the contract: per-client caps (list) or one int;
-        a client is a candidate only while sum over its running requests of (prompt +
-        output) plus its head's prompt + output stays within its cap.
-      charge_cached: extension (issue 5): charge w_p * prompt (sent tokens) at admission.
+    def prefill_charge(self, n: int) -> Fraction:
+        r = self.reqs[n]
+        return self.w_p * (r.prompt if self.settings.charge_cached else r.prompt - r.cached)
 
-    Returns:
-      RefResult.
+    def estimate(self, n: int) -> int:
+        s, r = self.settings, self.reqs[n]
+        return reference_estimate(s.estimator, r.output, self.rank[n], guess=s.estimate_guess,
+                                  error=s.estimate_error, seed=s.estimate_seed, average=self.average[r.client])
 
-    Raises:
-      ValueError on an unknown policy or invalid input.
+    def observe(self, n: int) -> None:
+        """The 'average' estimator learns a completed request's output."""
+        r = self.reqs[n]
+        k = r.client
+        self.average[k] = (4 * self.average[k] + r.output + 2) // 5 if self.seen[k] else r.output
+        self.seen[k] = True
+
+
+def _call(obj, name, *args, default=None):
+    fn = getattr(obj, name, None)
+    return default if fn is None else fn(*args)
+
+
+def simulate(requests: list[Request], *, num_clients: int, kv_budget: int | None = None, policy: str = "vtc",
+             w_p=1, w_q=2, beta=0, weights=None, rpm_limit=None, rpm_window=2000, steps: int | None = None,
+             lift_last_left: bool = True, kv_cap=None, charge_cached: bool = False,
+             settings: Settings | None = None) -> RefResult:
+    """Run the serving model literally and record every step.
+
+    Either pass `settings` (any vtc_jax.Settings: every policy, limit, band and estimator)
+    or the classic keywords (policy, kv_budget, w_p, w_q, beta, weights, rpm_limit,
+    rpm_window, lift_last_left, kv_cap, charge_cached). `steps`: horizon T (runs
+    t = 0..T-1), or None to run until every accepted request completed.
     """
-    # ---- parameters ---------------------------------------------------------------
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+    if settings is None:
+        if policy == "rpm" or rpm_limit is not None and policy == "fcfs":
+            policy = "rpm" if rpm_limit is not None else policy
+        settings = Settings(policy=policy, kv_budget=kv_budget, w_p=w_p, w_q=w_q, beta=beta,
+                            weights=None if weights is None else tuple(weights),
+                            rpm_limit=rpm_limit if policy == "rpm" else None, rpm_window=rpm_window,
+                            lift_last_left=lift_last_left,
+                            kv_cap=tuple(kv_cap) if isinstance(kv_cap, list) else kv_cap, charge_cached=charge_cached)
+    s = settings
     K = _int(num_clients, "num_clients")
     if K < 1:
         raise ValueError(f"num_clients must be >= 1, got {K}")
-    M = _int(kv_budget, "kv_budget")
-    if M < 1:
-        raise ValueError(f"kv_budget must be >= 1, got {M}")
-    w_p = _frac(w_p, "w_p")
-    w_q = _frac(w_q, "w_q")
-    beta = _frac(beta, "beta")
-    for name, v in (("w_p", w_p), ("w_q", w_q), ("beta", beta)):
-        if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
-    if weights is None:
-        omega = [Fraction(1)] * K
-    else:
-        omega = [_frac(w, f"weights[{i}]") for i, w in enumerate(weights)]
-        if len(omega) != K:
-            raise ValueError(f"weights has length {len(omega)}, expected {K}")
-        for i, w in enumerate(omega):
-            if w <= 0:
-                raise ValueError(f"weights[{i}] must be > 0, got {w}")
-    if policy == "rpm":
-        if rpm_limit is None:
-            raise ValueError("policy 'rpm' requires rpm_limit")
-        R = _int(rpm_limit, "rpm_limit")
-        if R < 1:
-            raise ValueError(f"rpm_limit must be >= 1, got {R}")
-        window = _int(rpm_window, "rpm_window")
-        if window < 1:
-            raise ValueError(f"rpm_window must be >= 1, got {window}")
-    else:
-        R = window = None
-    if steps is not None:
-        T_fixed = _int(steps, "steps")
-        if T_fixed < 0:
-            raise ValueError(f"steps must be >= 0, got {T_fixed}")
-    else:
-        T_fixed = None
+    M = s.kv_budget
+    T_fixed = None if steps is None else _int(steps, "steps")
     reqs = _validate_requests(requests, K, M)
     N = len(reqs)
+    sim = _Sim(reqs, s, K)
+    pol = registry.get(s.policy).reference(s, sim)
+    caps = list(s.client_caps(K))
+    bands = list(s.client_bands(K))
+    R, window = s.rpm_limit, s.rpm_window
 
-    # arrivals by step, each list in trace order
     arrivals_at: dict[int, list[int]] = {}
     for n, r in enumerate(reqs):
         arrivals_at.setdefault(r.arrival, []).append(n)
+    arrival_steps = sorted(arrivals_at)
 
-    # ---- state (MODEL.md, State) -------------------------------------------------
-    fifo: list[list[int]] = [[] for _ in range(K)]   # request numbers, (arrival, number) order
-    running: list[int] = []                          # request numbers
-    generated: dict[int, int] = {}                   # per running request
-    c = [Fraction(0)] * K                            # counters
-    W = [Fraction(0)] * K                            # service totals
-    last_left: int | None = None
-    rpm_counts: dict[tuple[int, int], int] = {}      # (window j, client) -> admissions
-
+    rpm_counts: dict[tuple[int, int], int] = {}   # delay mode: (window j, client) -> admissions
+    # Reject mode: a request is rejected at arrival when its client had R requests accepted
+    # within [arrival - window, arrival]; that depends only on the client's own arrivals, so
+    # it is decided here, in arrival order (trace order within a step), once for the run.
+    rejected_set = set()
+    if s.rpm_rejects:
+        accepted_times: list[list[int]] = [[] for _ in range(K)]
+        for n in sorted(range(N), key=lambda n: (reqs[n].arrival, n)):
+            r = reqs[n]
+            if T_fixed is not None and r.arrival >= T_fixed:
+                continue
+            if sum(1 for a in accepted_times[r.client] if a >= r.arrival - window) >= R:
+                rejected_set.add(n)
+            else:
+                accepted_times[r.client].append(r.arrival)
     admit_step: list[int | None] = [None] * N
     finish_step: list[int | None] = [None] * N
-    admitted = [0] * K
-    completed = [0] * K
+    admitted, completed, rejected = [0] * K, [0] * K, [0] * K
+    value: dict[int, object] = {}
+    accepted_total = N - len(rejected_set)
     n_completed = 0
+    skip_until = 0  # steps < skip_until are inside an idle stretch (no policy hooks)
 
-    res = RefResult(steps=0, service=[], counters=[], backlogged=[],
-                    backlogged_after_arrivals=[], occupancy=[], running_count=[],
-                    admit_step=admit_step, finish_step=finish_step,
-                    admitted=admitted, completed=completed,
-                    decode_charge=[], prefill_charge=[], held=[])
+    res = RefResult(steps=0, service=[], counters=[], backlogged=[], backlogged_after_arrivals=[], occupancy=[],
+                    running_count=[], admit_step=admit_step, finish_step=finish_step, admitted=admitted,
+                    completed=completed, decode_charge=[], prefill_charge=[], held=[], rejected=rejected)
 
     def charge(k: int, x: Fraction, bucket: list[Fraction]) -> None:
-        W[k] += x
-        c[k] += x / omega[k]
+        sim.W[k] += x
+        sim.c[k] += x / sim.omega[k]
         bucket[k] += x
 
-    def is_backlogged(k: int) -> bool:
-        return len(fifo[k]) > 0
-
-    caps = None if kv_cap is None else (list(kv_cap) if isinstance(kv_cap, (list, tuple)) else [kv_cap] * K)
-
     def under_cap(k: int) -> bool:
-        if caps is None:
-            return True
-        reserved = sum(reqs[n].prompt + reqs[n].output for n in running if reqs[n].client == k)
-        head = reqs[fifo[k][0]]
+        reserved = sum(reqs[n].prompt + reqs[n].output for n in sim.running if reqs[n].client == k)
+        head = reqs[sim.fifo[k][0]]
         return reserved + head.prompt + head.output <= caps[k]
 
-    def candidate(t: int) -> int | None:
-        """The request number the policy picks now, or None."""
-        backlogged = [k for k in range(K) if is_backlogged(k) and under_cap(k)]
-        if policy == "rpm":
-            j = t // window
-            backlogged = [k for k in backlogged if rpm_counts.get((j, k), 0) < R]
-        if not backlogged:
-            return None
-        if policy in ("fcfs", "rpm"):
-            # smallest FIFO head by (arrival, number)
-            best = None
-            for k in backlogged:
-                h = fifo[k][0]
-                key = (reqs[h].arrival, h)
-                if best is None or key < best[0]:
-                    best = (key, h)
-            return best[1]
-        # lcf / vtc: backlogged client with smallest c_k, ties smallest k
-        best_k = None
-        for k in backlogged:  # ascending k, strict < keeps the smallest k on ties
-            if best_k is None or c[k] < c[best_k]:
-                best_k = k
-        return fifo[best_k][0]
+    def eligible_clients(t: int) -> list[int]:
+        ok = [k for k in range(K) if sim.fifo[k] and under_cap(k)]
+        if s.rpm_delays:
+            ok = [k for k in ok if rpm_counts.get((t // window, k), 0) < R]
+        if ok and s.bands is not None:
+            best = min(bands[k] for k in ok)
+            ok = [k for k in ok if bands[k] == best]
+        return ok
+
+    def horizon() -> float:
+        return T_fixed if T_fixed is not None else math.inf
 
     t = 0
     while True:
         if T_fixed is not None:
             if t >= T_fixed:
                 break
-        elif n_completed == N:
+        elif n_completed == accepted_total:
             break
-
+        sim.t = t
         prefill_t = [Fraction(0)] * K
         decode_t = [Fraction(0)] * K
 
-        # ---- phase 1: arrivals ---------------------------------------------------
+        # ---- phase 1: arrivals -----------------------------------------------------
         for n in arrivals_at.get(t, []):
             k = reqs[n].client
-            if policy == "vtc" and not is_backlogged(k):
-                bl = [i for i in range(K) if is_backlogged(i)]
-                if bl:
-                    c[k] = max(c[k], min(c[i] for i in bl))
-                elif lift_last_left and last_left is not None:
-                    c[k] = max(c[k], c[last_left])
-            fifo[k].append(n)
-        res.backlogged_after_arrivals.append([is_backlogged(k) for k in range(K)])
+            if n in rejected_set:
+                rejected[k] += 1
+                continue
+            _call(pol, "on_arrival", n)
+            sim.fifo[k].append(n)
+        res.backlogged_after_arrivals.append([bool(f) for f in sim.fifo])
 
         # ---- phase 2: admission ----------------------------------------------------
-        occupancy = sum(reqs[n].prompt + generated[n] for n in running)
+        occupancy = sum(reqs[n].prompt + sim.generated[n] for n in sim.running)
         while True:
-            n = candidate(t)
-            if n is None:
+            eligible = eligible_clients(t)
+            k = pol.select(eligible) if eligible else None
+            if k is None:
                 break
+            assert k in eligible, (k, eligible)
+            n = sim.fifo[k][0]
             r = reqs[n]
             if occupancy + r.prompt > M:
                 break  # head-of-line: no skipping to another client
-            k = r.client
-            assert fifo[k][0] == n
-            fifo[k].pop(0)
-            running.append(n)
-            generated[n] = 0
+            sim.fifo[k].pop(0)
+            sim.running.append(n)
+            sim.generated[n] = 0
             occupancy += r.prompt
-            last_left = k
-            charge(k, w_p * (r.prompt if charge_cached else r.prompt - r.cached), prefill_t)
+            sim.last_left = k
+            charge(k, sim.prefill_charge(n), prefill_t)
             admit_step[n] = t
             admitted[k] += 1
-            if policy == "rpm":
-                j = t // window
-                rpm_counts[(j, k)] = rpm_counts.get((j, k), 0) + 1
+            if s.rpm_delays:
+                rpm_counts[(t // window, k)] = rpm_counts.get((t // window, k), 0) + 1
+            value[n] = _call(pol, "on_admit", n, default=sim.estimate(n))
 
         # ---- phase 3: decode -------------------------------------------------------
-        for n in running:
+        ran = bool(sim.running)
+        for n in sim.running:
             r = reqs[n]
-            charge(r.client, w_q + beta * (r.prompt + generated[n]), decode_t)
-            generated[n] += 1
-
-        held_t = [0] * K
-        for n in running:
-            held_t[reqs[n].client] += reqs[n].prompt + generated[n]
-        res.held.append(held_t)
+            charge(r.client, sim.w_q + sim.beta * (r.prompt + sim.generated[n]), decode_t)
+            sim.generated[n] += 1
+        res.held.append([sum(reqs[n].prompt + sim.generated[n] for n in sim.running if reqs[n].client == k)
+                         for k in range(K)])
+        if t >= skip_until:
+            elapsed = 1
+            if not ran and not any(sim.fifo):  # idle: the engine jumps to the next arrival
+                later = [a for a in arrival_steps if a > t]
+                target = min(later[0] if later else math.inf, horizon())
+                if target != math.inf:
+                    elapsed = max(1, int(target) - t)
+            skip_until = t + elapsed
+            _call(pol, "on_step_end", elapsed)
 
         # ---- phase 4: completion ---------------------------------------------------
         still = []
-        for n in running:
-            if generated[n] == reqs[n].output:
+        for n in sim.running:  # admission order
+            if sim.generated[n] == reqs[n].output:
                 finish_step[n] = t
                 completed[reqs[n].client] += 1
                 n_completed += 1
-                del generated[n]
+                del sim.generated[n]
+                _call(pol, "on_complete", n, value.pop(n))
+                sim.observe(n)
             else:
                 still.append(n)
-        running = still
+        sim.running = still
 
         # ---- record ----------------------------------------------------------------
-        res.service.append(list(W))
-        res.counters.append(list(c))
-        res.backlogged.append([is_backlogged(k) for k in range(K)])
-        res.occupancy.append(sum(reqs[n].prompt + generated[n] for n in running))
-        res.running_count.append(len(running))
+        res.service.append(list(sim.W))
+        res.counters.append(list(sim.c))
+        res.backlogged.append([bool(f) for f in sim.fifo])
+        res.occupancy.append(sum(reqs[n].prompt + sim.generated[n] for n in sim.running))
+        res.running_count.append(len(sim.running))
         res.decode_charge.append(decode_t)
         res.prefill_charge.append(prefill_t)
         t += 1
 
     res.steps = t
+    res.policy_counters = _call(pol, "counters")
     return res
 
 
@@ -428,22 +400,3 @@ def random_trace(rng: random.Random, *, num_clients: int | None = None,
     return RandomTrace(reqs, K, M)
 
 
-# ----------------------------------------------------------------------------------
-# self-check
-# ----------------------------------------------------------------------------------
-
-if __name__ == "__main__":
-    # Client 0 floods from step 0; client 1 arrives at step 3 after silence.
-    trace = [Request(0, 0, 4, 3) for _ in range(6)] + [Request(3, 1, 4, 3, cached=1),
-                                                      Request(3, 1, 4, 3)]
-    for pol in ("fcfs", "lcf", "vtc"):
-        r = simulate(trace, num_clients=2, kv_budget=8, policy=pol)
-        print(f"{pol}: T={r.steps} admit={r.admit_step} finish={r.finish_step}")
-        print(f"   W(T-1)={[str(x) for x in r.service[-1]]} "
-              f"c(T-1)={[str(x) for x in r.counters[-1]]} drift={drift(r)} "
-              f"throughput={throughput(r)}")
-    r = simulate(trace, num_clients=2, kv_budget=8, policy="rpm", rpm_limit=2, rpm_window=4)
-    print(f"rpm(2,4): T={r.steps} admit={r.admit_step}")
-    r = simulate(trace, num_clients=2, kv_budget=8, policy="vtc", weights=[1, "1/2"], beta="1/4")
-    print(f"weighted vtc, beta=1/4: admit={r.admit_step} "
-          f"W={[str(x) for x in r.service[-1]]} c={[str(x) for x in r.counters[-1]]}")

@@ -1,36 +1,44 @@
-"""The exact engine of MODEL.md as a pure JAX state machine.
+"""The exact engine of MODEL.md as a pure JAX state machine (one lane).
 
-One lane is one simulated server. Its `State` advances by *events*, one per scan iteration,
-chosen per lane by masks (never a per-lane `lax.cond`: under vmap both branches run):
+One lane is one simulated server. Its `State` advances by *events*, one per call of
+`step_lane`, chosen by masks (never a per-lane `lax.cond`: under vmap both branches run):
 
+  * COMPLETE: a request whose completion step has ended is still running: it leaves
+              (phase 4, one request per event, in admission order within a step);
   * ARRIVE  : some request with arrival <= t has not joined its FIFO yet: take up to
-              `arrival_width` more per client (phase 1, with the lift rule);
+              `arrival_width` more per client (phase 1; the policy's arrival hook, e.g.
+              VTC's lift, runs here);
   * ADMIT   : otherwise, the policy's candidate exists and fits: admit it (phase 2);
-  * FINISH  : otherwise, step t ends: decode and completion (phases 3-4), measures, t += 1,
-              and the first arrival batch of step t+1 (phase 1 again).
+  * FINISH  : otherwise, step t ends: decode (phase 3), t += 1 (or, when nothing runs or
+              waits, a jump to the next arrival: idle steps cost nothing), then in the
+              same event the first completion and the first arrivals of the new step.
 
-A run of T steps takes T FINISH events, one ADMIT per admitted request and an ARRIVE per
-step whose arrivals exceed `arrival_width` for some client: at most T + 2 * requests
-iterations. Lanes that reach their horizon become no-ops (`done`).
+A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
+COMPLETE per request and one extra ARRIVE per step whose arrivals exceed the width: at
+most T + 3 * requests events. Lanes that reach their horizon become no-ops (`done`).
 
-Queues are pointers (DESIGN.md): client k's FIFO is `[head_k, arrived_k)` in its stream.
-Decode is O(K): per client the number of running requests and the sum of their contexts;
-a completion calendar indexed by `completion step mod calendar_len` retires requests.
+Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
+in the workload. Decode is O(K): per client the number of running requests and the sum
+of their contexts; running requests wait for completion in a binary heap
+(completions.py), O(log slots) per event and O(slots) memory whatever the output lengths.
+The policy (vtc_jax/policies) is a component: the engine knows no policy by name; a batch
+may mix policies (`EngineConfig.policies`, dispatched on the traced `Params.policy_id`).
 All quantities are int32 in the exact units of settings.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
+from vtc_jax import completions, estimators, limits, wide
 from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_arrivals, on_finish, request_cost
-from vtc_jax import wide
-from vtc_jax.settings import INT32_MAX, Params
-from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Workload
+from vtc_jax.policies import registry
+from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View
+from vtc_jax.settings import Params
+from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, ORDER, OUTPUT, PROMPT, Workload
 
 I32 = jnp.int32
 
@@ -41,18 +49,29 @@ class EngineConfig:
 
     Attributes:
       num_clients: K.
-      stream_len: N, rows per client stream (requests + look-ahead padding).
-      calendar_len: L >= the longest output: completion-calendar rows.
+      num_rows: R, rows of the workload (all blocks, padding included).
+      slots: capacity of the completion heap (>= the most requests that can run at once).
+      policies: the policies present in the batch (registry names); lanes pick theirs by
+        `Params.policy_id`.
+      rpm: some lane has an RPM limit that delays admissions.
+      kv_cap: some lane has per-client KV caps.
+      bands: some lane has priority bands.
+      estimator: some lane's policy predicts outputs (the estimator state is kept).
       record_every: checkpoint W every this many steps (0: no checkpoints).
       num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
-      arrival_width: arrivals per client taken in one event.
-      drain: run until every request completed (horizon is then only a safety bound).
+      arrival_width: arrivals per client taken in one event (any value is exact).
+      drain: run until every request completed (the horizon is then a safety bound).
       measures: which optional measures to accumulate.
     """
 
     num_clients: int
-    stream_len: int
-    calendar_len: int
+    num_rows: int
+    slots: int
+    policies: tuple[str, ...] = ("vtc",)
+    rpm: bool = False
+    kv_cap: bool = False
+    bands: bool = False
+    estimator: bool = False
     record_every: int = 0
     num_checkpoints: int = 0
     arrival_width: int = 4
@@ -66,23 +85,25 @@ class State:
     """One lane's state (a batch adds a leading lane axis to every field).
 
     Attributes:
-      step: int32[]  t, the step in progress (equals the steps run once `done`).
+      step: int32[]  t, the step in progress (the steps run, once `done`).
       horizon: int32[]  T: steps to run (drain mode: a bound that suffices).
       done: bool[]  reached the horizon (or, drain mode, every request completed).
-      head: int32[K]  stream index of client k's next request to admit.
+      head: int32[K]  position in client k's block of its next request to admit.
       arrived: int32[K]  requests of client k that have joined its FIFO.
-      counter: int32[K, 2]  c_k in counter units (wide.py: exact int32 pairs).
+      counter: int32[K, 2]  the MODEL.md counter c_k (wide).
       service: int32[K, 2]  W_k in cost units (wide).
       running: int32[K]  running requests of client k.
       context: int32[K]  sum over those of prompt + generated.
-      reserved: int32[K]  sum over those of prompt + output (the KV they can reach).
-      cal_count: int32[L, K]  running requests completing at step = row (mod L).
-      cal_context: int32[L, K]  their contexts at completion (prompt + output).
       last_left: int32[]  client of the last admitted request, -1 for none.
       admitted, completed: int32[K]  request counts.
-      window_admits: int32[K]  admissions in the current rpm window.
-      measures: Measures  accumulated measures (measures.py).
-      iterations: int32[]  events consumed (for the budget check).
+      heap: completions.Heap  running requests by completion step.
+      limits: limits.LimitState.
+      policy: dict  {policy name: its state}.
+      estimator: estimators.EstimatorState (None unless config.estimator).
+      measures: Measures.
+      iterations: int32[]  events consumed.
+      overflow: bool[]  a fixed-size structure would have overflowed (the completion heap
+        full): the lane is flagged as not finished, never reported.
     """
 
     step: jax.Array
@@ -94,197 +115,256 @@ class State:
     service: jax.Array
     running: jax.Array
     context: jax.Array
-    reserved: jax.Array
-    cal_count: jax.Array
-    cal_context: jax.Array
     last_left: jax.Array
     admitted: jax.Array
     completed: jax.Array
-    window_admits: jax.Array
+    heap: completions.Heap
+    limits: limits.LimitState
+    policy: dict
+    estimator: estimators.EstimatorState | None
     measures: Measures
     iterations: jax.Array
+    overflow: jax.Array
 
 
-def init_state(config: EngineConfig, horizon: jax.Array) -> State:
-    """Empty server at step 0 (step 0's arrivals are taken by the first ARRIVE event)."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LaneInput:
+    """What one lane runs: its settings and its horizon (int32[])."""
+
+    params: Params
+    horizon: jax.Array
+
+
+def init_state(config: EngineConfig, lane: LaneInput) -> State:
+    """Empty server at step 0 (step 0's arrivals are taken by the first event)."""
     k, zeros_k = config.num_clients, jnp.zeros(config.num_clients, I32)
-    calendar = jnp.zeros((config.calendar_len, k), I32)
+    horizon = jnp.asarray(lane.horizon, I32)
+    shape = Shape(num_clients=k, num_rows=config.num_rows)
     return State(
-        step=jnp.zeros((), I32), horizon=jnp.asarray(horizon, I32),
-        done=jnp.asarray(horizon, I32) <= 0, head=zeros_k, arrived=zeros_k, counter=wide.zeros((k,)),
-        service=wide.zeros((k,)), running=zeros_k, context=zeros_k, reserved=zeros_k, cal_count=calendar,
-        cal_context=calendar, last_left=jnp.asarray(-1, I32), admitted=zeros_k,
-        completed=zeros_k, window_admits=zeros_k,
-        measures=init_measures(k, config.num_checkpoints, config.measures),
-        iterations=jnp.zeros((), I32))
+        step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
+        counter=wide.zeros((k,)), service=wide.zeros((k,)), running=zeros_k, context=zeros_k,
+        last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k,
+        heap=completions.init(config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
+        policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
+        estimator=estimators.init(k) if config.estimator else None,
+        measures=init_measures(k, config.num_checkpoints, config.measures), iterations=jnp.zeros((), I32),
+        overflow=jnp.zeros((), bool))
 
 
-def _rows_at(requests: jax.Array, index: jax.Array) -> jax.Array:
-    """requests[k, index[k], :] for every client: int32[K, 5]."""
-    return jnp.take_along_axis(requests, index[:, None, None], axis=1)[:, 0, :]
+def _dispatch(config: EngineConfig, params: Params, values):
+    """The lane's policy's value among one value per policy (pytrees of equal structure)."""
+    if len(values) == 1:
+        return values[0]
+    pick = lambda *xs: jnp.select([params.policy_id == i for i in range(len(xs) - 1)], list(xs[:-1]), xs[-1])  # noqa: E731
+    return jax.tree_util.tree_map(pick, *values)
 
 
-def select_candidate(state: State, requests: jax.Array, params: Params):
-    """The policy's candidate (phase 2): one interface for every policy.
-
-    FCFS and RPM take the oldest head request (smallest global ORDER); LCF and VTC the
-    head of the least-counter backlogged client (argmin takes the smallest k on ties).
-    RPM's limit masks clients that used their window's admissions (INT32_MAX elsewhere);
-    a per-client KV cap masks clients whose head would take their reserved KV past it.
-
-    Returns (has_candidate: bool[], client: int32[], row: int32[5]).
-    """
-    heads = _rows_at(requests, state.head)
-    within_cap = state.reserved <= params.kv_cap - heads[:, PROMPT] - heads[:, OUTPUT]
-    eligible = (state.head < state.arrived) & (state.window_admits < params.rpm_limit) & within_cap
-    oldest = jnp.argmin(jnp.where(eligible, heads[:, ORDER], INT32_MAX))
-    least = wide.argmin(state.counter, eligible)
-    client = jnp.where(params.by_counter, least, oldest).astype(I32)
-    return eligible.any(), client, heads[client]
+def _estimates(state: State, params: Params, config: EngineConfig, client, rows):
+    """The estimator's output prediction for request rows of `client` (zeros if unused)."""
+    if not config.estimator:
+        return jnp.zeros(rows.shape[:-1], I32)
+    return estimators.estimate(state.estimator, params.estimator, client, rows[..., OUTPUT], rows[..., ORDER])
 
 
-def admit(state: State, client: jax.Array, row: jax.Array, params: Params, mask: jax.Array,
-          config: EngineConfig) -> State:
-    """Admit `row` of `client` where `mask` (phase 2, one request)."""
-    onehot = (jnp.arange(config.num_clients) == client) & mask
-    take = onehot.astype(I32)
+def _view(state: State, params: Params, heads, head_index, estimates) -> View:
+    return View(step=state.step, backlogged=state.head < state.arrived, heads=heads, head_index=head_index,
+                waiting=state.arrived - state.head,
+                counter=state.counter, running=state.running, context=state.context, last_left=state.last_left,
+                costs=params.costs, estimates=estimates)
+
+
+def _onehot(client, k, mask):
+    return ((jnp.arange(k) == client) & mask).astype(I32)
+
+
+def admit(state: State, view: View, choice, params: Params, workload: Workload, mask, config: EngineConfig) -> State:
+    """Admit the candidate's head request where `mask` (phase 2, one request)."""
+    k = config.num_clients
+    client = choice.client
+    row, index = view.heads[client], view.head_index[client]
+    take = _onehot(client, k, mask)
     prompt, output = row[PROMPT], row[OUTPUT]
-    charged_tokens = jnp.where(params.charge_cached, prompt, prompt - row[CACHED])
-    charge = params.prefill_cost * charged_tokens
-    finish_row = (state.step + output - 1) % config.calendar_len
-    add = mask.astype(I32)
+    charged = jnp.where(params.costs.charge_cached, prompt, prompt - row[CACHED])
+    prefill = params.costs.prefill * charged
+    admission = Admission(client=client, row=row, index=index, estimate=view.estimates[client], prefill=prefill)
+    policy_states, values = {}, []
+    for name, base in zip(config.policies, _choice_states(choice, config)):
+        policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
+        values.append(value)
+    value = _dispatch(config, params, values)
+    entry = jnp.stack([state.step + output - 1, state.admitted.sum(), client, prompt, output, value]).astype(I32)
     return dataclasses.replace(
         state,
-        head=state.head + take,
-        running=state.running + take,
-        context=state.context + take * prompt,
-        reserved=state.reserved + take * (prompt + output),
-        service=wide.add(state.service, take * charge),
-        counter=wide.add(state.counter, take * charge * params.counter_mult),
-        admitted=state.admitted + take,
-        window_admits=state.window_admits + take,
-        last_left=jnp.where(mask, client, state.last_left),
-        cal_count=state.cal_count.at[finish_row, client].add(add),
-        cal_context=state.cal_context.at[finish_row, client].add(add * (prompt + output)),
-        measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output,
-                          row[CACHED], state.horizon),
-    )
+        head=state.head + take, running=state.running + take, context=state.context + take * prompt,
+        service=wide.add(state.service, take * prefill),
+        counter=wide.add(state.counter, take * prefill * params.costs.counter_mult),
+        admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
+        heap=completions.push(state.heap, entry, mask),
+        overflow=state.overflow | (mask & (state.heap.size >= config.slots)), limits=limits.on_admit(state.limits, take, row),
+        policy=_keep(state.policy, policy_states, mask),
+        measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
+                          state.horizon))
 
 
-def finish_step(state: State, workload: Workload, params: Params, mask: jax.Array,
-                config: EngineConfig) -> State:
-    """Phases 3-4 of step t where `mask`, then the step's measures; t += 1."""
+def _choice_states(choice, config):
+    """Per policy, the state to admit from (the scan's state of each policy's choice)."""
+    return choice.states
+
+
+def _keep(old: dict, new: dict, mask) -> dict:
+    """Policy states: `new` where `mask`, else `old`."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(mask, b, a), old, new)
+
+
+def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, config: EngineConfig):
+    """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
+    runs or waits: to the next arrival or the horizon). Returns the new state."""
     m = mask.astype(I32)
     t = state.step
-    decode = params.decode_cost * state.running + params.context_cost * state.context
-    service = wide.add(state.service, m * decode)
-    counter = wide.add(state.counter, m * decode * params.counter_mult)
-    context = state.context + m * state.running
-    row = t % config.calendar_len
-    leaving, leaving_context = state.cal_count[row], state.cal_context[row]
-    running = state.running - m * leaving
-    context = context - m * leaving_context
-    reserved = state.reserved - m * leaving_context
-    completed = state.completed + m * leaving
-    cal_count = state.cal_count.at[row].add(-m * leaving)
-    cal_context = state.cal_context.at[row].add(-m * leaving_context)
-
-    measures = on_finish(state.measures, mask, t, service, state.head, state.arrived, state.running,
+    decode = m * (params.costs.decode * state.running + params.costs.context * state.context)
+    service = wide.add(state.service, decode)
+    counter = wide.add(state.counter, decode * params.costs.counter_mult)
+    idle = (state.running.sum() == 0) & ~view.backlogged.any()
+    target = jnp.minimum(next_arrival.min(), state.horizon)
+    next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
+    step_end = StepEnd(decode=decode, elapsed=next_t - t)
+    policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
+                     for name in config.policies}
+    measures = on_finish(state.measures, mask, t, next_t, service, state.head, state.arrived, state.running,
                          state.context, params.share_window, params.resource, config.record_every)
-    next_t = t + m
-    new_window = (next_t // params.rpm_window) != (t // params.rpm_window)
-    finished = next_t >= state.horizon
-    if config.drain:
-        finished |= completed.sum() == workload.num_requests
     return dataclasses.replace(
-        state, step=next_t, done=state.done | (mask & finished), service=service, counter=counter,
-        running=running, context=context, reserved=reserved, completed=completed, cal_count=cal_count,
-        cal_context=cal_context, measures=measures,
-        window_admits=jnp.where(mask & new_window, 0, state.window_admits))
+        state, step=next_t, service=service, counter=counter, context=state.context + m * state.running,
+        policy=_keep(state.policy, policy_states, mask),
+        limits=limits.on_step(state.limits, t, next_t, mask, params), measures=measures)
 
 
-def take_arrivals(state: State, requests: jax.Array, params: Params, mask: jax.Array,
-                  config: EngineConfig) -> State:
-    """Phase 1 at step t where `mask`: up to `arrival_width` arrivals per client.
+def complete(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
+    """Phase 4 for one request (the next to complete) where `mask`."""
+    top = state.heap.top()
+    client, prompt, output, value = top[2], top[3], top[4], top[5]
+    take = _onehot(client, config.num_clients, mask)
+    completion = Completion(client=client, prompt=prompt, output=output, estimate=value)
+    policy_states = {name: registry.get(name).complete(state.policy[name], view, completion, params.policy[name])
+                     for name in config.policies}
+    estimator = state.estimator
+    if config.estimator:
+        estimator = estimators.observe(estimator, client, output, mask)
+    return dataclasses.replace(
+        state, running=state.running - take, context=state.context - take * (prompt + output),
+        completed=state.completed + take, heap=completions.pop(state.heap, mask),
+        limits=limits.on_complete(state.limits, take, prompt, output), estimator=estimator,
+        policy=_keep(state.policy, policy_states, mask))
 
-    The lift rule, applied request by request in trace order, reduces to one floor: if
-    some client is backlogged when the step's arrivals begin, every arriving client that was
-    not backlogged is lifted to that minimum (each lifted counter is >= it, so the minimum
-    never changes). If none is, the first newcomer in trace order is lifted to
-    c_{last_left}, and that value is the floor for every later newcomer. Only a client's
+
+def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, config: EngineConfig) -> State:
+    """Phase 1 at step t where `mask`: up to `arrival_width` arrivals per client, in trace
+    order; the policies' arrival hooks (VTC's lift) see them as one event. Only a client's
     first arrival of a step can find it not backlogged, and every client's first arrival is
-    in the step's first batch, so later batches (no admissions in between) lift nobody.
-    """
-    width = config.arrival_width
-    index = state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
-    upcoming = jnp.take_along_axis(requests, index[:, :, None], axis=1)  # [K, width, 5]
-    joins = mask & (upcoming[..., ARRIVAL] <= state.step)  # sorted: a prefix of each row
+    in the step's first event, so later events of the step lift nobody."""
+    k, width = config.num_clients, config.arrival_width
+    index = workload.first[:, None] + state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
+    rows = workload.requests[index]  # [K, W, 5]; blocks end in >= W + 1 padding rows
+    joins = mask & (rows[..., ARRIVAL] <= state.step)  # sorted: a prefix of each row
     joining = joins.sum(axis=1, dtype=I32)
-    backlogged = state.head < state.arrived
-    newcomer = ~backlogged & (joining > 0)
-
-    first_order = jnp.where(newcomer, _rows_at(requests, state.arrived)[:, ORDER], INT32_MAX)
-    first = jnp.argmin(first_order)
-    has_last = params.lift_last_left & (state.last_left >= 0)
-    last_counter = state.counter[jnp.maximum(state.last_left, 0)]
-    first_floor = wide.where(has_last, wide.maximum(state.counter[first], last_counter),
-                             state.counter[first])
-    floor = wide.where(backlogged.any(), wide.min_of(state.counter, backlogged), first_floor)
-    lifted = newcomer & params.lift
-    cost = request_cost(upcoming[..., PROMPT], upcoming[..., OUTPUT], upcoming[..., CACHED],
-                        params.prefill_cost, params.decode_cost, params.context_cost)
+    newcomer = ~view.backlogged & (joining > 0)
+    first = jnp.argmin(jnp.where(newcomer, rows[:, 0, ORDER], INT32_MAX)).astype(I32)
+    estimates = _estimates(state, params, config, jnp.arange(k, dtype=I32)[:, None], rows)
+    arrivals = Arrivals(joins=joins, rows=rows, index=index, estimates=estimates, newcomer=newcomer, first=first)
+    policy_states, counters = {}, []
+    for name in config.policies:
+        policy_states[name], counter = registry.get(name).arrive(state.policy[name], view, arrivals, params.policy[name])
+        counters.append(counter)
+    counter = _dispatch(config, params, counters)
+    cost = request_cost(rows[..., PROMPT], rows[..., OUTPUT], rows[..., CACHED], params.costs.prefill,
+                        params.costs.decode, params.costs.context)
     return dataclasses.replace(
-        state,
-        counter=wide.where(lifted, wide.maximum(state.counter, floor), state.counter),
-        arrived=state.arrived + joining,
+        state, counter=wide.where(mask, counter, state.counter), arrived=state.arrived + joining,
+        policy=_keep(state.policy, policy_states, mask),
         measures=on_arrivals(state.measures, state.step, cost, joins, config.record_every))
 
 
-def iterate(state: State, workload: Workload, params: Params, config: EngineConfig) -> State:
-    """One event of one lane (see module docstring)."""
+def select(state: State, view: View, params: Params, config: EngineConfig):
+    """The lane's candidate: eligible clients (limits, bands), then each policy's choice,
+    dispatched on the lane's policy. Returns a choice with `.states` (one per policy)."""
+    eligible = limits.eligible(state.limits, view.heads, view.backlogged, params, config.bands)
+    choices = [registry.get(name).select(state.policy[name], view, eligible, params.policy[name])
+               for name in config.policies]
+    client = _dispatch(config, params, [c.client for c in choices])
+    has = _dispatch(config, params, [c.has for c in choices])
+    return _Selected(client=client.astype(I32), has=has, states=[c.state for c in choices])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Selected:
+    client: jax.Array
+    has: jax.Array
+    states: list
+
+
+def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineConfig) -> State:
+    """One event of one lane (see the module docstring)."""
+    params = lane.params
     requests = workload.requests
     active = ~state.done
-    next_arrival = _rows_at(requests, state.arrived)[:, ARRIVAL]
-    pending = active & (next_arrival <= state.step).any()
-    has_candidate, client, row = select_candidate(state, requests, params)
-    fits = state.context.sum() + row[PROMPT] <= params.kv_budget
-    admitting = active & ~pending & has_candidate & fits
-    finishing = active & ~pending & ~admitting
+    head_index = workload.first + state.head
+    heads = requests[head_index]
+    next_arrival = requests[workload.first + state.arrived][:, ARRIVAL]
+    in_horizon = state.step < state.horizon
+    due = state.heap.top_finish < state.step
+    pending = in_horizon & (next_arrival <= state.step).any()
+    view = _view(state, params, heads, head_index,
+                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads))
+    choice = select(state, view, params, config)
+    fits = state.context.sum() + heads[choice.client, PROMPT] <= params.kv_budget
+    ready = active & in_horizon & ~due & ~pending
+    admitting = ready & choice.has & fits
+    finishing = ready & ~admitting
 
-    state = admit(state, client, row, params, admitting, config)
-    state = finish_step(state, workload, params, finishing, config)
-    arriving = pending | (finishing & ~state.done)
-    state = take_arrivals(state, requests, params, arriving, config)
-    return dataclasses.replace(state, iterations=state.iterations + active.astype(I32))
-
-
-def advance(state: State, workload: Workload, params: Params, config: EngineConfig,
-            num_events: int) -> State:
-    """`num_events` iterations of one lane."""
-
-    def body(carry, _):
-        return iterate(carry, workload, params, config), None
-
-    state, _ = jax.lax.scan(body, state, None, length=num_events)
-    return state
-
-
-def _advance_lanes(state: State, workload: Workload, params: Params, *, config: EngineConfig,
-                   num_events: int, shared_workload: bool) -> State:
-    lane = functools.partial(advance, config=config, num_events=num_events)
-    return jax.vmap(lane, in_axes=(0, None if shared_workload else 0, 0))(state, workload, params)
-
-
-_STATIC = ("config", "num_events", "shared_workload")
-advance_lanes = jax.jit(_advance_lanes, static_argnames=_STATIC)
-advance_lanes.__doc__ = """`advance` vmapped over a leading lane axis of state and params (and of the
-workload unless `shared_workload`, when every lane replays the same one)."""
-# The carried state is dead after each chunk: donating it lets XLA update it in place on
-# accelerators (the CPU backend ignores donation, with a warning, so it is not used there).
-advance_lanes_donating = jax.jit(_advance_lanes, static_argnames=_STATIC, donate_argnums=(0,))
+    state = admit(state, view, choice, params, workload, admitting, config)
+    state = finish(state, view, workload, params, finishing, next_arrival, config)
+    view = _view(state, params, heads, head_index, view.estimates)
+    completing = active & (state.heap.top_finish < state.step)
+    state = complete(state, view, params, completing, config)
+    arriving = (active & (state.step < state.horizon) & ~(state.heap.top_finish < state.step)
+                & (next_arrival <= state.step).any())
+    view = _view(state, params, heads, head_index, view.estimates)
+    state = take_arrivals(state, view, workload, params, arriving, config)
+    settled = ~(state.heap.top_finish < state.step)
+    finished = (state.step >= state.horizon) & settled
+    if config.drain:
+        finished |= (state.completed.sum() == workload.num_requests) & settled
+    return dataclasses.replace(state, done=state.done | (active & finished),
+                               iterations=state.iterations + active.astype(I32))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def init_lanes(horizons: jax.Array, *, config: EngineConfig) -> State:
-    """Batched initial state, one lane per horizon: int32[B]."""
-    return jax.vmap(functools.partial(init_state, config))(horizons)
+def lane_done(state: State) -> jax.Array:
+    return state.done
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EngineBatch:
+    """The runner's per-lane inputs: the lane's settings and horizon, and its own workload
+    (None when every lane replays one shared workload)."""
+
+    lane: LaneInput
+    workload: Workload | None
+
+
+def _program_init(config: EngineConfig, batched: EngineBatch, shared) -> State:
+    return init_state(config, batched.lane)
+
+
+def _program_step(state: State, batched: EngineBatch, shared, config: EngineConfig) -> State:
+    workload = batched.workload if batched.workload is not None else shared
+    return step_lane(state, batched.lane, workload, config)
+
+
+def _make_program():
+    from vtc_jax.runner import LaneProgram
+
+    return LaneProgram(name="model", init=_program_init, step=_program_step, done=lane_done)
+
+
+PROGRAM = _make_program()

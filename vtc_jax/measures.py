@@ -1,18 +1,24 @@
-"""Measures accumulated in the scan carry (device side).
+"""Measures accumulated in the scan carry (device side), switched on per run.
 
 Everything a sweep reports is folded into `Measures` as the lane runs; time series exist
-only at the checkpoint stride `record_every`. The engine calls three hooks:
+only at the checkpoint stride `record_every`. A `MeasureConfig` (static) says which
+measures the carry holds: a part that is off is `None` in the pytree and costs nothing.
+Drift (max over steps of max_k W_k - min_k W_k, and its step) is always on. The engine
+calls three hooks:
 
   on_arrivals(m, ...)  requests joining their FIFO (demand per stride bucket);
-  on_admit(m, ...)     one admission (latency histograms, raw tokens);
+  on_admit(m, ...)     one admission (latency histograms, the token ledger);
   on_finish(m, ...)    the end of a step (drift, pair drift, occupancy, checkpoints, windows).
+
+A step may end with a jump over idle steps (nothing running or waiting, engine.py): the
+hooks get the first step after the jump, and every measure treats the skipped steps as
+what they are (no service, no backlog, no occupancy).
 
 Units: service-like quantities are in the lane's integer cost units (settings.py).
 Latency histograms: bin b < 64 holds exactly b steps; above, 8 bins per octave, so a
 percentile read from them is exact below 64 steps and within 1/8 octave (about 9%) above.
-Service-like values and long sums (occupancy, latencies, raw tokens) are exact wide
-integers (wide.py); demand per bucket, used only for the paper's windowed measure, is a
-float32 sum.
+Service-like values and long sums are exact wide integers (wide.py); demand per bucket,
+used only for the paper's windowed measure, is a float32 sum.
 """
 
 from __future__ import annotations
@@ -28,103 +34,136 @@ I32 = jnp.int32
 EXACT_BINS = 64
 BINS_PER_OCTAVE = 8
 LATENCY_BINS = EXACT_BINS + BINS_PER_OCTAVE * 25  # covers every int32 latency
+NAMES = ("pair_drift", "latency", "resource", "ledger", "occupancy", "demand", "share")
 
 
 @dataclasses.dataclass(frozen=True)
 class MeasureConfig:
-    """Static switches for the heavier measures.
+    """Static switches (each off costs nothing in the carry).
 
     Attributes:
-      pair_drift: track drift over jointly backlogged intervals for every client pair
-        (O(K^2) state; sized for small K).
-      latency: per-client waiting/completion-time histograms (O(K * LATENCY_BINS)).
+      pair_drift: drift over jointly backlogged intervals for every client pair (O(K^2)).
+      latency: per-client waiting/completion-time histograms and sums (O(K * 264)).
       resource: per-client resource service (bytes moved), its drift and window share.
+      ledger: the token ledger (prompt, cached, decoded tokens and decoded context per
+        client): raw throughput, computed service and the conservation check.
+      occupancy: the sum over steps of KV tokens held (mean occupancy).
+      demand: demand and backlog per checkpoint bucket (the paper's windowed measures;
+        needs record_every).
+      share: service at the edges of Settings.share_window.
     """
 
-    pair_drift: bool = True
-    latency: bool = True
-    resource: bool = True
+    pair_drift: bool = False
+    latency: bool = False
+    resource: bool = False
+    ledger: bool = False
+    occupancy: bool = False
+    demand: bool = False
+    share: bool = False
+
+    @classmethod
+    def of(cls, names) -> "MeasureConfig":
+        """From measure names ("all" for every one)."""
+        names = set(names)
+        if "all" in names:
+            names = set(NAMES)
+        unknown = names - set(NAMES)
+        if unknown:
+            raise ValueError(f"unknown measure {sorted(unknown)[0]!r}; choose from {', '.join(NAMES)} or all")
+        return cls(**{n: n in names for n in NAMES})
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in NAMES if getattr(self, n))
+
+    def union(self, other: "MeasureConfig") -> "MeasureConfig":
+        return MeasureConfig.of(set(self.names()) | set(other.names()))
+
+
+ALL = MeasureConfig.of(["all"])
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Measures:
-    """One lane's accumulators. K clients, C checkpoint rows, Kp = K if pair drift else 1.
-    A trailing axis of 2 marks an exact wide integer (wide.py).
+    """One lane's accumulators. K clients, C checkpoint rows. A trailing axis of 2 marks an
+    exact wide integer (wide.py). Fields of a measure that is off are None.
 
     Attributes:
       max_drift: int32[2]  max over steps of max_k W_k - min_k W_k (negative before any step).
       max_drift_step: int32[]  first step reaching it.
-      checkpoints: int32[C, K, 2]  W after steps (i+1)*record_every - 1.
-      demand: float32[C, K]  full cost of requests arriving in bucket i (steps
-        [i*record_every, (i+1)*record_every)).
+      checkpoints: int32[C, K, 2]  W after steps (i+1)*record_every - 1 (high word -1:
+        not written, the lane jumped over it; results.py fills it from the previous row).
+      demand: float32[C, K]  full cost of requests arriving in bucket i.
       backlogged_in: bool[C, K]  client backlogged (after arrivals) at some step of bucket i.
-      service_at_start: int32[K, 2]  W at the start of the current step.
+      service_at_start: int32[K, 2]  W at the start of the current step (pair drift).
       head_at_start: int32[K]  FIFO heads at the start of the current step.
-      in_period: bool[Kp, Kp]  pair (f, g) jointly backlogged at the previous step.
-      period_max, period_min: int32[Kp, Kp, 2]  extremes of W_f - W_g within the current
-        jointly backlogged period (its value before the period included).
-      pair_drift: int32[Kp, Kp, 2]  max over periods of (period_max - period_min).
+      in_period: bool[K, K]; period_max, period_min, pair_drift: int32[K, K, 2]  the
+        jointly backlogged periods of each pair and the extremes of W_f - W_g in them.
       share_start, share_end: int32[K, 2]  W at the share window's edges.
-      prompt_tokens: int32[K, 2]  prompt tokens of admitted requests (cached included).
-      decoded_tokens: int32[K, 2]  tokens decoded.
-      decoded_context: int32[K, 2]  sum over decoded tokens of their context (prompt +
-        generated before the token): with the above, an independent ledger of every charge.
+      prompt_tokens, cached_admitted, decoded_tokens, decoded_context: int32[K, 2]  the
+        token ledger.
       occupancy_sum: int32[2]  sum of the KV tokens held at each decode phase.
-      wait_hist, done_hist: int32[K, B]  latency histograms (B = LATENCY_BINS or 0).
-      wait_sum, done_sum: int32[K, 2]  sums of waiting and completion times.
-      cached_admitted: int32[K, 2]  cached prompt tokens of admitted requests.
-      resource: float32[K, 2]  resource service R_k in GB (compensated sum: value, error).
-      resource_max_drift: float32[]  max over steps of max_k R_k - min_k R_k.
-      resource_share_start, resource_share_end: float32[K]  R at the share window's edges.
+      wait_hist, done_hist: int32[K, LATENCY_BINS]; wait_sum, done_sum: int32[K, 2].
+      resource: float32[K, 2]  resource service R_k in GB (compensated sum: value, error);
+      resource_max_drift: float32[]; resource_share_start, resource_share_end: float32[K].
     """
 
     max_drift: jax.Array
     max_drift_step: jax.Array
-    checkpoints: jax.Array
-    demand: jax.Array
-    backlogged_in: jax.Array
-    service_at_start: jax.Array
-    head_at_start: jax.Array
-    in_period: jax.Array
-    period_max: jax.Array
-    period_min: jax.Array
-    pair_drift: jax.Array
-    share_start: jax.Array
-    share_end: jax.Array
-    prompt_tokens: jax.Array
-    decoded_tokens: jax.Array
-    decoded_context: jax.Array
-    occupancy_sum: jax.Array
-    wait_hist: jax.Array
-    done_hist: jax.Array
-    wait_sum: jax.Array
-    done_sum: jax.Array
-    cached_admitted: jax.Array
-    resource: jax.Array
-    resource_max_drift: jax.Array
-    resource_share_start: jax.Array
-    resource_share_end: jax.Array
+    checkpoints: jax.Array | None = None
+    demand: jax.Array | None = None
+    backlogged_in: jax.Array | None = None
+    service_at_start: jax.Array | None = None
+    head_at_start: jax.Array | None = None
+    in_period: jax.Array | None = None
+    period_max: jax.Array | None = None
+    period_min: jax.Array | None = None
+    pair_drift: jax.Array | None = None
+    share_start: jax.Array | None = None
+    share_end: jax.Array | None = None
+    prompt_tokens: jax.Array | None = None
+    cached_admitted: jax.Array | None = None
+    decoded_tokens: jax.Array | None = None
+    decoded_context: jax.Array | None = None
+    occupancy_sum: jax.Array | None = None
+    wait_hist: jax.Array | None = None
+    done_hist: jax.Array | None = None
+    wait_sum: jax.Array | None = None
+    done_sum: jax.Array | None = None
+    resource: jax.Array | None = None
+    resource_max_drift: jax.Array | None = None
+    resource_share_start: jax.Array | None = None
+    resource_share_end: jax.Array | None = None
 
 
 def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig) -> Measures:
     k, c = num_clients, num_checkpoints
-    kp = k if config.pair_drift else 1
-    bins = LATENCY_BINS if config.latency else 0
-    wk = wide.zeros((k,))
-    pair = wide.zeros((kp, kp))
-    return Measures(
-        max_drift=jnp.asarray([-1, 0], I32), max_drift_step=jnp.zeros((), I32),
-        checkpoints=wide.zeros((c, k)), demand=jnp.zeros((c, k), jnp.float32),
-        backlogged_in=jnp.zeros((c, k), bool), service_at_start=wk, head_at_start=jnp.zeros(k, I32),
-        in_period=jnp.zeros((kp, kp), bool), period_max=pair, period_min=pair, pair_drift=pair,
-        share_start=wk, share_end=wk, prompt_tokens=wk, decoded_tokens=wk, decoded_context=wk,
-        occupancy_sum=wide.zeros(),
-        wait_hist=jnp.zeros((k, bins), I32), done_hist=jnp.zeros((k, bins), I32),
-        wait_sum=wk, done_sum=wk, cached_admitted=wk,
-        resource=jnp.zeros((k if config.resource else 0, 2), jnp.float32),
-        resource_max_drift=jnp.zeros((), jnp.float32), resource_share_start=jnp.zeros(k, jnp.float32),
-        resource_share_end=jnp.zeros(k, jnp.float32))
+    wk = lambda: wide.zeros((k,))  # noqa: E731
+    parts = dict(max_drift=jnp.asarray([-1, 0], I32), max_drift_step=jnp.zeros((), I32))
+    if c:
+        parts["checkpoints"] = wide.zeros((c, k)).at[..., 0].set(-1)
+    if config.demand and c:
+        parts.update(demand=jnp.zeros((c, k), jnp.float32), backlogged_in=jnp.zeros((c, k), bool))
+    if config.pair_drift or (config.demand and c):
+        parts["head_at_start"] = jnp.zeros(k, I32)
+    if config.pair_drift:
+        pair = wide.zeros((k, k))
+        parts.update(service_at_start=wk(), in_period=jnp.zeros((k, k), bool), period_max=pair, period_min=pair,
+                     pair_drift=pair)
+    if config.share:
+        parts.update(share_start=wk(), share_end=wk())
+    if config.ledger:
+        parts.update(prompt_tokens=wk(), cached_admitted=wk(), decoded_tokens=wk(), decoded_context=wk())
+    if config.occupancy:
+        parts["occupancy_sum"] = wide.zeros()
+    if config.latency:
+        parts.update(wait_hist=jnp.zeros((k, LATENCY_BINS), I32), done_hist=jnp.zeros((k, LATENCY_BINS), I32),
+                     wait_sum=wk(), done_sum=wk())
+    if config.resource:
+        parts.update(resource=jnp.zeros((k, 2), jnp.float32), resource_max_drift=jnp.zeros((), jnp.float32))
+        if config.share:
+            parts.update(resource_share_start=jnp.zeros(k, jnp.float32), resource_share_end=jnp.zeros(k, jnp.float32))
+    return Measures(**parts)
 
 
 def latency_bin(steps: jax.Array) -> jax.Array:
@@ -145,33 +184,34 @@ def request_cost(prompt, output, cached, prefill_cost, decode_cost, context_cost
 
 
 def on_arrivals(m: Measures, step, cost, joined, record_every: int) -> Measures:
-    """`joined` (bool[K, W]) requests with full costs `cost` (int32[K, W]) arrive at `step`."""
-    if m.demand.shape[0] == 0:
+    """`joined` (bool[K, W]) requests with full costs `cost` (float32[K, W]) arrive at `step`."""
+    if m.demand is None:
         return m
+    buckets = m.demand.shape[0]
     bucket = step // record_every
     per_client = jnp.where(joined, cost, 0.0).sum(axis=1)
-    inside = bucket < m.demand.shape[0]
-    row = jnp.minimum(bucket, m.demand.shape[0] - 1)
-    return dataclasses.replace(m, demand=m.demand.at[row].add(jnp.where(inside, per_client, 0)))
+    row = jnp.minimum(bucket, buckets - 1)
+    return dataclasses.replace(m, demand=m.demand.at[row].add(jnp.where(bucket < buckets, per_client, 0)))
 
 
 def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, horizon) -> Measures:
     """An admission at `step` of a request (arrival, prompt, output, cached) of `client`."""
-    take = jnp.where(mask, 1, 0).astype(I32)
-    m = dataclasses.replace(
-        m, prompt_tokens=m.prompt_tokens.at[client].set(wide.add(m.prompt_tokens[client], take * prompt)),
-        cached_admitted=m.cached_admitted.at[client].set(wide.add(m.cached_admitted[client], take * cached)))
-    if m.wait_hist.shape[1] == 0:
-        return m
-    wait = step - arrival
-    done = step + output - 1 - arrival  # no preemption: its completion step is known now
-    completes = mask & (step + output - 1 < horizon)
-    return dataclasses.replace(
-        m,
-        wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),
-        done_hist=m.done_hist.at[client, latency_bin(done)].add(completes.astype(I32)),
-        wait_sum=m.wait_sum.at[client].set(wide.add(m.wait_sum[client], take * wait)),
-        done_sum=m.done_sum.at[client].set(wide.add(m.done_sum[client], completes.astype(I32) * done)))
+    take = mask.astype(I32)
+    updates = {}
+    if m.prompt_tokens is not None:
+        updates.update(
+            prompt_tokens=m.prompt_tokens.at[client].set(wide.add(m.prompt_tokens[client], take * prompt)),
+            cached_admitted=m.cached_admitted.at[client].set(wide.add(m.cached_admitted[client], take * cached)))
+    if m.wait_hist is not None:
+        wait = step - arrival
+        done = step + output - 1 - arrival  # no preemption: its completion step is known now
+        completes = (mask & (step + output - 1 < horizon)).astype(I32)
+        updates.update(
+            wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),
+            done_hist=m.done_hist.at[client, latency_bin(done)].add(completes),
+            wait_sum=m.wait_sum.at[client].set(wide.add(m.wait_sum[client], take * wait)),
+            done_sum=m.done_sum.at[client].set(wide.add(m.done_sum[client], completes * done)))
+    return dataclasses.replace(m, **updates) if updates else m
 
 
 def kahan_add(acc: jax.Array, x: jax.Array) -> jax.Array:
@@ -189,53 +229,65 @@ def step_resource(running, context, resource) -> jax.Array:
     return weights_share + context.astype(jnp.float32) * resource[1]
 
 
-def on_finish(m: Measures, mask, step, service, head, arrived, running, context,
+def _crossed(edge, step, next_step):
+    """The end of step `edge - 1` lies in [step, next_step): W then is W now."""
+    return (step <= edge - 1) & (edge - 1 < next_step)
+
+
+def on_finish(m: Measures, mask, step, next_step, service, head, arrived, running, context,
               share_window, resource, record_every: int) -> Measures:
-    """Step `step` ends where `mask`; `service` is W after it, `head`/`arrived` the FIFO
-    pointers (arrivals of the step all in), `running` and `context` (int32[K]) the
-    requests that decoded and the KV tokens they held at decode."""
-    backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
-    occupancy = context.sum()
-    if m.resource.shape[0]:
-        r = kahan_add(m.resource, jnp.where(mask, step_resource(running, context, resource), 0.0))
-        r_drift = r[:, 0].max() - r[:, 0].min()
-        resource_updates = dict(
-            resource=r,
-            resource_max_drift=jnp.where(mask, jnp.maximum(m.resource_max_drift, r_drift), m.resource_max_drift),
-            resource_share_start=jnp.where(mask & (step + 1 == share_window[0]), r[:, 0], m.resource_share_start),
-            resource_share_end=jnp.where(mask & (step + 1 == share_window[1]), r[:, 0], m.resource_share_end))
-    else:
-        resource_updates = {}
+    """Step `step` ends where `mask` and the lane moves on to `next_step` (> step + 1 after
+    an idle jump); `service` is W after it, `head`/`arrived` the FIFO pointers (arrivals of
+    the step all in), `running` and `context` (int32[K]) the requests that decoded and the
+    KV tokens they held at decode."""
     drift = wide.sub(wide.max_of(service), wide.min_of(service))
     new_max = mask & wide.less(m.max_drift, drift)
     m32 = mask.astype(I32)
-    updates = dict(
-        max_drift=wide.where(new_max, drift, m.max_drift),
-        max_drift_step=jnp.where(new_max, step, m.max_drift_step),
-        decoded_tokens=wide.add(m.decoded_tokens, m32 * running),
-        decoded_context=wide.add(m.decoded_context, m32 * context),
-        occupancy_sum=wide.add(m.occupancy_sum, m32 * occupancy),
-        service_at_start=wide.where(mask, service, m.service_at_start),
-        head_at_start=jnp.where(mask, head, m.head_at_start),
-        share_start=wide.where(mask & (step + 1 == share_window[0]), service, m.share_start),
-        share_end=wide.where(mask & (step + 1 == share_window[1]), service, m.share_end),
-        **resource_updates,
-    )
-    if m.checkpoints.shape[0]:
-        slot = jnp.minimum(step // record_every, m.checkpoints.shape[0] - 1)
-        due = mask & ((step + 1) % record_every == 0) & (step // record_every < m.checkpoints.shape[0])
-        updates["checkpoints"] = m.checkpoints.at[slot].set(wide.where(due, service, m.checkpoints[slot]))
-        inside = mask & (step // record_every < m.checkpoints.shape[0])
-        updates["backlogged_in"] = m.backlogged_in.at[slot].set(m.backlogged_in[slot] | (backlogged & inside))
-    if m.in_period.shape[0] > 1:
-        updates.update(_pair_drift(m, mask, service, backlogged))
+    updates = dict(max_drift=wide.where(new_max, drift, m.max_drift),
+                   max_drift_step=jnp.where(new_max, step, m.max_drift_step))
+    if m.head_at_start is not None:
+        backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
+        updates["head_at_start"] = jnp.where(mask, head, m.head_at_start)
+    if m.decoded_tokens is not None:
+        updates.update(decoded_tokens=wide.add(m.decoded_tokens, m32 * running),
+                       decoded_context=wide.add(m.decoded_context, m32 * context))
+    if m.occupancy_sum is not None:
+        updates["occupancy_sum"] = wide.add(m.occupancy_sum, m32 * context.sum())
+    if m.share_start is not None:
+        updates.update(
+            share_start=wide.where(mask & _crossed(share_window[0], step, next_step), service, m.share_start),
+            share_end=wide.where(mask & _crossed(share_window[1], step, next_step), service, m.share_end))
+    if m.resource is not None:
+        r = kahan_add(m.resource, jnp.where(mask, step_resource(running, context, resource), 0.0))
+        r_drift = r[:, 0].max() - r[:, 0].min()
+        updates.update(resource=r, resource_max_drift=jnp.where(mask, jnp.maximum(m.resource_max_drift, r_drift),
+                                                                m.resource_max_drift))
+        if m.resource_share_start is not None:
+            updates.update(
+                resource_share_start=jnp.where(mask & _crossed(share_window[0], step, next_step), r[:, 0],
+                                               m.resource_share_start),
+                resource_share_end=jnp.where(mask & _crossed(share_window[1], step, next_step), r[:, 0],
+                                             m.resource_share_end))
+    if m.checkpoints is not None:
+        rows = m.checkpoints.shape[0]
+        slot = (step + record_every) // record_every - 1  # first checkpoint at or after `step`
+        due = mask & ((slot + 1) * record_every <= next_step) & (slot < rows)
+        row = jnp.minimum(slot, rows - 1)
+        updates["checkpoints"] = m.checkpoints.at[row].set(wide.where(due, service, m.checkpoints[row]))
+        if m.backlogged_in is not None:
+            inside = mask & (step // record_every < rows)
+            bucket = jnp.minimum(step // record_every, rows - 1)
+            updates["backlogged_in"] = m.backlogged_in.at[bucket].set(m.backlogged_in[bucket] | (backlogged & inside))
+    if m.pair_drift is not None:
+        updates.update(_pair_drift(m, mask, service, backlogged, next_step > step + 1))
     return dataclasses.replace(m, **updates)
 
 
-def _pair_drift(m: Measures, mask, service, backlogged) -> dict:
+def _pair_drift(m: Measures, mask, service, backlogged, jumped) -> dict:
     """Max |(W_f - W_g)(t2) - (W_f - W_g)(t1)| over intervals in which f and g are both
     backlogged at every step: per jointly backlogged period, max minus min of the
-    difference, taken from just before the period's first step to its last step."""
+    difference, taken from just before the period's first step to its last step. An idle
+    jump ends every period (nobody is backlogged in the skipped steps)."""
     joint = backlogged[:, None] & backlogged[None, :]
     diff = wide.sub(service[:, None], service[None, :])
     before = wide.sub(m.service_at_start[:, None], m.service_at_start[None, :])
@@ -244,7 +296,8 @@ def _pair_drift(m: Measures, mask, service, backlogged) -> dict:
     hi = wide.where(starting, wide.maximum(before, diff), wide.maximum(m.period_max, diff))
     lo = wide.where(starting, minimum(before, diff), minimum(m.period_min, diff))
     best = wide.where(joint, wide.maximum(m.pair_drift, wide.sub(hi, lo)), m.pair_drift)
-    return dict(in_period=jnp.where(mask, joint, m.in_period),
+    return dict(in_period=jnp.where(mask, joint & ~jumped, m.in_period),
                 period_max=wide.where(mask & joint, hi, m.period_max),
                 period_min=wide.where(mask & joint, lo, m.period_min),
-                pair_drift=wide.where(mask, best, m.pair_drift))
+                pair_drift=wide.where(mask, best, m.pair_drift),
+                service_at_start=wide.where(mask, service, m.service_at_start))

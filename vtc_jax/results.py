@@ -1,14 +1,16 @@
 """Host-side results of a batch of lanes, and the measures derived from them.
 
-`collect` turns the final device state into `LaneResults` (tokens as float64, exact
-Fractions beside them). Windowed measures (the VTC paper's service difference, Jain's
-index) and latency percentiles are computed here from the stride-recorded time series and
-histograms, vectorized over lanes in numpy.
+`collect` turns the final device state into `LaneResults` (tokens as float64; exact
+Fractions computed when read). Windowed measures (the VTC paper's service difference,
+Jain's index) and latency percentiles are computed here from the stride-recorded time
+series and histograms, vectorized over lanes in numpy. A measure the run did not keep
+(measures.MeasureConfig) reads as None (arrays) or NaN (per-lane numbers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from fractions import Fraction
 from typing import Sequence
 
@@ -16,11 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.engine import EngineConfig, State
 from vtc_jax import wide
 from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS
-from vtc_jax.settings import Scales, Settings
-from vtc_jax.workload import ARRIVAL, PROMPT, Workload
+from vtc_jax.settings import Scales, Settings, encode_settings
+from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +33,18 @@ class LaneResults:
     Attributes:
       steps: int64[B] horizon run (drain mode: last completion step + 1).
       finished: bool[B] reached the horizon (False: flagged, results partial).
-      service, counters: float64[B, K] W_k and c_k after the last step.
-      arrived, admitted, completed: int64[B, K] request counts.
+      service, counters: float64[B, K] W_k and the MODEL.md counter c_k after the last step.
+      policy_counters: float64[B, K] the policy's own virtual counter where it keeps one
+        (vtc_predict, vtc_gateway), else NaN.
+      arrived, admitted, completed, rejected: int64[B, K] request counts (rejected: by an
+        rpm limit in reject mode).
       waiting, running: int64[B, K] requests waiting / running at the horizon.
+      offered: float64[B, K] full cost (weighted tokens) of the requests that arrived
+        (rejected ones included): the demand beside `service`.
       max_drift: float64[B] max over steps of max_k W_k - min_k W_k; max_drift_step: int64[B].
       pair_drift: float64[B, K, K] max over jointly backlogged intervals of
-        |W_f(t1..t2) - W_g(t1..t2)| (zeros when not tracked).
-      backlogged_drift: float64[B] max of pair_drift over pairs.
+        |W_f(t1..t2) - W_g(t1..t2)| (None: not measured).
+      backlogged_drift: float64[B] max of pair_drift over pairs (NaN: not measured).
       kv_budget: int64[B] M; max_prompt: int64[B] L_input, the largest arrived prompt.
       bound_u: float64[B] U = max(w_p * L_input, w_q * M); drift_over_2u = max_drift / 2U.
       throughput: float64[B] weighted tokens per step (sum_k W_k / steps).
@@ -52,28 +58,31 @@ class LaneResults:
       checkpoints: float64[B, C', K] W after those steps.
       demand: float64[B, C, K] full cost of the requests arriving in stride bucket i.
       backlogged_in: bool[B, C, K] client backlogged at some step of bucket i.
-      computed_service: float64[B, K] service counting only computed prefill tokens
-        (equal to `service` unless prefill charged cached tokens too).
+      computed_service: float64[B, K] service counting only computed prefill tokens.
       resource: float64[B, K] resource service R_k in GB (weights share + KV read).
       resource_max_drift: float64[B] max over steps of max_k R_k - min_k R_k (GB).
       resource_share_service: float64[B, K] R in the share window (NaN if none).
-      service_exact, counters_exact: object[B, K]; max_drift_exact: object[B] (Fractions).
-      conservation: list[str] per lane: violated conservation laws (empty: all hold), see
-        `check_conservation`.
+      service_exact, counters_exact: object[B, K]; max_drift_exact: object[B] (Fractions,
+        computed when read).
+      conservation: list[list[str]] per lane: violated conservation laws (empty: all
+        hold); None when the token ledger was not measured (check=False).
     """
 
     steps: np.ndarray
     finished: np.ndarray
     service: np.ndarray
     counters: np.ndarray
+    policy_counters: np.ndarray
     arrived: np.ndarray
     admitted: np.ndarray
     completed: np.ndarray
+    rejected: np.ndarray
     waiting: np.ndarray
     running: np.ndarray
+    offered: np.ndarray
     max_drift: np.ndarray
     max_drift_step: np.ndarray
-    pair_drift: np.ndarray
+    pair_drift: np.ndarray | None
     backlogged_drift: np.ndarray
     kv_budget: np.ndarray
     max_prompt: np.ndarray
@@ -83,54 +92,72 @@ class LaneResults:
     raw_throughput: np.ndarray
     mean_occupancy: np.ndarray
     share_service: np.ndarray
-    wait_hist: np.ndarray
-    done_hist: np.ndarray
+    wait_hist: np.ndarray | None
+    done_hist: np.ndarray | None
     wait_mean: np.ndarray
     done_mean: np.ndarray
     record_every: int
     checkpoint_steps: np.ndarray
     checkpoints: np.ndarray
-    demand: np.ndarray
-    backlogged_in: np.ndarray
+    demand: np.ndarray | None
+    backlogged_in: np.ndarray | None
     computed_service: np.ndarray
     resource: np.ndarray
     resource_max_drift: np.ndarray
     resource_share_service: np.ndarray
-    service_exact: np.ndarray
-    counters_exact: np.ndarray
-    max_drift_exact: np.ndarray
-    conservation: list
+    conservation: list | None
+    service_units: np.ndarray = dataclasses.field(repr=False, default=None)
+    counter_units: np.ndarray = dataclasses.field(repr=False, default=None)
+    drift_units: np.ndarray = dataclasses.field(repr=False, default=None)
+    cost_scale: np.ndarray = dataclasses.field(repr=False, default=None)
+    counter_scale: np.ndarray = dataclasses.field(repr=False, default=None)
+
+    _SHARED = ("record_every", "checkpoint_steps")
 
     def head(self, lanes: int) -> "LaneResults":
-        """The first `lanes` lanes (drops padding lanes added for sharding)."""
+        """The first `lanes` lanes."""
         if lanes == len(self.steps):
             return self
-        per_lane = {f.name: getattr(self, f.name)[:lanes] for f in dataclasses.fields(self)
-                    if f.name not in ("record_every", "checkpoint_steps")}
+        per_lane = {f.name: (getattr(self, f.name)[:lanes] if getattr(self, f.name) is not None else None)
+                    for f in dataclasses.fields(self) if f.name not in self._SHARED}
         return dataclasses.replace(self, **per_lane)
+
+    @functools.cached_property
+    def service_exact(self) -> np.ndarray:
+        return _exact(self.service_units, self.cost_scale)
+
+    @functools.cached_property
+    def counters_exact(self) -> np.ndarray:
+        return _exact(self.counter_units, [int(a) * int(b) for a, b in zip(self.cost_scale, self.counter_scale)])
+
+    @functools.cached_property
+    def max_drift_exact(self) -> np.ndarray:
+        return _exact(self.drift_units, self.cost_scale)
 
     @property
     def share(self) -> np.ndarray:
         """float64[B, K]: each client's fraction of the service in the share window."""
-        total = self.share_service.sum(axis=1, keepdims=True)
-        return np.divide(self.share_service, total, out=np.full_like(self.share_service, np.nan),
-                         where=total > 0)
+        return shares(self.share_service)
+
+    @property
+    def served_share(self) -> np.ndarray:
+        """float64[B, K]: each client's fraction of all service over the run."""
+        return shares(self.service)
+
+    @property
+    def offered_share(self) -> np.ndarray:
+        """float64[B, K]: each client's fraction of the offered demand."""
+        return shares(self.offered)
 
     def latency_percentile(self, which: str, q: float) -> np.ndarray:
         """float64[B, K]: the q-quantile (0 < q <= 1; the smallest latency x with at least
         a fraction q of requests <= x) of "wait" or "done" times, from the histograms: exact
-        below 64 steps, the bin's midpoint above (within 1/8 octave). NaN with no requests."""
+        below 64 steps, the bin's midpoint above (within 1/8 octave). NaN with no requests
+        or when latencies were not measured."""
         hist = {"wait": self.wait_hist, "done": self.done_hist}[which]
-        if hist.shape[-1] == 0:
-            return np.full(hist.shape[:2], np.nan)
-        counts = hist.sum(axis=-1, keepdims=True)
-        cdf = np.cumsum(hist, axis=-1)
-        need = np.ceil(q * counts - 1e-9)
-        bin_index = (cdf < np.maximum(need, 1)).sum(axis=-1)
-        lo, hi = latency_bin_edges()
-        mid = np.where(hi - lo > 1, (lo + hi - 1) / 2, lo)
-        out = mid[np.minimum(bin_index, LATENCY_BINS - 1)]
-        return np.where(counts[..., 0] > 0, out, np.nan)
+        if hist is None:
+            return np.full(self.service.shape, np.nan)
+        return histogram_quantile(hist, q)
 
     def windows(self, window: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Service rate y, demand rate d (tokens per step) and backlogged flags per sliding
@@ -140,6 +167,8 @@ class LaneResults:
         if not every or window % every or stride % every or window <= 0 or stride <= 0:
             raise ValueError(f"window {window} and stride {stride} must be positive multiples of "
                              f"record_every {every}")
+        if self.demand is None:
+            raise ValueError("windows need the 'demand' measure")
         buckets = self.demand.shape[1]
         w, s = window // every, stride // every
         starts = np.arange(0, buckets - w + 1, s)
@@ -173,6 +202,24 @@ class LaneResults:
         jain = np.where(valid, yb.sum(axis=2) ** 2 / np.maximum(n * sq, 1e-300), np.nan)
         with np.errstate(all="ignore"):
             return np.nanmean(jain, axis=1), np.nanmin(jain, axis=1)
+
+
+def shares(values: np.ndarray) -> np.ndarray:
+    """Each entry's fraction of its row's sum over the last axis (NaN where the sum is 0)."""
+    total = values.sum(axis=-1, keepdims=True)
+    return np.divide(values, total, out=np.full(values.shape, np.nan), where=total > 0)
+
+
+def histogram_quantile(hist: np.ndarray, q: float) -> np.ndarray:
+    """The q-quantile of latency histograms int[..., H] (see LaneResults.latency_percentile)."""
+    counts = hist.sum(axis=-1, keepdims=True)
+    cdf = np.cumsum(hist, axis=-1)
+    need = np.ceil(q * counts - 1e-9)
+    bin_index = (cdf < np.maximum(need, 1)).sum(axis=-1)
+    lo, hi = latency_bin_edges()
+    mid = np.where(hi - lo > 1, (lo + hi - 1) / 2, lo)
+    out = mid[np.minimum(bin_index, LATENCY_BINS - 1)]
+    return np.where(counts[..., 0] > 0, out, np.nan)
 
 
 def service_difference(rate: np.ndarray, demand: np.ndarray, present: np.ndarray | None = None, *,
@@ -217,109 +264,131 @@ def _tokens(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     return values / per_lane
 
 
-@jax.jit
-def _max_prompt(requests: jax.Array, horizons: jax.Array) -> jax.Array:
-    """int32[B]: largest prompt arriving before each lane's horizon (on device)."""
-    if requests.ndim == 3:
-        requests = jnp.broadcast_to(requests, horizons.shape + requests.shape)
-    arrives = requests[..., ARRIVAL] < horizons[:, None, None]
-    return jnp.where(arrives, requests[..., PROMPT], 0).max(axis=(1, 2))
+def _nan(shape) -> np.ndarray:
+    return np.full(shape, np.nan)
 
 
-def _lane_max_prompt(workload: Workload, horizons: np.ndarray, lanes: int) -> np.ndarray:
-    horizons = jnp.asarray(np.broadcast_to(np.minimum(horizons, np.iinfo(np.int32).max), (lanes,)), jnp.int32)
-    return np.asarray(_max_prompt(workload.requests, horizons), dtype=np.int64)
+@functools.partial(jax.jit, static_argnames=("num_clients",))
+def workload_stats(requests, first, size, steps, prefill, decode, context, charge_cached, *, num_clients: int):
+    """Per lane (vmapped by the caller): over the requests with arrival < steps, each
+    client's count (int32[K]) and full cost in cost units (float32[K]), and the largest
+    prompt (int32[])."""
+    r = requests.shape[0]
+    block = jnp.searchsorted(first, jnp.arange(r), side="right") - 1
+    arrives = requests[:, ARRIVAL] < steps
+    p, o = requests[:, PROMPT].astype(jnp.float32), requests[:, OUTPUT].astype(jnp.float32)
+    charged = jnp.where(charge_cached, p, p - requests[:, CACHED].astype(jnp.float32))
+    cost = prefill * charged + decode * o + context * (o * p + o * (o - 1) / 2)
+    count = jax.ops.segment_sum(arrives.astype(jnp.int32), block, num_segments=num_clients)
+    offered = jax.ops.segment_sum(jnp.where(arrives, cost, 0.0), block, num_segments=num_clients)
+    return count, offered, jnp.where(arrives, requests[:, PROMPT], 0).max()
 
 
-def collect(state: State, scales: Scales, finished: np.ndarray, config: EngineConfig,
-            settings: Sequence[Settings], workload: Workload) -> LaneResults:
-    """Host-side results from a final batched state."""
-    host = jax.device_get(state)
+def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, num_clients: int):
+    """numpy (arrived int64[B, K], offered cost units float64[B, K], max prompt int64[B])."""
+    steps = jnp.asarray(np.minimum(steps, np.iinfo(np.int32).max).astype(np.int32))
+    fn = functools.partial(workload_stats, num_clients=num_clients)
+    axes = (None if shared else 0,) * 3 + (0,) * 5
+    c = params.costs
+    count, offered, max_prompt = jax.vmap(fn, in_axes=axes)(workload.requests, workload.first, workload.size, steps,
+                                                            c.prefill, c.decode, c.context, c.charge_cached)
+    return (np.asarray(count, np.int64), np.asarray(offered, np.float64), np.asarray(max_prompt, np.int64))
+
+
+def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales: Scales, arrived_streams: np.ndarray,
+            offered_units: np.ndarray, max_prompt: np.ndarray, rejected: np.ndarray) -> LaneResults:
+    """Host-side results from a final batched state (numpy leaves, B lanes).
+
+    arrived_streams: int64[B, K] requests with arrival < steps counted from the streams
+    (independently of the engine's pointers); offered_units: float64[B, K] their full cost
+    in cost units (before any rpm rejection); rejected: int64[B, K]."""
+    from vtc_jax.policies import registry
+
     m = host.measures
     b = len(settings)
     q = [int(x) for x in scales.cost_scale]
-    qd = [int(a) * int(c) for a, c in zip(scales.cost_scale, scales.counter_scale)]
     steps = np.asarray(host.step, dtype=np.int64)
-    horizons = np.asarray(host.horizon, dtype=np.int64)
+    finished = np.asarray(done, bool) & ~np.asarray(host.overflow, bool)
+    admitted = np.asarray(host.admitted, dtype=np.int64)
+    completed = np.asarray(host.completed, dtype=np.int64)
+    arrived = np.asarray(host.arrived, dtype=np.int64)
+    if config.drain:
+        finished &= (arrived_streams.sum(axis=1) == completed.sum(axis=1))
     service = _tokens(host.service, q)
     drift_units = np.where(wide.to_float(m.max_drift)[:, None] < 0, 0, np.asarray(m.max_drift))
     max_drift = _tokens(drift_units, q)
     kv_budget = np.asarray([s.kv_budget for s in settings], dtype=np.int64)
-    max_prompt = _lane_max_prompt(workload, np.where(config.drain, np.iinfo(np.int32).max, horizons), b)
-    bound_u = np.maximum(np.asarray([float(s.w_p) for s in settings]) * max_prompt,
-                         np.asarray([float(s.w_q) for s in settings]) * kv_budget)
-    pair = _tokens(m.pair_drift, q)
-    arrived = np.asarray(host.arrived, dtype=np.int64)
-    admitted = np.asarray(host.admitted, dtype=np.int64)
-    completed = np.asarray(host.completed, dtype=np.int64)
-    done_hist = np.asarray(m.done_hist, dtype=np.int64)
-    has_window = np.asarray([s.share_window[1] > 0 for s in settings])
-    share = _tokens(m.share_end, q) - _tokens(m.share_start, q)
-    ckpt_steps, ckpt_units = _checkpoints(host, config, steps)
+    w_p = np.asarray([float(s.w_p) for s in settings])
+    w_q = np.asarray([float(s.w_q) for s in settings])
+    bound_u = np.maximum(w_p * max_prompt, w_q * kv_budget)
     per_step = np.maximum(steps, 1)
+    shape_bk = service.shape
+    qd = [int(a) * int(c) for a, c in zip(scales.cost_scale, scales.counter_scale)]
+    policy_counters = _nan(shape_bk)
+    for i, name in enumerate(config.policies):
+        counters_fn = registry.get(name).counters
+        if counters_fn is None:
+            continue
+        lanes = np.asarray([s.policy == name for s in settings])
+        if lanes.any():
+            units = np.asarray(jax.vmap(counters_fn)(jax.tree_util.tree_map(jnp.asarray, host.policy[name])))
+            policy_counters[lanes] = _tokens(units, qd)[lanes]
+    pair = _tokens(m.pair_drift, q) if m.pair_drift is not None else None
+    has_window = np.asarray([s.share_window[1] > 0 for s in settings])
+    share = (_tokens(m.share_end, q) - _tokens(m.share_start, q)) if m.share_start is not None else _nan(shape_bk)
+    ckpt_steps, ckpt_units = _checkpoints(host, config, steps)
+    ledger = m.prompt_tokens is not None
     with np.errstate(invalid="ignore", divide="ignore"):
-        wait_mean = wide.to_float(m.wait_sum) / admitted
-        done_mean = wide.to_float(m.done_sum) / done_hist.sum(axis=-1) if done_hist.shape[-1] else \
-            np.full(admitted.shape, np.nan)
-    return LaneResults(
+        if m.wait_hist is not None:
+            wait_mean = wide.to_float(m.wait_sum) / admitted
+            done_mean = wide.to_float(m.done_sum) / np.asarray(m.done_hist).sum(axis=-1)
+        else:
+            wait_mean = done_mean = _nan(shape_bk)
+    charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
+    results = LaneResults(
         steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd),
-        arrived=arrived, admitted=admitted, completed=completed,
-        waiting=arrived - admitted, running=admitted - completed,
+        policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
+        rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
+        offered=offered_units / np.asarray(q, np.float64)[:, None],
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
-        pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1),
-        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u,
-        drift_over_2u=max_drift / (2 * bound_u),
+        pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
+        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
-        raw_throughput=np.where(steps > 0, (wide.to_float(m.prompt_tokens) + wide.to_float(m.decoded_tokens)).sum(
-            axis=1) / per_step, 0.0),
-        mean_occupancy=np.where(steps > 0, wide.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0),
+        raw_throughput=(np.where(steps > 0, (wide.to_float(m.prompt_tokens) + wide.to_float(m.decoded_tokens)).sum(
+            axis=1) / per_step, 0.0) if ledger else _nan(b)),
+        mean_occupancy=(np.where(steps > 0, wide.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0)
+                        if m.occupancy_sum is not None else _nan(b)),
         share_service=np.where(has_window[:, None], share, np.nan),
-        wait_hist=np.asarray(m.wait_hist, dtype=np.int64), done_hist=done_hist,
+        wait_hist=np.asarray(m.wait_hist, np.int64) if m.wait_hist is not None else None,
+        done_hist=np.asarray(m.done_hist, np.int64) if m.done_hist is not None else None,
         wait_mean=wait_mean, done_mean=done_mean,
-        record_every=config.record_every, checkpoint_steps=ckpt_steps,
-        checkpoints=_tokens(ckpt_units, q),
-        demand=np.asarray(m.demand, np.float64) / np.asarray(q, np.float64)[:, None, None],
-        backlogged_in=np.asarray(m.backlogged_in, dtype=bool),
-        computed_service=service - np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
-        * wide.to_float(m.cached_admitted),
-        resource=(np.asarray(m.resource[..., 0], np.float64) if m.resource.shape[1] else
-                  np.full(service.shape, np.nan)),
-        resource_max_drift=(np.asarray(m.resource_max_drift, np.float64) if m.resource.shape[1] else
-                            np.full(steps.shape, np.nan)),
-        resource_share_service=np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
-                                        - np.asarray(m.resource_share_start, np.float64), np.nan),
-        service_exact=_exact(host.service, q), counters_exact=_exact(host.counter, qd),
-        max_drift_exact=_exact(drift_units, q),
-        conservation=check_conservation(host, settings, config, _arrived_before(workload, steps)))
+        record_every=config.record_every, checkpoint_steps=ckpt_steps, checkpoints=_tokens(ckpt_units, q),
+        demand=(np.asarray(m.demand, np.float64) / np.asarray(q, np.float64)[:, None, None]
+                if m.demand is not None else None),
+        backlogged_in=np.asarray(m.backlogged_in, bool) if m.backlogged_in is not None else None,
+        computed_service=(service - charge_cached * wide.to_float(m.cached_admitted) if ledger else _nan(shape_bk)),
+        resource=np.asarray(m.resource[..., 0], np.float64) if m.resource is not None else _nan(shape_bk),
+        resource_max_drift=(np.asarray(m.resource_max_drift, np.float64) if m.resource is not None else _nan(b)),
+        resource_share_service=(np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
+                                         - np.asarray(m.resource_share_start, np.float64), np.nan)
+                                if m.resource_share_start is not None else _nan(shape_bk)),
+        conservation=check_conservation(host, settings, config, arrived_streams) if ledger else None,
+        service_units=np.asarray(host.service), counter_units=np.asarray(host.counter), drift_units=drift_units,
+        cost_scale=np.asarray(scales.cost_scale), counter_scale=np.asarray(scales.counter_scale))
+    return results
 
 
-@jax.jit
-def _count_arrived(requests: jax.Array, steps: jax.Array) -> jax.Array:
-    if requests.ndim == 3:
-        requests = jnp.broadcast_to(requests, steps.shape + requests.shape)
-    return (requests[..., ARRIVAL] < steps[:, None, None]).sum(axis=2, dtype=jnp.int32)
-
-
-def _arrived_before(workload: Workload, steps: np.ndarray) -> np.ndarray:
-    """int64[B, K]: requests of each client with arrival < the lane's final step, counted
-    from the streams (independently of the engine's pointers)."""
-    return np.asarray(_count_arrived(workload.requests, jnp.asarray(steps.astype(np.int32))), np.int64)
-
-
-def check_conservation(host: State, settings: Sequence[Settings], config: EngineConfig,
-                       arrived_streams: np.ndarray) -> list:
+def check_conservation(host, settings: Sequence[Settings], config, arrived_streams: np.ndarray) -> list:
     """Per lane, the conservation laws that do not hold (an empty list: all hold).
 
     1. Requests: every arrived request (counted from the streams) is waiting, running
-       (counted from the completion calendar) or completed, and the engine's own pointers
-       and counts agree.
+       (counted in the completion heap) or completed, and the engine's own pointers and
+       counts agree.
     2. Service: W_k equals, in exact integers, the charges of the tokens actually
        processed: w_p * (admitted prompt tokens - cached ones, unless sent tokens are
        charged) + w_q * decoded tokens + beta * their contexts, from a separate ledger.
     """
-    from vtc_jax.settings import encode_settings
-
-    params, _ = encode_settings(settings, config.num_clients)
+    params, _ = encode_settings(settings, config.num_clients, config.policies)
     m = host.measures
     service = wide.to_int(host.service)
     prompt, cached = wide.to_int(m.prompt_tokens), wide.to_int(m.cached_admitted)
@@ -328,19 +397,21 @@ def check_conservation(host: State, settings: Sequence[Settings], config: Engine
     head = np.asarray(host.head, np.int64)
     admitted = np.asarray(host.admitted, np.int64)
     completed = np.asarray(host.completed, np.int64)
-    on_calendar = np.asarray(host.cal_count, np.int64).sum(axis=1)
     running = np.asarray(host.running, np.int64)
+    entries = np.asarray(host.heap.entries, np.int64)  # [B, 6, S]
+    sizes = np.asarray(host.heap.size, np.int64)
     out = []
     for b, s in enumerate(settings):
         problems = []
+        in_heap = np.bincount(entries[b, 2, : sizes[b]], minlength=config.num_clients)[: config.num_clients]
         waiting = arrived[b] - head[b]
         if not (arrived_streams[b] == arrived[b]).all():
             problems.append(f"arrived {arrived[b].tolist()} != streams {arrived_streams[b].tolist()}")
-        if not ((waiting >= 0).all() and (arrived[b] == waiting + on_calendar[b] + completed[b]).all()):
+        if not ((waiting >= 0).all() and (arrived[b] == waiting + in_heap + completed[b]).all()):
             problems.append("arrived != waiting + running + completed")
-        if not ((head[b] == admitted[b]).all() and (on_calendar[b] == running[b]).all()):
-            problems.append("queue pointers, admissions and the calendar disagree")
-        a_p, a_q, c = (int(x[b]) for x in (params.prefill_cost, params.decode_cost, params.context_cost))
+        if not ((head[b] == admitted[b]).all() and (in_heap == running[b]).all()):
+            problems.append("queue pointers, admissions and the completion heap disagree")
+        a_p, a_q, c = (int(x[b]) for x in (params.costs.prefill, params.costs.decode, params.costs.context))
         for k in range(config.num_clients):
             charged_prompt = prompt[b, k] - (0 if s.charge_cached else cached[b, k])
             if service[b, k] != a_p * charged_prompt + a_q * decoded[b, k] + c * context[b, k]:
@@ -349,15 +420,19 @@ def check_conservation(host: State, settings: Sequence[Settings], config: Engine
     return out
 
 
-def _checkpoints(host: State, config: EngineConfig, steps: np.ndarray):
+def _checkpoints(host, config, steps: np.ndarray):
     """Checkpoint rows at steps N-1, 2N-1, ... below the longest run, plus its last step;
-    a lane that ran fewer steps repeats its final service. Returns (steps, int64 units)."""
+    a lane that ran fewer steps repeats its final service; a row the lane jumped over
+    (idle: W did not change) takes the row before it. Returns (steps, int64 units)."""
     final = np.asarray(host.service, dtype=np.int64)
     max_steps = int(steps.max()) if steps.size else 0
     if not config.record_every or max_steps == 0:
         return np.asarray([max(max_steps - 1, 0)], np.int64), final[:, None, :]
     every = config.record_every
-    buf = np.asarray(host.measures.checkpoints, dtype=np.int64)
+    buf = np.asarray(host.measures.checkpoints, dtype=np.int64).copy()
+    for i in range(buf.shape[1]):  # forward-fill rows skipped by idle jumps
+        unwritten = buf[:, i, :, 0] < 0
+        buf[:, i][unwritten] = buf[:, i - 1][unwritten] if i else 0
     ckpt_steps = list(range(every - 1, max_steps, every))
     if not ckpt_steps or ckpt_steps[-1] != max_steps - 1:
         ckpt_steps.append(max_steps - 1)

@@ -1,140 +1,146 @@
-"""Running lanes to their horizon, and the results users read.
+"""Running lanes of the MODEL.md engine, and the results users read.
 
-`run_lanes` is the one driver loop: it advances a batch of lanes in compiled chunks of
-events until every lane is done or the event budget (which always suffices for a valid
-input) is spent, and flags any lane that did not finish. `replay` wraps it for one trace.
+`run_workloads` is the one path: it applies the rpm rejections, hands the lanes to the
+runner (runner.py: chunked compiled calls until every lane is done or the event budget,
+which always suffices for a valid input, is spent), and collects `LaneResults`, flagging
+any lane that did not finish. `run_traces` / `replay_lanes` / `replay` feed it traces,
+`simulate_traffic` generated traffic.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vtc_jax import wide
-from vtc_jax.devices import lane_mesh, pad_to, shard
-from vtc_jax.engine import EngineConfig, State, advance_lanes, advance_lanes_donating, init_lanes
-from vtc_jax.measures import MeasureConfig
-from vtc_jax.results import LaneResults, collect
-from vtc_jax.settings import INT32_MAX, InputError, Scales, Settings, encode_settings
-from vtc_jax.traffic import Traffic, TrafficParams, generate, stream_capacity
-from vtc_jax.workload import (Trace, Workload, make_workload, pad_rows,
-                              requests_per_client)
+from vtc_jax import limits, runner, wide
+from vtc_jax.devices import lane_mesh
+from vtc_jax.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
+from vtc_jax.errors import InputError
+from vtc_jax.estimators import ESTIMATORS
+from vtc_jax.measures import ALL, MeasureConfig
+from vtc_jax.policies import registry
+from vtc_jax.results import LaneResults, collect, lane_workload_stats
+from vtc_jax.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
+from vtc_jax.traffic import Traffic, TrafficParams, client_capacities, generate, stream_capacity
+from vtc_jax.workload import Trace, Workload, block_sizes, make_workload, requests_per_client
+
+MAX_HORIZON = INT32_MAX // 2
 
 
 def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int, max_prompt: int,
-                       max_output: int, horizon: int, max_requests: int) -> None:
+                       max_output: int, horizon: int, max_requests: int, arrival_width: int = 4) -> None:
     """Refuse up front a lane whose exact integer arithmetic could overflow.
 
     Totals and counters are wide (wide.py, exact to 2^55), but each single charge is added as
     an int32: the largest prefill charge and the largest per-client decode charge of one
     step, times the counter multiplier, must stay below wide.MAX_ADD (about 2^31). Running
     requests are at most M / min_prompt (their prompts fit M together) and their context at
-    most M + that many times (max_output - 1).
+    most M + that many times (max_output - 1). Policies that charge or tag a request's whole
+    estimated cost at once need it, times the weight scales, below MAX_ADD / arrival_width.
     """
-    params, _ = encode_settings([settings], num_clients)
-    a_p, a_q, b = (int(x[0]) for x in (params.prefill_cost, params.decode_cost, params.context_cost))
-    mult = int(np.max(np.asarray(params.counter_mult)))
+    q, d, mult, scaled = lane_scales(settings, num_clients)
+    a_p, a_q, b = scaled
+    mult = max(mult)
     running = min(settings.kv_budget // max(min_prompt, 1), max_requests)
     context = settings.kv_budget + running * (max_output - 1)
-    limits = [
-        ("the running context", context),
-        ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult),
+    limits_ = [
+        ("the running context", context, 1),
+        ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult, 1),
         ("one step's decode charge (w_q x running + beta x context, in exact units, x weight scale)",
-         (a_q * running + b * context) * mult),
+         (a_q * running + b * context) * mult, 1),
         ("the run's total service", horizon * (a_p * settings.kv_budget + a_q * running + b * context) * mult
-         >> wide.LOW_BITS),
+         >> wide.LOW_BITS, 1),
     ]
-    for name, value in limits:
-        if value > wide.MAX_ADD:
+    policy = registry.get(settings.policy)
+    if policy.uses_estimator:
+        e = max_output
+        if settings.estimator == "fixed":
+            e = max(e, settings.estimate_guess)
+        elif settings.estimator == "noisy":
+            e = int(max_output * (1 + settings.estimate_error)) + 1
+        cost = a_p * max_prompt + a_q * e + b * (e * max_prompt + e * e)
+        scale = 1
+        for w in settings.client_weights(num_clients):
+            scale = scale * w.denominator // np.gcd(scale, w.denominator)
+        limits_.append(("one request's estimated cost (in exact units, x weight scales)", cost * max(mult, scale),
+                        arrival_width))
+    for name, value, share in limits_:
+        if value > wide.MAX_ADD // share:
             raise InputError(
-                f"{name} could reach {value:.3g}, past the exact int32 limit {wide.MAX_ADD} "
+                f"{name} could reach {value:.3g}, past the exact int32 limit {wide.MAX_ADD // share} "
                 f"(M={settings.kv_budget}, max output {max_output}, costs scaled by their common "
                 "denominator): use coarser fractions, closer weights, a smaller M or shorter outputs")
 
 
-def default_chunk(expected_events: int) -> int:
-    """Events per compiled call: about 1/8 of the expected run, so a finished batch wastes
-    little, and the host checks `done` only a few times."""
-    return int(min(8192, max(128, -(-expected_events // 8))))
+def heap_slots(settings: Sequence[Settings], min_prompt: int, max_requests: int) -> int:
+    """Completion-heap capacity: the most requests that can run at once, which is at most
+    M // (smallest prompt) (running prompts fit M together) and at most the requests."""
+    return int(max(1, min(max(s.kv_budget for s in settings) // max(min_prompt, 1), max_requests)))
 
 
-def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
-              config: EngineConfig, event_budget: int, shared_workload: bool,
-              chunk: int | None = None, mesh: Mesh | None = None) -> tuple[State, Scales, np.ndarray]:
-    """Advance every lane until done or `event_budget` events; returns the final state,
-    the lanes' scales and `finished` (bool[B]). One compile per (config, chunk, mesh).
+def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, slots: int, record_every: int,
+                  num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
+                  policies: Sequence[str] | None = None) -> EngineConfig:
+    """The static config that fits every lane of `settings`."""
+    policies = tuple(policies) if policies is not None else policy_names(settings)
+    return EngineConfig(
+        num_clients=num_clients, num_rows=num_rows, slots=slots, policies=policies,
+        rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
+        bands=any(s.bands is not None for s in settings),
+        estimator=any(registry.get(p).uses_estimator for p in policies),
+        record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
+        measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}))
 
-    With a `mesh`, the lane axis is sharded over its devices (B must be a multiple of its
-    size: see `devices.pad_to`); results are identical lane for lane.
-    """
-    params, scales = encode_settings(settings, config.num_clients)
-    state = init_lanes(jnp.asarray(np.asarray(horizons, dtype=np.int32)), config=config)
-    if mesh is not None:
-        state, params = shard(state, mesh), shard(params, mesh)
-        workload = shard(workload, mesh, batched=not shared_workload)
-    step = advance_lanes if jax.default_backend() == "cpu" else advance_lanes_donating
-    chunk = chunk or default_chunk(int(max(horizons)))
-    spent = 0
-    while spent < event_budget and not bool(jax.device_get(state.done.all())):
-        state = step(state, workload, params, config=config, num_events=chunk, shared_workload=shared_workload)
-        spent += chunk
-    finished = np.asarray(jax.device_get(state.done & ~workload.overflow))
-    finished = np.broadcast_to(finished, (len(settings),)).copy()
-    return state, scales, finished
+
+@functools.partial(jax.jit, static_argnames=("shared",))
+def _reject(workload: Workload, limit, window, horizon, active, *, shared: bool):
+    fn = jax.vmap(limits.reject_rpm, in_axes=(None if shared else 0, 0, 0, 0, 0))
+    return fn(workload, limit, window, horizon, active)
+
+
+def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
+                  config: EngineConfig, shared: bool, event_budget: int, expected_events: int | None = None,
+                  chunk: int | None = None, mesh: Mesh | None = None,
+                  progress: Callable[[int, int, float], None] | None = None) -> LaneResults:
+    """Run lane i (settings[i], horizons[i], the shared workload or lane i of a batched
+    one) to its horizon; the common path of every runner."""
+    params, scales = encode_settings(settings, config.num_clients, config.policies)
+    horizons = np.asarray(horizons, np.int64)
+    b = len(settings)
+    given_shared = shared
+    lane_workload, rejected = workload, np.zeros((b, config.num_clients), np.int64)
+    rejecting = np.asarray([s.rpm_rejects for s in settings])
+    if rejecting.any():
+        limit = jnp.asarray([s.rpm_limit or 1 for s in settings], jnp.int32)
+        window = jnp.asarray([s.rpm_window for s in settings], jnp.int32)
+        lane_workload, rejected = _reject(workload, limit, window, jnp.asarray(horizons, jnp.int32),
+                                          jnp.asarray(rejecting), shared=shared)
+        rejected, shared = np.asarray(rejected, np.int64), False
+    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
+                        workload=None if shared else lane_workload)
+    host, done = runner.run(PROGRAM, config, batch, lane_workload if shared else None, event_budget=event_budget,
+                            chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
+                            progress=progress)
+    steps = np.asarray(host.step, np.int64)
+    arrived_streams, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
+    arrived_all, offered, max_prompt = lane_workload_stats(workload, steps, params, given_shared,
+                                                           config.num_clients)
+    done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
+    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected)
 
 
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
     """A horizon that drains `trace`: last arrival + sum of outputs + requests * rpm_window + 1.
 
-    A request never waits while the server is empty (its prompt fits M) except for an rpm
-    window to end (at most one window per admission; `rpm_window` = 0 for other policies),
-    and at every other step some request runs.
-    """
+    A request never waits while nothing runs (its prompt fits M) except for an rpm window
+    to end (at most one window per admission; `rpm_window` = 0 without an rpm delay), and
+    at every other step before the last completion some request runs or arrives later."""
     return int(trace.arrival.max()) + int(trace.output.sum()) + len(trace) * rpm_window + 1
-
-
-def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int,
-               steps: int | None, record_every: int, allow_unadmittable: bool = False,
-               arrival_width: int = 4) -> tuple[EngineConfig, list[int], int]:
-    """Validate lanes (trace i under settings i) and size their common static config.
-
-    Returns (config, horizons, event budget). Fixed horizon T: T + 2 * requests events
-    always suffice (T step ends, one admission per request, at most one extra arrival
-    event per request). Drain mode: `drain_horizon` steps suffice.
-    """
-    if num_clients < 1:
-        raise InputError(f"clients must be >= 1, got {num_clients}")
-    if len(settings) == 0:
-        raise InputError("no settings given (need at least one lane)")
-    if steps is not None and steps < 1:
-        raise InputError(f"steps must be >= 1, got {steps}")
-    horizons = []
-    for trace, s in zip(traces, settings, strict=True):
-        if len(trace) == 0:
-            raise InputError("the trace has no requests")
-        trace.validate(num_clients)
-        validate_fits(trace, s, num_clients, steps, allow_unadmittable)
-        horizons.append(int(steps) if steps is not None else
-                        drain_horizon(trace, s.rpm_window if s.policy == "rpm" else 0))
-        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
-                           max_output=int(trace.output.max()), horizon=horizons[-1], max_requests=len(trace))
-    longest = max(horizons)
-    if longest >= INT32_MAX // 2:
-        raise InputError(f"horizon {longest} steps exceeds the limit {INT32_MAX // 2}")
-    most_requests = max(int(requests_per_client(t, num_clients).max()) for t in traces)
-    config = EngineConfig(
-        num_clients=num_clients, stream_len=pad_rows(most_requests, arrival_width),
-        calendar_len=max(int(t.output.max()) for t in traces), record_every=record_every,
-        num_checkpoints=longest // record_every if record_every else 0,
-        arrival_width=arrival_width, drain=steps is None,
-        measures=MeasureConfig(pair_drift=num_clients <= 16))
-    budget = longest + 2 * max(len(t) for t in traces) + 1
-    return config, horizons, budget
 
 
 def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: int | None,
@@ -145,22 +151,66 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
     caps = np.asarray(settings.client_caps(num_clients), dtype=np.int64)
     over_cap = arrives & (trace.prompt + trace.output > caps[trace.client])
     if over_cap.any() and settings.kv_cap is not None:
-        row = int(np.argmax(over_cap))
-        raise InputError(f"row {row + 1}: prompt + output {trace.prompt[row] + trace.output[row]} exceeds "
-                         f"client {trace.client[row]}'s KV cap; it could never be admitted")
+        trace.fail(int(np.argmax(over_cap)), f"prompt + output exceeds client's KV cap "
+                                             f"{caps[trace.client[int(np.argmax(over_cap))]]}; it could never be admitted")
     too_big = arrives & (trace.prompt > settings.kv_budget)
     if too_big.any() and not allow_unadmittable:
         row = int(np.argmax(too_big))
-        raise InputError(f"row {row + 1}: prompt {trace.prompt[row]} is larger than the KV budget M="
-                         f"{settings.kv_budget}; it could never be admitted")
+        trace.fail(row, f"prompt {trace.prompt[row]} is larger than the KV budget M={settings.kv_budget}; "
+                        "it could never be admitted")
     if too_big.any() and horizon is None:
         raise InputError("a prompt larger than M never completes: give a fixed number of steps")
 
 
+def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
+               record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
+               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None):
+    """Validate lanes (trace i under settings i) and size their common static config.
+
+    Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
+    requests events always suffice; drain mode: `drain_horizon` steps suffice."""
+    if num_clients < 1:
+        raise InputError(f"clients must be >= 1, got {num_clients}")
+    if len(settings) == 0:
+        raise InputError("no settings given (need at least one lane)")
+    if steps is not None and not 1 <= steps <= MAX_HORIZON:
+        raise InputError(f"steps must be in [1, {MAX_HORIZON}], got {steps}")
+    if record_every < 0 or arrival_width < 1:
+        raise InputError("record_every must be >= 0 and arrival_width >= 1")
+    horizons, expected = [], []
+    for trace, s in zip(traces, settings, strict=True):
+        if len(trace) == 0:
+            raise InputError("the trace has no requests")
+        trace.validate(num_clients)
+        validate_fits(trace, s, num_clients, steps, allow_unadmittable)
+        rpm_window = s.rpm_window if s.rpm_delays else 0
+        drain = drain_horizon(trace, rpm_window)
+        horizons.append(int(steps) if steps is not None else drain)
+        expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))
+        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
+                           max_output=int(trace.output.max()), horizon=horizons[-1], max_requests=len(trace),
+                           arrival_width=arrival_width)
+    longest = max(horizons)
+    if longest > MAX_HORIZON:
+        raise InputError(f"the run would need {longest} steps, past the limit {MAX_HORIZON}")
+    if record_every and longest // record_every * num_clients > 1 << 26:
+        raise InputError(f"record_every {record_every} over {longest} steps keeps more than {1 << 26} checkpoint "
+                         f"values for {num_clients} clients; record less often")
+    most = max(len(t) for t in traces)
+    min_prompt = min(int(t.prompt.min()) for t in traces)
+    rows = max(int((requests_per_client(t, num_clients) + arrival_width + 1).sum()) for t in traces)
+    config = engine_config(settings, num_clients=num_clients, num_rows=rows,
+                           slots=heap_slots(settings, min_prompt, most), record_every=record_every,
+                           num_checkpoints=longest // record_every if record_every else 0,
+                           arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies)
+    return config, horizons, longest + 3 * most + 1, max(expected)
+
+
 def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_clients: int,
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
-               allow_unadmittable: bool = False, arrival_width: int = 4,
-               mesh: Mesh | None = None) -> LaneResults:
+               allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
+               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
+               progress: Callable | None = None) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -173,24 +223,29 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
         and, head-of-line, admission) instead of refusing them (fixed horizon only).
       arrival_width: arrivals per client taken per event (a speed knob; any value is exact).
       mesh: devices to shard the lanes over (default: every local device).
+      measures: the optional measures to keep (default: all; see measures.MeasureConfig).
+      policies: the engine's static policy set (default: the lanes' policies); give a
+        larger set to share one compiled program between batches.
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
-    config, horizons, budget = plan_lanes(traces, settings, num_clients, steps, record_every,
-                                          allow_unadmittable, arrival_width)
-    mesh = mesh or lane_mesh()
-    n_lanes, target = len(settings), pad_to(len(settings), mesh)
-    traces, settings, horizons = ([x[i % n_lanes] for i in range(target)] for x in (traces, settings, horizons))
+    config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
+                                                    allow_unadmittable, arrival_width, measures, policies)
+    pad = arrival_width + 1
     shared = all(t is traces[0] for t in traces)
     if shared:
-        workload = make_workload(traces[0], num_clients, config.stream_len, steps)
+        workload = make_workload(traces[0], num_clients, pad, steps)
     else:
-        per_lane = [jax.tree_util.tree_map(np.asarray, make_workload(t, num_clients, config.stream_len, steps))
-                    for t in traces]
+        rows = config.num_rows
+        per_lane = []
+        for t in traces:
+            counts = requests_per_client(t, num_clients)
+            sizes = counts + pad
+            sizes[-1] += rows - int(sizes.sum())  # every lane: the same row count
+            per_lane.append(jax.tree_util.tree_map(np.asarray, make_workload(t, num_clients, pad, steps, sizes)))
         workload = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_lane)
-    state, scales, finished = run_lanes(workload, settings, horizons, config=config,
-                                        event_budget=budget, shared_workload=shared, chunk=chunk, mesh=mesh)
-    return collect(state, scales, finished, config, settings, workload).head(n_lanes)
+    return run_workloads(workload, settings, horizons, config=config, shared=shared, event_budget=budget,
+                         expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
 
 
 def replay_lanes(trace: Trace, settings: Sequence[Settings], *, num_clients: int | None = None,
@@ -212,11 +267,11 @@ def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResu
     return replay_lanes(trace, [settings or Settings()], **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("horizon", "capacity", "pad"))
-def generate_lanes(keys: jax.Array, traffic: TrafficParams, *, horizon: int, capacity: int,
-                   pad: int) -> Workload:
+@functools.partial(jax.jit, static_argnames=("horizon", "capacity", "first", "size", "pad"))
+def generate_lanes(keys: jax.Array, traffic: TrafficParams, *, horizon: int, capacity: int, first: tuple,
+                   size: tuple, pad: int) -> Workload:
     """`traffic.generate` vmapped over lane keys and lane traffic params."""
-    lane = functools.partial(generate, horizon=horizon, capacity=capacity, pad=pad)
+    lane = functools.partial(generate, horizon=horizon, capacity=capacity, first=first, size=size, pad=pad)
     return jax.vmap(lane)(keys, traffic)
 
 
@@ -225,6 +280,8 @@ def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
     seeds = np.asarray(seeds, dtype=np.int64)
     if seeds.ndim != 1 or (seeds < 0).any() or (seeds > INT32_MAX).any():
         raise InputError("seeds must be integers in [0, 2^31)")
+    if not 0 <= base_seed <= INT32_MAX:
+        raise InputError(f"the base seed must be in [0, 2^31), got {base_seed}")
     base = jax.random.key(base_seed)
     return jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.asarray(seeds, jnp.uint32))
 
@@ -245,25 +302,62 @@ def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
 MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request streams and generator words
 
 
-def traffic_config(traffics: Sequence[Traffic], record_every: int = 0, arrival_width: int = 4,
-                   measures: MeasureConfig | None = None) -> EngineConfig:
-    """The static config that fits every lane of `traffics` (one compile for all chunks)."""
-    horizon, k = traffics[0].horizon, traffics[0].num_clients
+@functools.lru_cache(maxsize=64)
+def _traffic_layout(traffics: tuple[Traffic, ...], arrival_width: int):
     capacity = max(stream_capacity(t) for t in traffics)
+    caps = np.max([client_capacities(t) for t in traffics], axis=0)
+    first, size = block_sizes(caps, arrival_width + 1)
+    return capacity, tuple(int(x) for x in first), tuple(int(x) for x in size)
+
+
+def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,
+                   arrival_width: int = 4, measures: MeasureConfig = ALL,
+                   policies: Sequence[str] | None = None) -> EngineConfig:
+    """The static config that fits every lane of `traffics` x `settings` (one compile)."""
+    horizon, k = traffics[0].horizon, traffics[0].num_clients
+    capacity, first, size = _traffic_layout(tuple(dict.fromkeys(traffics)), arrival_width)
     if capacity * k * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
         raise InputError(f"a lane would hold {capacity:,} requests per client x {k} clients "
                          f"(> {MAX_LANE_STREAM_BYTES >> 30} GiB of streams): shorten the horizon or lower the rates")
-    return EngineConfig(
-        num_clients=k, stream_len=capacity + arrival_width + 1,
-        calendar_len=max(t.max_lengths()[1] for t in traffics), record_every=record_every,
-        num_checkpoints=horizon // record_every if record_every else 0, arrival_width=arrival_width,
-        measures=measures or MeasureConfig(pair_drift=k <= 16))
+    min_prompt = min(t.min_prompt() for t in traffics)
+    return engine_config(settings, num_clients=k, num_rows=int(sum(size)),
+                         slots=heap_slots(settings, min_prompt, int(sum(size))), record_every=record_every,
+                         num_checkpoints=horizon // record_every if record_every else 0,
+                         arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
+
+
+def validate_traffic_lanes(traffics: Sequence[Traffic], settings: Sequence[Settings], config: EngineConfig) -> None:
+    """Refuse lanes that could not run exactly within `config` (checked before any work)."""
+    horizon, k = traffics[0].horizon, traffics[0].num_clients
+    if any(t.horizon != horizon for t in traffics):
+        raise InputError("every lane's traffic must have the same horizon")
+    if horizon * k >= INT32_MAX or horizon > MAX_HORIZON:
+        raise InputError(f"horizon x clients = {horizon * k} exceeds the int32 limit {INT32_MAX}")
+    max_prompt = max(t.max_lengths()[0] for t in traffics)
+    max_output = max(t.max_lengths()[1] for t in traffics)
+    for s in set(settings):
+        if max_prompt > s.kv_budget:
+            raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
+                             "they could never be admitted")
+        check_exact_limits(s, k, min_prompt=min(t.min_prompt() for t in traffics), max_prompt=max_prompt,
+                           max_output=max_output, horizon=horizon, max_requests=config.num_rows,
+                           arrival_width=config.arrival_width)
+        if min(s.client_caps(k)) < max_prompt + max_output:
+            raise InputError(f"a request of up to {max_prompt + max_output} KV tokens (prompt + output) "
+                             f"could never fit the KV cap {min(s.client_caps(k))}")
+        if s.policy not in config.policies:
+            raise InputError(f"policy {s.policy} is not in the engine config's policies {config.policies}")
+    needed = traffic_config(traffics, settings, config.record_every, config.arrival_width, config.measures,
+                            config.policies)
+    if needed.num_rows > config.num_rows or needed.slots > config.slots:
+        raise InputError("the given engine config is too small for these lanes' traffic")
 
 
 def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int], *,
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None,
                      arrival_width: int = 4, config: EngineConfig | None = None,
-                     mesh: Mesh | None = None) -> LaneResults:
+                     mesh: Mesh | None = None, measures: MeasureConfig = ALL,
+                     policies: Sequence[str] | None = None, progress: Callable | None = None) -> LaneResults:
     """Generate lane i's traffic from `seeds[i]` and run it under `settings[i]`, all lanes in
     one compiled batch, for the traffic's horizon.
 
@@ -275,39 +369,27 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
       config: a static config from `traffic_config` over a larger set of lanes, so that
         chunks of a sweep share one compile (default: sized for these lanes).
       mesh: devices to shard the lanes over (default: every local device).
+      measures, policies: as `run_traces` (ignored when `config` is given).
     """
     if not (len(traffics) == len(settings) == len(seeds)):
         raise InputError(f"{len(traffics)} traffics, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
     if len(seeds) == 0:
         raise InputError("no lanes: give at least one seed")
-    horizon, k = traffics[0].horizon, traffics[0].num_clients
-    if any(t.horizon != horizon for t in traffics):
-        raise InputError("every lane's traffic must have the same horizon")
-    if horizon * k >= INT32_MAX:
-        raise InputError(f"horizon x clients = {horizon * k} exceeds the int32 limit {INT32_MAX}")
-    max_prompt = max(t.max_lengths()[0] for t in traffics)
-    for s in settings:
-        if max_prompt > s.kv_budget:
-            raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
-                             "they could never be admitted")
-    config = config or traffic_config(traffics, record_every, arrival_width)
-    max_output = max(t.max_lengths()[1] for t in traffics)
-    for s in set(settings):
-        check_exact_limits(s, k, min_prompt=min(t.min_prompt() for t in traffics), max_prompt=max_prompt,
-                           max_output=max_output, horizon=horizon, max_requests=config.stream_len * k)
-        if min(s.client_caps(k)) < max_prompt + max_output:
-            raise InputError(f"a request of up to {max_prompt + max_output} KV tokens (prompt + output) "
-                             f"could never fit the KV cap {min(s.client_caps(k))}")
-    if any(stream_capacity(t) + config.arrival_width + 1 > config.stream_len or
-           t.max_lengths()[1] > config.calendar_len for t in traffics):
-        raise InputError("the given engine config is too small for these lanes' traffic")
-    pad = config.arrival_width + 1
-    mesh = mesh or lane_mesh()
-    n_lanes, target = len(settings), pad_to(len(settings), mesh)
-    traffics, settings, seeds = ([x[i % n_lanes] for i in range(target)] for x in (traffics, settings, list(seeds)))
-    keys, traffic = shard((lane_keys(seeds, base_seed), stack_traffic(traffics)), mesh)
-    workload = generate_lanes(keys, traffic, horizon=horizon, capacity=config.stream_len - pad, pad=pad)
-    budget = horizon + 2 * config.stream_len * k + 1
-    state, scales, finished = run_lanes(workload, settings, [horizon] * target, config=config,
-                                        event_budget=budget, shared_workload=False, chunk=chunk, mesh=mesh)
-    return collect(state, scales, finished, config, settings, workload).head(n_lanes)
+    config = config or traffic_config(traffics, settings, record_every, arrival_width, measures, policies)
+    validate_traffic_lanes(traffics, settings, config)
+    horizon = traffics[0].horizon
+    capacity, first, size = _traffic_layout(tuple(dict.fromkeys(traffics)), config.arrival_width)
+    extra = config.num_rows - int(sum(size))
+    size = size[:-1] + (size[-1] + extra,)  # a larger shared config: pad the last block
+    keys = lane_keys(seeds, base_seed)
+    workload = generate_lanes(keys, stack_traffic(traffics), horizon=horizon, capacity=capacity, first=first,
+                              size=size, pad=config.arrival_width + 1)
+    budget = horizon + 3 * config.num_rows + 1
+    expected = horizon + 2 * int(np.asarray(workload.num_requests).max(initial=0))
+    return run_workloads(workload, settings, [horizon] * len(settings), config=config, shared=False,
+                         event_budget=budget, expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
+
+
+__all__ = ["run_traces", "replay", "replay_lanes", "simulate_traffic", "traffic_config", "run_workloads",
+           "check_exact_limits", "drain_horizon", "plan_lanes", "lane_keys", "stack_traffic", "generate_lanes",
+           "ESTIMATORS"]

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.settings import INT32_MAX, InputError
-from vtc_jax.workload import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT, Workload
+from vtc_jax.errors import InputError
+from vtc_jax.workload import ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Workload, padding_rows
 
 F32, I32 = jnp.float32, jnp.int32
 
@@ -262,10 +262,17 @@ def resample(traffic: Traffic, pool: np.ndarray, clients: Sequence[int] | None =
 # ---- device generation ----------------------------------------------------------------
 
 def stream_capacity(traffic: Traffic) -> int:
-    """Rows per client stream: the mean plus 12 standard deviations plus 32, so overflow
-    (flagged, never silent) has negligible probability."""
-    mean = float(traffic.expected_requests().max())
-    return int(math.ceil(mean + 12 * math.sqrt(mean) + 32))
+    """Random draws per client: the largest client mean plus 12 standard deviations plus
+    32 (the generator draws this many gaps for every client, so a lane's trace does not
+    depend on how its blocks are sized)."""
+    return int(client_capacities(traffic).max())
+
+
+def client_capacities(traffic: Traffic) -> np.ndarray:
+    """int64[K] rows per client block: its mean plus 12 standard deviations plus 32, so
+    overflow (flagged, never silent) has negligible probability."""
+    mean = traffic.expected_requests()
+    return np.ceil(mean + 12 * np.sqrt(mean) + 32).astype(np.int64)
 
 
 def arrival_steps(points: jax.Array, params: TrafficParams, horizon: int) -> jax.Array:
@@ -299,12 +306,14 @@ def arrival_steps(points: jax.Array, params: TrafficParams, horizon: int) -> jax
     return jnp.where(step < horizon, step, horizon).astype(I32)
 
 
-def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: int,
-             pad: int) -> Workload:
-    """One lane's streams: `Workload.requests` int32[K, capacity + pad, 5].
+def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: int, first: tuple,
+             size: tuple, pad: int) -> Workload:
+    """One lane's request blocks: `Workload.requests` int32[sum(size), 5].
 
+    `capacity` gaps are drawn per client (stream_capacity of the batch), `first`/`size`
+    (static tuples) lay out the blocks, each ending in `pad` rows that never arrive.
     Requests arriving at or after `horizon` are dropped (they never arrive). If a client's
-    arrivals before the horizon exceed `capacity`, the lane's `overflow` flag is set.
+    arrivals before the horizon exceed its block, the lane's `overflow` flag is set.
     """
     k = params.prompt_low.shape[0]
     # Three random words per request row: its exponential gap, its prompt, its output (or
@@ -314,9 +323,11 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
     unit = (words[0] >> 8).astype(F32) * (1.0 / (1 << 24))  # [0, 1) in 2^-24 steps
     points = jnp.cumsum(-jnp.log1p(-unit), axis=1)  # unit-rate Poisson process
     arrival = arrival_steps(points, params, horizon)
-    overflow = (arrival[:, capacity] < horizon).any()
+    room = jnp.asarray(np.asarray(size) - pad, I32)  # rows for requests in each block
+    position = jnp.arange(capacity + 1, dtype=I32)[None, :]
+    overflow = ((arrival < horizon) & (position >= room[:, None])).any()
     arrival = arrival[:, :capacity]
-    valid = arrival < horizon
+    valid = (arrival < horizon) & (position[:, :capacity] < room[:, None])
 
     def uniform(word, low, high):
         span = (high - low + 1).astype(jnp.uint32)[:, None]
@@ -328,12 +339,25 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
     prompt = jnp.where(params.empirical[:, None], params.pool[pick, 0], prompt)
     output = jnp.where(params.empirical[:, None], params.pool[pick, 1], output)
     cached = jnp.minimum(jnp.floor(params.cached_fraction[:, None] * prompt).astype(I32), prompt - 1)
-    order = arrival * k + jnp.arange(k, dtype=I32)[:, None]
-    rows = jnp.stack([
-        jnp.where(valid, arrival, INT32_MAX), jnp.where(valid, order, INT32_MAX),
-        jnp.where(valid, prompt, 0), jnp.where(valid, output, 1), jnp.where(valid, cached, 0)], axis=-1)
-    padding = jnp.zeros((k, pad, NUM_FIELDS), I32).at[:, :, ARRIVAL].set(INT32_MAX)
-    padding = padding.at[:, :, ORDER].set(INT32_MAX).at[:, :, OUTPUT].set(1)
-    assert (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED) == (0, 1, 2, 3, 4)
-    return Workload(requests=jnp.concatenate([rows, padding], axis=1),
+    fcfs_key = arrival * k + jnp.arange(k, dtype=I32)[:, None]
+    rows = jnp.stack([arrival, fcfs_key, prompt, output, cached], axis=-1)  # [K, capacity, 5]
+    requests = pack_blocks(rows, valid, first, size)
+    return Workload(requests=requests, first=jnp.asarray(first, I32), size=jnp.asarray(size, I32),
                     num_requests=valid.sum(dtype=I32), overflow=overflow)
+
+
+def pack_blocks(rows: jax.Array, valid: jax.Array, first: tuple, size: tuple) -> jax.Array:
+    """Client rows int32[K, n, 5] (each client's valid rows a prefix, in arrival order,
+    ORDER holding an FCFS key arrival * K + client) -> blocks int32[sum(size), 5] with
+    padding after each client's rows, ORDER replaced by the unique global rank in
+    (arrival, client, position) order: trace order for generated traffic."""
+    k, n = valid.shape
+    total = int(sum(size))
+    first_a = jnp.asarray(first, I32)
+    dest = jnp.where(valid, first_a[:, None] + jnp.arange(n, dtype=I32)[None, :], total)
+    requests = jnp.broadcast_to(jnp.asarray(padding_rows(1)[0]), (total, NUM_FIELDS))
+    requests = requests.at[dest.reshape(-1)].set(rows.reshape(-1, NUM_FIELDS), mode="drop")
+    real = requests[:, ARRIVAL] < INT32_MAX
+    order = jnp.argsort(requests[:, ORDER], stable=True)  # padding (INT32_MAX) sorts last
+    rank = jnp.zeros(total, I32).at[order].set(jnp.arange(total, dtype=I32))
+    return requests.at[:, ORDER].set(jnp.where(real, rank, INT32_MAX))

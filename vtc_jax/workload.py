@@ -1,9 +1,11 @@
-"""Traces and their device layout: per-client request streams.
+"""Traces and their device layout: per-client request blocks.
 
 A `Trace` is a host-side table of requests (numpy int64 columns, trace order). The engine
 never keeps a waiting buffer: each client's requests are laid out once, sorted by
-(arrival, number), as rows of `Workload.requests[k, i, :]`; the waiting FIFO of client k is
-then the index range `[head_k, arrived_k)` (see engine.py).
+(arrival, number), as a contiguous block of `Workload.requests` (client-major, CSR-like:
+block k is rows [first_k, first_k + size_k)); the waiting FIFO of client k is then the
+index range [head_k, arrived_k) of its block (engine.py). Blocks are sized per client, so
+a lane's streams take memory in proportion to its requests, not K x the busiest client's.
 """
 
 from __future__ import annotations
@@ -17,30 +19,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.settings import INT32_MAX, InputError
+from vtc_jax.errors import InputError
+from vtc_jax.fileio import read_text
 
+INT32_MAX = int(np.iinfo(np.int32).max)
 # Fields of a request row in `Workload.requests[..., field]`.
 ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED = range(5)
 NUM_FIELDS = 5
 REQUIRED_COLUMNS = ("arrival", "client", "prompt", "output")
 OPTIONAL_COLUMNS = ("cached",)
+MAX_LENGTH = INT32_MAX // 4  # largest arrival, prompt or output a trace may hold
 _INT_RE = re.compile(r"^[+]?\d+$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
-    """Requests in trace order (row i is request number i). All columns int64[N]."""
+    """Requests in trace order (row i is request number i). All columns int64[N].
+    `lines` (optional, int64[N]): the file line of each row, for error messages."""
 
     arrival: np.ndarray
     client: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
     cached: np.ndarray
+    lines: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
-        cols = [np.asarray(getattr(self, f.name), dtype=np.int64) for f in dataclasses.fields(self)]
-        for f, col in zip(dataclasses.fields(self), cols):
-            object.__setattr__(self, f.name, col)
+        names = ("arrival", "client", "prompt", "output", "cached")
+        cols = [np.asarray(getattr(self, n), dtype=np.int64) for n in names]
+        for name, col in zip(names, cols):
+            object.__setattr__(self, name, col)
             if col.ndim != 1 or col.shape != cols[0].shape:
                 raise InputError("trace columns must be 1-D and of equal length")
 
@@ -60,8 +68,12 @@ class Trace:
     def num_clients(self) -> int:
         return int(self.client.max()) + 1 if len(self) else 0
 
+    def where(self, row: int) -> str:
+        """'line L' of the file (when read from one), else 'row R' (1-based)."""
+        return f"line {int(self.lines[row])}" if self.lines is not None else f"row {row + 1}"
+
     def validate(self, num_clients: int | None = None) -> None:
-        """Raise InputError naming the first bad row (1-based data row, as in the CSV)."""
+        """Raise InputError naming the first bad row (its file line when known)."""
         checks = [
             (self.arrival < 0, "arrival must be >= 0"),
             (self.client < 0, "client must be >= 0"),
@@ -73,11 +85,13 @@ class Trace:
         if num_clients is not None:
             checks.append((self.client >= num_clients, f"client id outside --clients {num_clients}"))
         for col, name in ((self.arrival, "arrival"), (self.prompt, "prompt"), (self.output, "output")):
-            checks.append((col > INT32_MAX // 4, f"{name} too large (limit {INT32_MAX // 4})"))
+            checks.append((col > MAX_LENGTH, f"{name} too large (limit {MAX_LENGTH})"))
         for bad, message in checks:
             if bad.any():
-                row = int(np.argmax(bad))
-                raise InputError(f"row {row + 1}: {message} ({self._describe(row)})")
+                self.fail(int(np.argmax(bad)), message)
+
+    def fail(self, row: int, message: str):
+        raise InputError(f"{self.where(row)}: {message} ({self._describe(row)})")
 
     def _describe(self, row: int) -> str:
         return (f"arrival={self.arrival[row]}, client={self.client[row]}, prompt={self.prompt[row]}, "
@@ -88,24 +102,17 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
     """Read a trace CSV with header `arrival,client,prompt,output[,cached]`.
 
     Every value must be a non-negative decimal integer. Raises InputError naming the file,
-    the row and the problem. `path_or_text` is a path, or an io.StringIO.
+    the line (the physical line, blank lines and quoted newlines counted) and the problem.
+    `path_or_text` is a path or an io.StringIO. Files over fileio.MAX_INPUT_BYTES are refused.
     """
     if isinstance(path_or_text, io.StringIO):
         text, source = path_or_text.getvalue(), source or "<text>"
     else:
         source = source or str(path_or_text)
-        try:
-            with open(path_or_text, "rb") as fh:
-                raw = fh.read()
-        except OSError as err:
-            raise InputError(f"{source}: cannot read trace ({err.strerror})") from None
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise InputError(f"{source}: not a UTF-8 text file") from None
+        text = read_text(path_or_text, what="trace")
     if "\x00" in text:
         raise InputError(f"{source}: not a text CSV (contains NUL bytes)")
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
         while not any(cell.strip() for cell in header):  # blank lines before the header
@@ -113,20 +120,28 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
     except StopIteration:
         raise InputError(f"{source}: empty file (expected header {','.join(REQUIRED_COLUMNS)}[,cached])") from None
     except csv.Error as err:
-        raise InputError(f"{source}: malformed CSV header ({err})") from None
+        raise InputError(f"{source}: line {reader.line_num}: malformed CSV header ({err})") from None
     header = [h.strip() for h in header]
     for col in REQUIRED_COLUMNS:
         if col not in header:
-            raise InputError(f"{source}: missing column {col!r} (header: {','.join(header)})")
+            raise InputError(f"{source}: missing column {col!r} (header: {','.join(header)[:200]})")
     allowed = set(REQUIRED_COLUMNS) | set(OPTIONAL_COLUMNS)
     for col in header:
         if col not in allowed:
-            raise InputError(f"{source}: unexpected column {col!r} (allowed: {','.join(REQUIRED_COLUMNS)},cached)")
+            raise InputError(f"{source}: unexpected column {col[:40]!r} (allowed: {','.join(REQUIRED_COLUMNS)},cached)")
     if len(set(header)) != len(header):
         raise InputError(f"{source}: duplicate column in header {','.join(header)}")
     columns = {name: [] for name in header}
+    lines = []
+    line_no = reader.line_num
     try:
-        for line_no, row in enumerate(reader, start=2):
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            line_no = start
             if not row or all(not cell.strip() for cell in row):
                 continue
             if len(row) != len(header):
@@ -134,84 +149,106 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
             for name, cell in zip(header, row):
                 cell = cell.strip()
                 if not _INT_RE.match(cell):
-                    raise InputError(f"{source}: line {line_no}: {name} must be a non-negative integer, got {cell!r}")
+                    shown = cell if len(cell) <= 24 else cell[:24] + "..."
+                    raise InputError(f"{source}: line {line_no}: {name} must be a non-negative integer, got {shown!r}")
                 digits = cell.lstrip("+").lstrip("0") or "0"
                 if len(digits) > len(str(INT32_MAX)) or int(digits) > INT32_MAX:  # no int() of huge text
                     shown = digits if len(digits) <= 24 else digits[:24] + "..."
                     raise InputError(f"{source}: line {line_no}: {name} {shown} exceeds {INT32_MAX}")
-                value = int(digits)
-                columns[name].append(value)
+                columns[name].append(int(digits))
+            lines.append(line_no)
     except csv.Error as err:
-        raise InputError(f"{source}: malformed CSV ({err})") from None
+        raise InputError(f"{source}: line {line_no}: malformed CSV ({err})") from None
     n = len(columns["arrival"])
     if n == 0:
         raise InputError(f"{source}: no requests (header only)")
     cached = columns.get("cached", [0] * n)
     trace = Trace(np.array(columns["arrival"]), np.array(columns["client"]), np.array(columns["prompt"]),
-                  np.array(columns["output"]), np.array(cached))
+                  np.array(columns["output"]), np.array(cached), lines=np.asarray(lines, np.int64))
     try:
         trace.validate()
     except InputError as err:
-        # Data row r is file line r + 1 (the header is line 1).
-        message = str(err)
-        match = re.match(r"row (\d+): (.*)", message)
-        if match:
-            message = f"line {int(match.group(1)) + 1}: {match.group(2)}"
-        raise InputError(f"{source}: {message}") from None
+        raise InputError(f"{source}: {err}") from None
     return trace
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A lane's request streams on device.
+    """A lane's request blocks on device.
 
     Attributes:
-      requests: int32[K, N, 5] per client k, its requests sorted by (arrival, number), fields
-        (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED). ORDER is the request's rank in the global
-        (arrival, number) order: FCFS picks the smallest. Rows past a client's last request
-        are padding with ARRIVAL = ORDER = INT32_MAX (they never arrive).
-      num_requests: int32[] requests that arrive before the horizon (drain mode waits for
+      requests: int32[R, 5]  client-major blocks; block k = rows [first_k, first_k + size_k)
+        holds client k's requests sorted by (arrival, number), fields (ARRIVAL, ORDER,
+        PROMPT, OUTPUT, CACHED); ORDER is the request's rank in the global (arrival, number)
+        order (unique): FCFS picks the smallest. Each block ends in at least `pad` padding
+        rows with ARRIVAL = ORDER = INT32_MAX (they never arrive), so the engine's arrival
+        look-ahead never leaves the block.
+      first: int32[K]  first row of each block.
+      size: int32[K]  rows of each block (requests + padding).
+      num_requests: int32[]  requests that arrive before the horizon (drain mode waits for
         all of them to complete).
-      overflow: bool[] a generated stream had more arrivals than rows: the lane is flagged
+      overflow: bool[]  a generated block had more arrivals than rows: the lane is flagged
         as not finished (never silently shortened).
     """
 
     requests: jax.Array
+    first: jax.Array
+    size: jax.Array
     num_requests: jax.Array
     overflow: jax.Array
 
 
-def pad_rows(count: int, arrival_width: int) -> int:
-    """Stream length for `count` requests: room for the arrival look-ahead past the end."""
-    return count + arrival_width + 1
+def padding_rows(count: int) -> np.ndarray:
+    """int32[count, 5] rows that never arrive."""
+    rows = np.zeros((count, NUM_FIELDS), np.int32)
+    rows[:, ARRIVAL] = INT32_MAX
+    rows[:, ORDER] = INT32_MAX
+    rows[:, PROMPT] = 1
+    rows[:, OUTPUT] = 1
+    return rows
 
 
-def layout_streams(trace: Trace, num_clients: int, stream_len: int) -> np.ndarray:
-    """Per-client sorted request rows, int32[K, stream_len, 5] (numpy)."""
-    rows = np.zeros((num_clients, stream_len, NUM_FIELDS), dtype=np.int64)
-    rows[:, :, ARRIVAL] = INT32_MAX
-    rows[:, :, ORDER] = INT32_MAX
-    rows[:, :, OUTPUT] = 1
+def block_sizes(counts, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, size) int32[K] of blocks holding `counts` requests plus `pad` rows each."""
+    size = np.asarray(counts, np.int64) + pad
+    first = np.concatenate([[0], np.cumsum(size)[:-1]])
+    if size.sum() > INT32_MAX // 2:
+        raise InputError(f"{int(size.sum()):,} request rows exceed the limit of {INT32_MAX // 2:,} per lane")
+    return first.astype(np.int32), size.astype(np.int32)
+
+
+def layout_trace(trace: Trace, num_clients: int, pad: int, sizes: np.ndarray | None = None) -> np.ndarray:
+    """Client-major sorted request rows, int32[R, 5] (numpy), blocks of `sizes` rows
+    (default: each client's count + pad)."""
+    counts = requests_per_client(trace, num_clients)
+    sizes = counts + pad if sizes is None else np.asarray(sizes)
+    if (sizes < counts + pad).any():
+        k = int(np.argmax(sizes < counts + pad))
+        raise InputError(f"client {k} has {counts[k]} requests; block of {sizes[k]} rows too small")
     order = np.lexsort((np.arange(len(trace)), trace.arrival))  # FCFS order: (arrival, number)
     rank = np.empty(len(trace), dtype=np.int64)
     rank[order] = np.arange(len(trace))
+    blocks = []
     for k in range(num_clients):
         idx = order[trace.client[order] == k]
-        if len(idx) + 1 > stream_len:
-            raise InputError(f"client {k} has {len(idx)} requests; stream length {stream_len} too small")
-        rows[k, : len(idx)] = np.stack(
-            [trace.arrival[idx], rank[idx], trace.prompt[idx], trace.output[idx], trace.cached[idx]], axis=1)
-    return rows.astype(np.int32)
+        rows = np.stack([trace.arrival[idx], rank[idx], trace.prompt[idx], trace.output[idx], trace.cached[idx]],
+                        axis=1).astype(np.int32).reshape(-1, NUM_FIELDS)
+        blocks.append(np.concatenate([rows, padding_rows(int(sizes[k]) - len(idx))]))
+    return np.concatenate(blocks) if blocks else padding_rows(0)
 
 
 def requests_per_client(trace: Trace, num_clients: int) -> np.ndarray:
     return np.bincount(trace.client, minlength=num_clients)
 
 
-def make_workload(trace: Trace, num_clients: int, stream_len: int, horizon: int | None) -> Workload:
+def make_workload(trace: Trace, num_clients: int, pad: int, horizon: int | None,
+                  sizes: np.ndarray | None = None) -> Workload:
     """Device layout of one trace. `horizon=None` counts every request (drain mode)."""
+    counts = requests_per_client(trace, num_clients)
+    sizes = counts + pad if sizes is None else np.asarray(sizes)
+    first, size = block_sizes(sizes - pad, pad)
     arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
-    return Workload(requests=jnp.asarray(layout_streams(trace, num_clients, stream_len)),
-                    num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32),
+    return Workload(requests=jnp.asarray(layout_trace(trace, num_clients, pad, sizes)), first=jnp.asarray(first),
+                    size=jnp.asarray(size), num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32),
                     overflow=jnp.asarray(False))

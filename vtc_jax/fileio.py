@@ -1,0 +1,115 @@
+"""Reading inputs with a stated size limit, and writing outputs atomically.
+
+Every reader goes through `read_text`: a regular file larger than the limit is refused
+before it is read, anything else (a pipe, /dev/zero) is read in chunks and refused as soon
+as it passes the limit or shows a NUL byte, so no input can exhaust memory. Every writer
+goes through `write_outputs_atomically`: files are written under temporary names in the
+target directory and renamed into place only when all of them were written, so an
+interrupted or failed run leaves the previous results (or none), never a half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from vtc_jax.errors import InputError
+
+MAX_INPUT_BYTES = 1 << 30  # 1 GiB: the largest trace or data file any command reads
+_CHUNK = 1 << 20
+
+
+def read_bytes(path, *, limit: int = MAX_INPUT_BYTES, what: str = "file") -> bytes:
+    """The whole content of `path` (at most `limit` bytes), or InputError naming it."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            try:
+                size = os.fstat(fh.fileno()).st_size
+                regular = os.path.isfile(path)
+            except OSError:
+                size, regular = 0, False
+            if regular and size > limit:
+                raise InputError(f"{path}: {what} is {size:,} bytes, over the limit of {limit:,}")
+            parts, total = [], 0
+            while True:
+                chunk = fh.read(_CHUNK)
+                if not chunk:
+                    break
+                if b"\x00" in chunk:
+                    raise InputError(f"{path}: not a text {what} (contains NUL bytes)")
+                total += len(chunk)
+                if total > limit:
+                    raise InputError(f"{path}: {what} is over the limit of {limit:,} bytes")
+                parts.append(chunk)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a {what}") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read {what} ({err.strerror or err})") from None
+    return b"".join(parts)
+
+
+def read_text(path, *, limit: int = MAX_INPUT_BYTES, what: str = "file") -> str:
+    """`read_bytes` decoded as UTF-8 (a BOM is dropped)."""
+    try:
+        return read_bytes(path, limit=limit, what=what).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{os.fspath(path)}: not a UTF-8 text {what}") from None
+
+
+def check_writable_dir(directory) -> Path:
+    """Create `directory` if needed and check that files can be created in it, before any
+    work is spent (InputError naming it otherwise)."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".vtc_jax_probe_"):
+            pass
+    except OSError as err:
+        raise InputError(f"cannot write to {directory} ({err.strerror or err})") from None
+    return directory
+
+
+def check_writable_file(path) -> Path:
+    """Check that `path` can be written (its directory exists and is writable) before any
+    work is spent."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"cannot write {path}: it is a directory")
+    check_writable_dir(path.parent if str(path.parent) else Path("."))
+    return path
+
+
+def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Path]:
+    """Write a set of files as a whole. `files` yields (final path, writer) pairs; each
+    writer gets a temporary path in the same directory and writes it. Only when every
+    writer succeeded are the temporaries renamed over their final paths (each rename is
+    atomic); on any failure every temporary is removed and the error re-raised (OSError
+    becomes InputError naming the file)."""
+    pending: list[tuple[Path, Path]] = []
+    try:
+        for final, writer in files:
+            final = Path(final)
+            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+            os.close(fd)
+            pending.append((Path(tmp), final))
+            try:
+                writer(Path(tmp))
+            except OSError as err:
+                raise InputError(f"cannot write {final} ({err.strerror or err})") from None
+        for tmp, final in pending:
+            os.replace(tmp, final)
+        return [final for _, final in pending]
+    except BaseException:
+        for tmp, _ in pending:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+
+
+def write_text_atomically(path, text: str) -> Path:
+    """One text file, atomically."""
+    return write_outputs_atomically([(Path(path), lambda tmp: tmp.write_text(text))])[0]

@@ -1,0 +1,117 @@
+"""`wfq` and `sfq`: per-client virtual-time fair queueing (the classical forms; vLLM pull
+request 31909 proposed a per-request variant).
+
+Every request gets tags when it arrives, chained per client:
+
+    S = max(V, F_tail[client]),   F = S + cost / weight_client,   F_tail[client] = F,
+
+cost = the request's estimated cost (w_p * (prompt - cached) + w_q * e + beta * ..., at
+least one unit; e = the estimator's output prediction at arrival). Several arrivals of a
+client in one step chain in trace order. `sfq` (start-time fair queueing, Goyal et al.)
+dispatches the eligible head with the smallest start tag S, `wfq` the one with the
+smallest finish tag F (ties: smallest client index). At a dispatch V = max(V, S) (the
+start tag of the request in service, as SFQ and the PR do) and F_max = max(F_max, F). At
+the end of a step in which no client is left waiting (the busy period ended: Goyal's
+rule), V = max(V, F_max), so no client carries history across an uncontended period; a
+returning idle client starts at max(V, F_tail), which removes banked credit as VTC's lift
+does. A candidate that does not fit M changes nothing. Tags are exact wide integers in
+counter units (1 / (Q * D) tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import jax.numpy as jnp
+
+from vtc_jax import wide
+from vtc_jax.policies.base import Policy, argmin_choice, estimated_cost, no_params
+
+
+def init(params, shape):
+    k, r = shape.num_clients, shape.num_rows
+    return {"v": wide.zeros(), "f_max": wide.zeros(), "f_tail": wide.zeros((k,)), "start": wide.zeros((r,)),
+            "finish": wide.zeros((r,))}
+
+
+def on_arrival(state, view, arrivals, params):
+    k, width = arrivals.joins.shape
+    cost = estimated_cost(view.costs, arrivals.rows, arrivals.estimates) * view.costs.counter_mult[:, None]
+    cost = jnp.where(arrivals.joins, cost, 0)
+    upto = jnp.cumsum(cost, axis=1)  # [K, W] cost through each joining request
+    first = wide.maximum(jnp.broadcast_to(state["v"], (k, 2)), state["f_tail"])  # [K, 2]
+    finish = wide.add(first[:, None, :], upto)
+    start = wide.add(first[:, None, :], upto - cost)
+    rows = state["start"].shape[0]
+    index = jnp.where(arrivals.joins, arrivals.index, rows).reshape(-1)
+    joined = arrivals.joins.any(axis=1)
+    return dict(state,
+                start=state["start"].at[index].set(start.reshape(-1, 2), mode="drop"),
+                finish=state["finish"].at[index].set(finish.reshape(-1, 2), mode="drop"),
+                f_tail=wide.where(joined, finish[:, -1], state["f_tail"])), view.counter
+
+
+def _select(tag: str):
+    def select(state, view, eligible, params):
+        return argmin_choice(state[tag][view.head_index], eligible, state)
+    return select
+
+
+def on_admit(state, view, admission, params):
+    return dict(state, v=wide.maximum(state["v"], state["start"][admission.index]),
+                f_max=wide.maximum(state["f_max"], state["finish"][admission.index])), admission.estimate
+
+
+def on_step(state, view, step_end, params):
+    idle = ~view.backlogged.any()
+    return dict(state, v=wide.where(idle, wide.maximum(state["v"], state["f_max"]), state["v"]))
+
+
+class ReferenceSFQ:
+    """Literal per-client start/finish tags (Fractions)."""
+
+    by = "start"
+
+    def __init__(self, settings, sim):
+        self.settings, self.sim = settings, sim
+        self.v = self.f_max = Fraction(0)
+        self.f_tail = [Fraction(0)] * sim.K
+        self.start, self.finish = {}, {}
+
+    def on_arrival(self, n):
+        sim, r = self.sim, self.sim.reqs[n]
+        e = sim.estimate(n)
+        cost = sim.prefill_charge(n) + sim.w_q * e + sim.beta * (e * r.prompt + e * (e - 1) // 2)
+        cost = max(cost, sim.cost_unit)
+        self.start[n] = max(self.v, self.f_tail[r.client])
+        self.finish[n] = self.start[n] + cost / sim.omega[r.client]
+        self.f_tail[r.client] = self.finish[n]
+
+    def select(self, eligible):
+        tags = getattr(self, self.by)
+        best = None
+        for k in eligible:
+            if best is None or tags[self.sim.fifo[k][0]] < tags[self.sim.fifo[best][0]]:
+                best = k
+        return best
+
+    def on_admit(self, n):
+        self.v = max(self.v, self.start[n])
+        self.f_max = max(self.f_max, self.finish[n])
+        return self.sim.estimate(n)
+
+    def on_step_end(self, elapsed):
+        if not any(self.sim.fifo):
+            self.v = max(self.v, self.f_max)
+
+
+class ReferenceWFQ(ReferenceSFQ):
+    by = "finish"
+
+
+SFQ = Policy(name="sfq", summary="start-time fair queueing: smallest per-client start tag (cost / weight chained)",
+             encode=no_params, init=init, select=_select("start"), on_arrival=on_arrival, on_admit=on_admit,
+             on_step=on_step, reference=ReferenceSFQ, reads=("weights", "estimator"), uses_estimator=True)
+WFQ = dataclasses.replace(SFQ, name="wfq", summary="weighted fair queueing: smallest per-client finish tag",
+                          select=_select("finish"), reference=ReferenceWFQ)

@@ -1,0 +1,904 @@
+"""Real tenants: ServeGen's per-client production traces, read, planned and generated on device.
+
+ServeGen (Xiang et al., NSDI '26; github.com/alibaba/ServeGen) publishes, per client
+(tenant), one row per 600 s window (arrival rate, inter-arrival CV and a fitted Gamma or
+Weibull) and, per 21600 s dataset window, the PMFs of prompt and output length. This module
+turns such a directory into client-major request streams for the engine.
+
+Reading (`read_servegen`, host). The native layout: `chunk-<id>-trace.csv` (no header, CRLF
+or LF, 6 columns `timestamp,rate,cv,pattern,arg1,arg2`) and `chunk-<id>-dataset.json` (an
+object keyed by window-start timestamps; each value holds "input_tokens" and
+"output_tokens", strings with Python dict literals {tokens: probability}, never `eval`ed:
+a plain `{int: number, ...}` is split by a strict regular expression, anything else goes
+to `ast.literal_eval`, and the result's types are checked). Rules, each violation one `InputError` naming the
+file and the 1-based line (traces) or the key (datasets), nothing dropped silently:
+  - a trace row has 6 fields; timestamp an integer in [0, 2^32); rate, cv, arg1, arg2 finite
+    decimals; rate >= 0 and cv >= 0; pattern "Gamma", "Weibull" or empty; rate > 0 needs a
+    pattern and arg1 > 0, arg2 > 0 (shape and scale: scipy's `gamma(a=arg1, scale=arg2)`,
+    `weibull_min(c=arg1, scale=arg2)`); rows are exactly 600 s apart and every client has
+    the same timestamps (ServeGen's own pool validation requires this too);
+  - a PMF's keys are ints >= 0 (not bools) and at most 2^29 - 1, its probabilities
+    finite int/float >= 0 summing to 1 within 1e-6 (ServeGen's tolerance), no duplicate key
+    (in the dict literal or in the JSON object);
+  - an empty PMF `{}` (full ServeGen checkouts have them, e.g. a client's "0" window before
+    its first request): the whole dataset window is skipped, exactly as ServeGen's loader
+    does, so the previous window stays in force; it is listed in `ServeGenData.skipped`;
+  - the dataset window in force for a trace row is the latest (non-skipped) key <= the row's
+    timestamp; a row with rate > 0 and none in force is an error;
+  - zero-length prompts or outputs (key 0; none in the shipped sample, whose smallest keys
+    are 9 and 1) are raised to length 1, since every request has prompt >= 1 and output >= 1
+    in our model; the raised mass is reported per client by `plan`;
+  - fields other than "input_tokens"/"output_tokens" (e.g. "reason_ratio" in ServeGen's
+    reasoning data) are not modelled; they are listed in `ServeGenData.skipped`;
+  - every file is refused above 256 MiB (`MAX_FILE_BYTES`) before it is read.
+`trace-only/` (optional subfolder): clients with trace rows and no dataset file. With
+`include_trace_only=True` they get the substitute length PMFs: the request-weighted pooled
+PMF of all clients with a dataset (weights rate x 600 of every row of the directory, each
+row's PMF the one in force) and are marked `substituted`. Client ids are ServeGen's own
+(not contiguous), kept and sorted ascending; client index k is the position in that order.
+
+Time (`plan`, host). W consecutive 600 s rows (default all) map linearly onto integer steps
+[0, horizon): row w covers steps [b_w, b_{w+1}) with b_w = floor(w * horizon / W), so a
+time x seconds into row w (0 <= x < 600) is step b_w + floor(x / 600 * (b_{w+1} - b_w))
+(clamped into the row). On average one step is 600 * W / horizon seconds
+(`seconds_per_step`). Needs horizon >= W, horizon / W <= 2^24 and horizon * K < 2^31.
+
+Load. A request with prompt p and output o holds p + g KV tokens at its g-th decode step
+(g = 1..o): demand(p, o) = o*p + o*(o+1)/2 token-steps. The server offers M = kv_budget
+token-steps per step. One common factor s scales every client's rate so that
+    sum_{k,w} (s * rate_kw * 600) * E_kw[demand] / horizon = load * M,
+where E_kw is the mean demand under client k's clipped prompt and output PMFs of the dataset
+window in force at row w, prompt and output drawn independently:
+E[demand] = E[o] E[p] + (E[o^2] + E[o]) / 2. `scale` is s; `native_load` is the load at
+s = 1 (the data's own rates). With `match_load=True`, s is instead chosen (bisection) so
+that the requests actually generated offer `load` as closely as integer counts allow.
+
+Arrivals, as ServeGen's `servegen/construct.py` (`_sample_iats`, `generate_workload`) does
+it: row w of client k draws n_kw = ceil(s * rate_kw * 600) gaps (0 when rate is 0; an x
+within 1e-6 above an integer counts as that integer, so that s = 1 gives exactly the
+rate x 600 of the data despite float noise), Gamma(shape=arg1, scale=arg2) or
+Weibull(shape=arg1, scale=arg2); rescales them to sum to the window; places arrivals at the
+window start plus the running sums; keeps those strictly before the window's end. The n-th
+sum is the end itself, so exactly n_kw - 1 arrivals remain (ServeGen decides the last one by
+float rounding; here it is always dropped). So each client's request count is exact:
+`requests[k] = sum_w max(n_kw - 1, 0)`. Positions become steps by floor, as above.
+Because every active row loses x - ceil(x) + 1 in (0, 1] requests against x = s * rate * 600,
+the generated requests offer on average `expected_load` (exact, reported) < `load`: close
+when rows hold many requests, far when s is small (the whole sample on 20000 steps at
+M = 8192 and load 1: s = 1.5e-4, under one request per active row, expected_load 0.72, and
+clients whose rows each get x < 1 send nothing).
+
+Where this differs from ServeGen's construct.py (read at alibaba/ServeGen): (1) one common s
+for all rows (ServeGen's `rate_fn` may give every row its own aggregate target; a common s
+is the special case rate_fn[t] = s * sum_k rate_kt); (2) the last arrival is always dropped
+(ServeGen compares float64 sums with the end, so it is kept when rounding puts it below);
+(3) ceil tolerates float noise (ServeGen's ceil(rate * 600) is one more than the data's
+count in 88 of the sample's rows, where rate * 600 = n + 2e-13; with the drop, ServeGen
+then emits exactly n there and n - 1 elsewhere); (4) prompt and output take independent
+uniforms (ServeGen's `_sample_data_batch` feeds the same uniform to every field's inverse
+CDF, which makes prompt and output comonotone); (5) rate > 0 without a pattern, a trace
+without dataset and unreadable PMFs are errors (ServeGen skips or fails later); (6) ServeGen
+loads PMF strings with `eval`.
+
+Lengths. Prompts are clipped to `max_prompt` (default kv_budget: a longer prompt could never
+be admitted) and outputs to `max_output` (default 16384, twice the longest output in the
+shipped sample, 8192); the clipped probability mass per client is reported (request-
+weighted over its rows). PMFs are sampled by inverse CDF: each is stored as thresholds
+round(CDF * 2^32) (uint32) and a uniform 32-bit word picks the first entry whose threshold
+exceeds it, so probabilities are multiples of 2^-32, and every mean the plan reports is
+computed with these quantized probabilities (exact for the generator).
+
+Device (`generate`). Output rows int32[R, 5] (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED),
+client-major blocks in sorted-id order, sorted by arrival within a block, ORDER = arrival *
+K + k, CACHED = 0, R = sum of `requests`. Randomness: the key of row w of client k is
+fold_in(fold_in(key, client id), window timestamp) and its j-th gap / j-th request use
+fold_in(that, j), so a draw depends only on the lane key, the client, the window and j,
+never on the batch, the chosen span or the other clients. Gaps are drawn in log space
+(`jax.random.loggamma`; Weibull by inverse CDF from a standard exponential,
+log X = log scale + log(E) / shape) and normalized by the window's largest, so Gamma shapes
+as small as the data's 0.017 neither underflow nor divide by zero (the float32 exponential
+caps Weibull draws at probability 2^-24 in the tail). Positions are float32 fractions of
+the row (segmented prefix sums); one that rounds to the row's end lands in its last step,
+and a running maximum undoes float reversals of neighbours, so blocks are always sorted.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.settings import INT32_MAX, InputError
+from vtc_jax.workload import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT
+
+I32, U32, F32 = jnp.int32, jnp.uint32, jnp.float32
+
+WINDOW_SECONDS = 600
+MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_LANE_BYTES = 1 << 30
+MAX_TOKENS = INT32_MAX // 4  # largest PMF key accepted (as for trace CSV lengths)
+DEFAULT_MAX_OUTPUT = 16384
+PMF_TOLERANCE = 1e-6
+COUNT_TOLERANCE = 1e-6
+MAX_WINDOW_STEPS = 1 << 24
+PATTERNS = {"": 0, "Gamma": 1, "Weibull": 2}
+IDLE, GAMMA, WEIBULL = 0, 1, 2
+FIELDS = ("input_tokens", "output_tokens")
+_CHUNK_RE = re.compile(r"^chunk-(\d+)-(trace\.csv|dataset\.json)$")
+_INT_RE = re.compile(r"^\d+$")
+_PAIR = r"(?:0|[1-9]\d*)\s*:\s*[-+0-9.eE]+\s*"
+_PLAIN_DICT = re.compile(r"\{\s*(?:" + _PAIR + r",\s*)*(?:" + _PAIR + r")?\}")
+_TWO32 = 1 << 32
+
+
+# ---- host data --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LengthPMF:
+    """One dataset window's length distributions (host, float64 probabilities summing to 1).
+
+    Attributes:
+      source: where it came from, e.g. 'chunk-61-dataset.json, key "842400"' or 'substitute'.
+      prompt_values, output_values: int64[n] distinct lengths >= 1 (zero already raised).
+      prompt_probs, output_probs: float64[n] their probabilities.
+      prompt_raised, output_raised: probability mass that was at length 0 (now at 1).
+    """
+
+    source: str
+    prompt_values: np.ndarray
+    prompt_probs: np.ndarray
+    output_values: np.ndarray
+    output_probs: np.ndarray
+    prompt_raised: float = 0.0
+    output_raised: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeGenData:
+    """A ServeGen directory as read (host). K clients (sorted ids), W rows of 600 s.
+
+    Attributes:
+      directory: the directory read.
+      client_ids: int64[K] ServeGen client ids, ascending.
+      timestamps: int64[W] row starts (seconds since trace start), 600 apart.
+      rate: float64[K, W] requests per second; rate * 600 is the row's request count.
+      cv: float64[K, W] the row's inter-arrival CV (as given; not used for generation).
+      pattern: int8[K, W] IDLE (0), GAMMA (1) or WEIBULL (2).
+      shape, scale: float64[K, W] arg1 and arg2 of the row's distribution (0 when idle).
+      lengths: int64[K, W] index into `pmfs` of the dataset window in force; -1 where none
+        (allowed only where rate is 0).
+      pmfs: the distinct dataset windows (plus the substitute, last, when one is used).
+      substituted: bool[K] clients from trace-only/ given the substitute PMF.
+      trace_files: per client, the trace file read (for messages).
+      skipped: one line per skipped dataset window (empty PMF) or ignored PMF field.
+    """
+
+    directory: str
+    client_ids: np.ndarray
+    timestamps: np.ndarray
+    rate: np.ndarray
+    cv: np.ndarray
+    pattern: np.ndarray
+    shape: np.ndarray
+    scale: np.ndarray
+    lengths: np.ndarray
+    pmfs: tuple[LengthPMF, ...]
+    substituted: np.ndarray
+    trace_files: tuple[str, ...]
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.client_ids.shape[0])
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.timestamps.shape[0])
+
+    def requests(self) -> np.ndarray:
+        """float64[K]: the data's request count per client, sum over rows of rate * 600."""
+        return (self.rate * WINDOW_SECONDS).sum(axis=1)
+
+
+def _check_size(path: str) -> None:
+    size = os.path.getsize(path)
+    if size > MAX_FILE_BYTES:
+        raise InputError(f"{path}: {size} bytes, over the limit of {_limit()} per file")
+
+
+def _limit() -> str:
+    return f"{MAX_FILE_BYTES} bytes ({MAX_FILE_BYTES / (1 << 20):g} MiB)"
+
+
+def _read_text(path: str) -> str:
+    try:
+        _check_size(path)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise InputError(f"{path}: over the limit of {_limit()} per file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}, line {line}: not UTF-8 text") from None
+
+
+def _number(text: str, path: str, line: int, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{path}, line {line}: {name} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(f"{path}, line {line}: {name} {text!r} is not finite")
+    return value
+
+
+def read_trace(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One `chunk-<id>-trace.csv`: (timestamp int64[W], rate, cv float64[W], pattern int8[W],
+    shape, scale float64[W]). Raises InputError naming the file and 1-based line."""
+    text = _read_text(path)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise InputError(f"{path}: no rows")
+    cols: list[list] = [[] for _ in range(6)]
+    for n, line in enumerate(lines, start=1):
+        if line.endswith("\r"):
+            line = line[:-1]
+        fields = line.split(",")
+        if len(fields) != 6:
+            raise InputError(f"{path}, line {n}: expected 6 fields (timestamp,rate,cv,pattern,arg1,arg2), "
+                             f"got {len(fields)}")
+        ts, rate, cv, pat, arg1, arg2 = (f.strip() for f in fields)
+        if not _INT_RE.match(ts) or len(ts) > 10 or int(ts) >= _TWO32:
+            raise InputError(f"{path}, line {n}: timestamp {ts!r} is not an integer in [0, 2^32)")
+        t = int(ts)
+        r = _number(rate, path, n, "rate")
+        c = _number(cv, path, n, "cv")
+        a1 = _number(arg1, path, n, "arg1")
+        a2 = _number(arg2, path, n, "arg2")
+        if r < 0:
+            raise InputError(f"{path}, line {n}: rate {rate} is negative")
+        if c < 0:
+            raise InputError(f"{path}, line {n}: cv {cv} is negative")
+        if pat not in PATTERNS:
+            raise InputError(f"{path}, line {n}: unknown pattern {pat!r} (expected Gamma, Weibull or empty)")
+        if r > 0:
+            if not pat:
+                raise InputError(f"{path}, line {n}: rate {rate} > 0 but no pattern (Gamma or Weibull)")
+            if a1 <= 0 or a2 <= 0:
+                raise InputError(f"{path}, line {n}: {pat} needs shape arg1 > 0 and scale arg2 > 0, "
+                                 f"got {arg1}, {arg2}")
+        if cols[0] and t != cols[0][-1] + WINDOW_SECONDS:
+            raise InputError(f"{path}, line {n}: timestamp {t} is not {WINDOW_SECONDS} s after the "
+                             f"previous row's {cols[0][-1]}")
+        pattern = PATTERNS[pat] if r > 0 else IDLE
+        for col, v in zip(cols, (t, r, c, pattern, a1 if r > 0 else 0.0, a2 if r > 0 else 0.0)):
+            col.append(v)
+    return (np.asarray(cols[0], np.int64), np.asarray(cols[1], np.float64), np.asarray(cols[2], np.float64),
+            np.asarray(cols[3], np.int8), np.asarray(cols[4], np.float64), np.asarray(cols[5], np.float64))
+
+
+def _dict_items(text: str, where: str) -> list[tuple]:
+    """The (key, value) pairs of a dict literal, without evaluating code: a plain
+    `{int: number, ...}` is split directly (7x faster than the AST on 60 kB strings);
+    anything else goes through `ast.literal_eval`, which only builds literals."""
+    text = text.strip()
+    if _PLAIN_DICT.fullmatch(text):
+        try:
+            items = [(int(k), float(v)) for k, v in
+                     (part.split(":") for part in text[1:-1].split(",") if part.strip())]
+        except ValueError:
+            items = None  # e.g. "1.2.3": let literal_eval word the error
+        if items is not None:
+            if len({k for k, _ in items}) != len(items):
+                raise InputError(f"{where}: duplicate token counts in the dict literal")
+            return items
+    try:
+        tree = ast.parse(text, mode="eval")
+        if not isinstance(tree.body, ast.Dict):
+            raise InputError(f"{where}: not a dict literal {{tokens: probability, ...}}")
+        pmf = ast.literal_eval(tree.body)
+    except InputError:
+        raise
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise InputError(f"{where}: unparsable dict literal {_clip_text(text)}") from None
+    if len(pmf) != len(tree.body.keys):
+        raise InputError(f"{where}: duplicate token counts in the dict literal")
+    return list(pmf.items())
+
+
+def parse_pmf(text, where: str) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """A PMF string -> (values int64[n] >= 1, probs float64[n], mass raised from 0 to 1), or
+    None for an empty dict. Never evaluates code; `where` names the file and key."""
+    if not isinstance(text, str):
+        raise InputError(f"{where}: expected a string holding a dict literal, got {type(text).__name__}")
+    items = _dict_items(text, where)
+    if not items:
+        return None
+    values, probs = [], []
+    for key, p in items:
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0 or key > MAX_TOKENS:
+            raise InputError(f"{where}: key {key!r} is not a token count (an int in [0, {MAX_TOKENS}])")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 0:
+            raise InputError(f"{where}: probability {p!r} of {key} is not a finite number >= 0")
+        values.append(key)
+        probs.append(float(p))
+    total = math.fsum(probs)
+    if abs(total - 1.0) > PMF_TOLERANCE:
+        raise InputError(f"{where}: probabilities sum to {total!r}, not 1 (tolerance {PMF_TOLERANCE:g})")
+    values, probs = np.asarray(values, np.int64), np.asarray(probs, np.float64) / total
+    raised = float(probs[values == 0].sum())
+    return (*_merge(np.maximum(values, 1), probs), raised)
+
+
+def _clip_text(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def _merge(values: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sum probabilities of equal values; drop zero-probability entries. Sorted ascending."""
+    keep = probs > 0
+    uniq, inv = np.unique(values[keep], return_inverse=True)
+    return uniq.astype(np.int64), np.bincount(inv, weights=probs[keep], minlength=uniq.size)
+
+
+def _reject_duplicates(where: str):
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise InputError(f"{where}: duplicate key {k!r}")
+            seen.add(k)
+        return dict(pairs)
+    return hook
+
+
+def read_dataset(path: str) -> tuple[list[tuple[int, LengthPMF | None]], list[str]]:
+    """One `chunk-<id>-dataset.json`: [(window start, LengthPMF or None when skipped)] in
+    ascending order, and notes on skipped windows / ignored fields."""
+    text = _read_text(path)
+    try:
+        obj = json.loads(text, object_pairs_hook=_reject_duplicates(path))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}, line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict) or not obj:
+        raise InputError(f"{path}: expected a non-empty JSON object keyed by window start timestamps")
+    windows, notes = [], []
+    name = os.path.basename(path)
+    for key in obj:
+        if not _INT_RE.match(key) or len(key) > 10:
+            raise InputError(f'{path}, key "{key}": not a window start timestamp (a non-negative integer)')
+    for key, value in sorted(obj.items(), key=lambda kv: int(kv[0])):
+        where = f'{path}, key "{key}"'
+        if not isinstance(value, dict):
+            raise InputError(f"{where}: expected an object with {FIELDS[0]!r} and {FIELDS[1]!r}")
+        for field in FIELDS:
+            if field not in value:
+                raise InputError(f"{where}: missing {field!r}")
+        for field in sorted(set(value) - set(FIELDS)):
+            notes.append(f'{name}, key "{key}": field {field!r} ignored (not modelled)')
+        parsed = [parse_pmf(value[f], f"{where}, {f}") for f in FIELDS]
+        if any(p is None for p in parsed):
+            notes.append(f'{name}, key "{key}": empty PMF, window skipped (as ServeGen does)')
+            windows.append((int(key), None))
+            continue
+        (pv, pp, pr), (ov, op, orr) = parsed
+        windows.append((int(key), LengthPMF(f'{name}, key "{key}"', pv, pp, ov, op, pr, orr)))
+    return windows, notes
+
+
+def _scan(directory: str) -> dict[int, dict[str, str]]:
+    found: dict[int, dict[str, str]] = {}
+    for entry in sorted(os.listdir(directory)):
+        m = _CHUNK_RE.match(entry)
+        if m and os.path.isfile(os.path.join(directory, entry)):
+            if len(m.group(1)) > 9:
+                raise InputError(f"{os.path.join(directory, entry)}: client id {m.group(1)} is over 10^9")
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = os.path.join(directory, entry)
+    return found
+
+
+def _pooled(pmfs: Sequence[LengthPMF], weights: np.ndarray) -> LengthPMF:
+    def pool(vals, probs):
+        v = np.concatenate([x for x, w in zip(vals, weights) if w > 0])
+        p = np.concatenate([q * w for q, w in zip(probs, weights) if w > 0])
+        v, p = _merge(v, p)
+        return v, p / p.sum()
+    pv, pp = pool([p.prompt_values for p in pmfs], [p.prompt_probs for p in pmfs])
+    ov, op = pool([p.output_values for p in pmfs], [p.output_probs for p in pmfs])
+    w = weights / weights.sum()
+    return LengthPMF("substitute (request-weighted pool of the clients with a dataset)", pv, pp, ov, op,
+                     float(np.dot(w, [p.prompt_raised for p in pmfs])),
+                     float(np.dot(w, [p.output_raised for p in pmfs])))
+
+
+def read_servegen(directory: str, *, include_trace_only: bool = True) -> ServeGenData:
+    """Read a ServeGen model directory (e.g. `data/servegen/m-large`); see the module doc.
+
+    Clients with both files are read from `directory`; with `include_trace_only`, clients in
+    `directory/trace-only/` (trace files only) are added with the substitute PMF.
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise InputError(f"{directory}: not a directory")
+    main = _scan(directory)
+    extra: dict[int, dict[str, str]] = {}
+    sub = os.path.join(directory, "trace-only")
+    if include_trace_only and os.path.isdir(sub):
+        extra = _scan(sub)
+        for cid, files in extra.items():
+            if "dataset.json" in files:
+                raise InputError(f"{files['dataset.json']}: a dataset file in trace-only/; move client "
+                                 f"{cid}'s files to {directory}")
+            if cid in main:
+                raise InputError(f"{files['trace.csv']}: client {cid} is also in {directory}")
+    for cid, files in main.items():
+        if "trace.csv" not in files:
+            raise InputError(f"{files['dataset.json']}: no chunk-{cid}-trace.csv beside it")
+        if "dataset.json" not in files:
+            raise InputError(f"{files['trace.csv']}: no chunk-{cid}-dataset.json beside it (a client "
+                             "without lengths belongs in trace-only/, which gets the substitute PMF)")
+    ids = sorted(set(main) | set(extra))
+    if not ids:
+        raise InputError(f"{directory}: no chunk-<id>-trace.csv files")
+
+    traces, files = [], []
+    for cid in ids:
+        path = (main.get(cid) or extra[cid])["trace.csv"]
+        traces.append(read_trace(path))
+        files.append(path)
+    # The reference rows: the (start, count) most clients have, so the odd file is named.
+    spans = [(int(t[0][0]), len(t[0])) for t in traces]
+    common = max(set(spans), key=lambda sp: (spans.count(sp), -spans.index(sp)))
+    ref_ts, ref_path = traces[spans.index(common)][0], files[spans.index(common)]
+    for (ts, *_), path in zip(traces, files):
+        if ts.shape != ref_ts.shape or ts[0] != ref_ts[0]:
+            n = int(np.argmax(ts != ref_ts[0])) + 1 if ts[0] != ref_ts[0] else min(len(ts), len(ref_ts)) + 1
+            raise InputError(f"{path}, line {n}: rows differ from {os.path.basename(ref_path)} "
+                             f"({len(ts)} rows from {ts[0]}, expected {len(ref_ts)} rows from {ref_ts[0]}): "
+                             "every client must have the same timestamps")
+    k, w = len(ids), len(ref_ts)
+    stack = lambda i: np.stack([t[i] for t in traces])  # noqa: E731
+    rate, cv, pattern, shape, scale = (stack(i) for i in range(1, 6))
+
+    pmfs: list[LengthPMF] = []
+    lengths = np.full((k, w), -1, np.int64)
+    skipped: list[str] = []
+    for i, cid in enumerate(ids):
+        if cid not in main:
+            continue
+        windows, notes = read_dataset(main[cid]["dataset.json"])
+        skipped += notes
+        live = [(start, pmf) for start, pmf in windows if pmf is not None]
+        starts = np.asarray([s for s, _ in live], np.int64)
+        pos = np.searchsorted(starts, ref_ts, side="right") - 1  # latest start <= timestamp
+        lengths[i] = np.where(pos >= 0, pos + len(pmfs), -1)
+        bad = (pos < 0) & (rate[i] > 0)
+        if bad.any():
+            n = int(np.argmax(bad))
+            raise InputError(f"{files[i]}, line {n + 1}: rate {rate[i, n]} > 0 at {ref_ts[n]} but "
+                             f"{os.path.basename(main[cid]['dataset.json'])} has no (non-empty) window "
+                             f"starting at or before it")
+        pmfs += [pmf for _, pmf in live]
+
+    substituted = np.asarray([cid not in main for cid in ids])
+    if substituted.any():
+        have = lengths >= 0
+        weights = np.bincount(lengths[have], weights=(rate * WINDOW_SECONDS)[have], minlength=len(pmfs))
+        if not pmfs or weights.sum() <= 0:
+            n = int(np.argmax(substituted))
+            raise InputError(f"{files[n]}: client {ids[n]} has no dataset and no substitute is possible "
+                             "(no client with a dataset sends requests)")
+        lengths[substituted] = len(pmfs)
+        pmfs.append(_pooled(pmfs, weights))
+    return ServeGenData(directory, np.asarray(ids, np.int64), ref_ts, rate, cv, pattern.astype(np.int8),
+                        shape, scale, lengths, tuple(pmfs), substituted, tuple(files), tuple(skipped))
+
+
+# ---- plan ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ServeGenLayout:
+    """Static (hashable) shape of a plan's output: K clients, S = K * W client-rows, G gaps
+    drawn, `sizes` requests per client (R = sum), `search_steps` binary-search rounds."""
+
+    num_clients: int
+    num_windows: int
+    num_gaps: int
+    sizes: tuple[int, ...]
+    search_steps: int
+    horizon: int
+
+    @property
+    def num_requests(self) -> int:
+        return int(sum(self.sizes))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ServeGenParams:
+    """Traced generator inputs (shared by every lane).
+
+    Attributes:
+      count: int32[K, W] gaps drawn in row w of client k: n_kw, or 0 when n_kw < 2 (such
+        a row emits no arrival, so its single gap is not drawn); arrivals: count - 1.
+      client_id: uint32[K] ServeGen ids (key derivation).
+      stamp: uint32[W] row timestamps (key derivation).
+      start: int32[W] first step b_w of row w;  length: int32[W] its steps b_{w+1} - b_w.
+      pattern: int32[K, W] IDLE / GAMMA / WEIBULL.
+      shape: float32[K, W] arg1;  log_scale: float32[K, W] log(arg2) (0 when idle).
+      prompt_table, output_table: int32[K, W] table index of the row's prompt / output PMF.
+      table_start, table_size: int32[D] where each table's entries lie in the flat arrays.
+      thresholds: uint32[E] per table, round(CDF * 2^32) of each entry, last = 2^32 - 1.
+      values: int32[E] the table's lengths.
+    """
+
+    count: jax.Array
+    client_id: jax.Array
+    stamp: jax.Array
+    start: jax.Array
+    length: jax.Array
+    pattern: jax.Array
+    shape: jax.Array
+    log_scale: jax.Array
+    prompt_table: jax.Array
+    output_table: jax.Array
+    table_start: jax.Array
+    table_size: jax.Array
+    thresholds: jax.Array
+    values: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeGenPlan:
+    """What `plan` decided (host). K clients (data order), W rows of the chosen span.
+
+    Attributes:
+      client_ids: int64[K];  substituted: bool[K].
+      load, kv_budget, horizon, max_prompt, max_output: as requested (defaults filled).
+      rows: (first, stop) row indices of the span;  timestamps: int64[W] its row starts.
+      scale: the common rate factor s;  seconds_per_step: 600 * W / horizon.
+      native_load: the load at s = 1 (the data's own rates: n_kw = rate_kw * 600).
+      bounds: int64[W + 1] step boundaries b_w.
+      gaps: int64[K, W] n_kw;  requests: int64[K] exact requests per client (sum n_kw - 1).
+      expected_requests: float64[K] sum_w s * rate_kw * 600 (the load's request count).
+      demand: float64[K, W] E_kw[demand] (token-steps; 0 where idle).
+      expected_load: exact mean offered demand of the generated requests / (M * horizon).
+      mean_prompt, mean_output: float64[K] exact expected sample means of the generated
+        lengths (weights: requests per row); var_prompt, var_output: float64[K, W] per row.
+      prompt_clipped, output_clipped: float64[K] PMF mass above the caps, request-weighted
+        over the client's rows (weights s * rate * 600); zero_raised: float64[K] likewise
+        for length-0 mass raised to 1 (prompt and output added).
+      params: the device inputs;  layout: the static layout.
+    """
+
+    client_ids: np.ndarray
+    substituted: np.ndarray
+    load: float
+    kv_budget: int
+    horizon: int
+    max_prompt: int
+    max_output: int
+    rows: tuple[int, int]
+    timestamps: np.ndarray
+    scale: float
+    native_load: float
+    seconds_per_step: float
+    bounds: np.ndarray
+    gaps: np.ndarray
+    requests: np.ndarray
+    expected_requests: np.ndarray
+    demand: np.ndarray
+    expected_load: float
+    mean_prompt: np.ndarray
+    mean_output: np.ndarray
+    var_prompt: np.ndarray
+    var_output: np.ndarray
+    prompt_clipped: np.ndarray
+    output_clipped: np.ndarray
+    zero_raised: np.ndarray
+    params: ServeGenParams
+    layout: ServeGenLayout
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.client_ids.shape[0])
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.requests.sum())
+
+
+def _table(values: np.ndarray, probs: np.ndarray, cap: int):
+    """Clip at `cap`, merge, quantize: (values int64[n], thresholds uint32[n], quantized
+    probabilities float64[n], clipped mass)."""
+    clipped = float(probs[values > cap].sum())
+    v, p = _merge(np.minimum(values, cap), probs)
+    cum = np.cumsum(p)
+    cum = cum / cum[-1]
+    c = np.minimum(np.rint(cum * _TWO32), _TWO32 - 1).astype(np.int64)
+    c[-1] = _TWO32 - 1
+    edges = np.concatenate([[0], c[:-1], [_TWO32]]).astype(np.float64)
+    q = np.diff(edges) / _TWO32
+    return v, c.astype(np.uint32), q, clipped
+
+
+def _moments(v: np.ndarray, q: np.ndarray) -> tuple[float, float, float]:
+    v = v.astype(np.float64)
+    return float(q @ v), float(q @ v ** 2), float(q @ v ** 3)
+
+
+def block_layout(plan: ServeGenPlan) -> tuple[np.ndarray, np.ndarray]:
+    """(first int32[K], size int32[K]): client k's rows are [first_k, first_k + size_k)."""
+    size = np.asarray(plan.layout.sizes, np.int64)
+    first = np.concatenate([[0], np.cumsum(size)[:-1]])
+    return first.astype(np.int32), size.astype(np.int32)
+
+
+def _check_lane_bytes(requests: int) -> None:
+    est = requests * NUM_FIELDS * 4
+    if est > MAX_LANE_BYTES:
+        raise InputError(f"one lane would hold {requests} requests ({est / (1 << 20):.0f} MiB of int32[R, 5]), "
+                         f"over the {MAX_LANE_BYTES >> 20} MiB limit per lane: lower the load or the horizon")
+
+
+def _gaps(x: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """int64: n = ceil(x) gaps per active row, x within COUNT_TOLERANCE above an integer
+    counting as that integer."""
+    return np.maximum(np.where(active, np.ceil(x - COUNT_TOLERANCE), 0), 0).astype(np.int64)
+
+
+def _emitted(x: np.ndarray, active: np.ndarray) -> np.ndarray:
+    return np.maximum(_gaps(x, active) - 1, 0)
+
+
+def _match_load(offered, load: float, s0: float) -> float:
+    """The s whose offered(s) (nondecreasing step function) is closest to `load`."""
+    lo, hi = 0.0, s0
+    for _ in range(200):
+        if offered(hi) >= load:
+            break
+        lo, hi = hi, hi * 2
+    else:
+        raise InputError(f"load {load} cannot be reached by scaling the rates")
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if offered(mid) < load else (lo, mid)
+    return hi if abs(offered(hi) - load) <= abs(offered(lo) - load) else lo
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
+         windows: tuple[int, int] | None = None, max_prompt: int | None = None,
+         max_output: int | None = None, match_load: bool = False) -> ServeGenPlan:
+    """Scale, count and encode a span of `data` for the device; see the module doc.
+
+    Args:
+      load: RHO > 0, offered KV demand over capacity (the factor s is set from it).
+      kv_budget: M, KV tokens (token-steps per step).
+      horizon: steps the span maps onto.
+      windows: (first, stop) row indices, half-open; default all rows.
+      max_prompt: prompt cap (default kv_budget);  max_output: output cap (default 16384).
+      match_load: False (default): s from the load equation of the module doc, so the
+        generated requests offer `expected_load` <= about `load`. True: s instead makes
+        `expected_load` (what the generated requests offer, one arrival per row dropped) as
+        close to `load` as the integer counts allow (bisection on s; the residual is at most
+        one row's mean demand / (M * horizon)).
+    """
+    m = _positive_int(kv_budget, "kv_budget")
+    h = _positive_int(horizon, "horizon")
+    cap_p = m if max_prompt is None else _positive_int(max_prompt, "max_prompt")
+    cap_o = DEFAULT_MAX_OUTPUT if max_output is None else _positive_int(max_output, "max_output")
+    if isinstance(load, bool) or not isinstance(load, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(load) or load <= 0:
+        raise InputError(f"load must be a finite number > 0, got {load!r}")
+    load = float(load)
+    first, stop = (0, data.num_windows) if windows is None else tuple(windows)
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (first, stop)) \
+            or not 0 <= first < stop <= data.num_windows:
+        raise InputError(f"windows must be (first, stop) with 0 <= first < stop <= {data.num_windows}, "
+                         f"got {windows!r}")
+    first, stop = int(first), int(stop)
+    k, w = data.num_clients, stop - first
+    if h < w:
+        raise InputError(f"horizon {h} is shorter than the {w} rows it must hold (one step per row at least)")
+    if -(-h // w) > MAX_WINDOW_STEPS:
+        raise InputError(f"horizon {h} gives over {MAX_WINDOW_STEPS} steps per 600 s row (float32 positions)")
+    if h * k > INT32_MAX:
+        raise InputError(f"horizon x clients = {h * k} overflows ORDER = arrival * K + k (int32)")
+    rate = data.rate[:, first:stop]
+    lengths = data.lengths[:, first:stop]
+    active = rate > 0
+
+    # Per dataset window in use: clipped, quantized tables and their moments.
+    used = sorted(set(int(x) for x in lengths[active]))
+    tables, stats = [], {}
+    for p in used:
+        pmf = data.pmfs[p]
+        pv, pc, pq, p_clip = _table(pmf.prompt_values, pmf.prompt_probs, cap_p)
+        ov, oc, oq, o_clip = _table(pmf.output_values, pmf.output_probs, cap_o)
+        tables += [(pv, pc), (ov, oc)]
+        (e_p, e_p2, _), (e_o, e_o2, _) = _moments(pv, pq), _moments(ov, oq)
+        stats[p] = dict(e_p=e_p, v_p=e_p2 - e_p ** 2, e_o=e_o, v_o=e_o2 - e_o ** 2,
+                        demand=e_o * e_p + (e_o2 + e_o) / 2, p_clip=p_clip, o_clip=o_clip,
+                        raised=pmf.prompt_raised + pmf.output_raised)
+
+    def per_row(name):
+        lut = np.zeros(len(data.pmfs))
+        for p_, st in stats.items():
+            lut[p_] = st[name]
+        return np.where(active, lut[np.maximum(lengths, 0)], 0.0)
+
+    demand = per_row("demand")
+    native = rate * WINDOW_SECONDS
+    total = float((native * demand).sum())
+    if total <= 0:
+        raise InputError(f"rows {first}..{stop - 1} hold no requests: nothing to scale to load {load}")
+    s = load * m * h / total
+    if match_load:
+        s = _match_load(lambda s_: (_emitted(s_ * native, active) * demand).sum() / (m * h), load, s)
+    x = s * native
+    gaps = _gaps(x, active)
+    emitted = np.maximum(gaps - 1, 0)
+    requests = emitted.sum(axis=1)
+    _check_lane_bytes(int(requests.sum()))
+    drawn = np.where(gaps >= 2, gaps, 0)
+    if int(drawn.sum()) > INT32_MAX // 2:
+        raise InputError(f"{int(drawn.sum())} gaps to draw: over the int32 index limit")
+
+    def weighted(values, weights):
+        tot = weights.sum(axis=1)
+        return np.where(tot > 0, (values * weights).sum(axis=1) / np.where(tot > 0, tot, 1), 0.0)
+
+    bounds = (np.arange(w + 1, dtype=np.int64) * h) // w
+    lut = np.zeros(len(data.pmfs), np.int32)
+    lut[used] = 2 * np.arange(len(used))
+    pt = np.where(active, lut[np.maximum(lengths, 0)], 0).astype(np.int32)
+    ot = np.where(active, pt + 1, 0).astype(np.int32)
+    sizes = np.asarray([len(v) for v, _ in tables] or [1], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    flat_v = np.concatenate([v for v, _ in tables]) if tables else np.ones(1, np.int64)
+    flat_c = np.concatenate([c for _, c in tables]) if tables else np.full(1, _TWO32 - 1, np.uint32)
+    pattern = data.pattern[:, first:stop].astype(np.int32)
+    params = ServeGenParams(
+        count=jnp.asarray(drawn, I32), client_id=jnp.asarray(data.client_ids.astype(np.uint32)),
+        stamp=jnp.asarray(data.timestamps[first:stop].astype(np.uint32)),
+        start=jnp.asarray(bounds[:-1], I32), length=jnp.asarray(np.diff(bounds), I32),
+        pattern=jnp.asarray(pattern), shape=jnp.asarray(np.where(active, data.shape[:, first:stop], 1.0), F32),
+        log_scale=jnp.asarray(np.where(active, np.log(np.where(active, data.scale[:, first:stop], 1.0)), 0.0), F32),
+        prompt_table=jnp.asarray(pt), output_table=jnp.asarray(ot),
+        table_start=jnp.asarray(starts, I32), table_size=jnp.asarray(sizes, I32),
+        thresholds=jnp.asarray(flat_c.astype(np.uint32)), values=jnp.asarray(flat_v, I32))
+    layout = ServeGenLayout(k, w, int(drawn.sum()), tuple(int(r) for r in requests),
+                            int(sizes.max()).bit_length() + 1, h)
+    return ServeGenPlan(
+        client_ids=data.client_ids.copy(), substituted=data.substituted.copy(), load=load, kv_budget=m,
+        horizon=h, max_prompt=cap_p, max_output=cap_o, rows=(first, stop),
+        timestamps=data.timestamps[first:stop].copy(), scale=s, native_load=total / (m * h),
+        seconds_per_step=WINDOW_SECONDS * w / h,
+        bounds=bounds, gaps=gaps, requests=requests, expected_requests=x.sum(axis=1), demand=demand,
+        expected_load=float((emitted * demand).sum()) / (m * h),
+        mean_prompt=weighted(per_row("e_p"), emitted), mean_output=weighted(per_row("e_o"), emitted),
+        var_prompt=per_row("v_p"), var_output=per_row("v_o"),
+        prompt_clipped=weighted(per_row("p_clip"), x), output_clipped=weighted(per_row("o_clip"), x),
+        zero_raised=weighted(per_row("raised"), x), params=params, layout=layout)
+
+
+# ---- device generation --------------------------------------------------------------------
+
+def _segments(count: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
+    """For items 0..n-1 laid out in consecutive segments of `count` int32[S] items:
+    (segment int32[n], index within it int32[n])."""
+    end = jnp.cumsum(count)
+    item = jnp.arange(n, dtype=I32)
+    seg = jnp.searchsorted(end, item, side="right").astype(I32)
+    return seg, item - (end[seg] - count[seg])
+
+
+def _segmented_cumsum(x: jax.Array, first: jax.Array) -> jax.Array:
+    """Inclusive cumsum of float32[n] restarting where `first` (bool[n]) is set."""
+    def combine(a, b):
+        return jnp.where(b[1], b[0], a[0] + b[0]), a[1] | b[1]
+    return jax.lax.associative_scan(combine, (x, first))[0]
+
+
+def _search(params: ServeGenParams, table: jax.Array, word: jax.Array, steps: int) -> jax.Array:
+    """Inverse CDF: int32[n] length of `table` (int32[n]) for uniform words (uint32[n]):
+    the first entry whose threshold exceeds the word (the last entry when none does)."""
+    start, size = params.table_start[table], params.table_size[table]
+
+    def halve(_, bounds):  # branchless lower bound on [lo, hi)
+        lo, hi = bounds
+        active = lo < hi
+        mid = (lo + hi) // 2
+        below = params.thresholds[start + jnp.minimum(mid, size - 1)] <= word
+        return jnp.where(active & below, mid + 1, lo), jnp.where(active & ~below, mid, hi)
+    lo, _ = jax.lax.fori_loop(0, steps, halve, (jnp.zeros_like(size), size))
+    return params.values[start + jnp.minimum(lo, size - 1)]
+
+
+def _row_keys(key: jax.Array, params: ServeGenParams) -> jax.Array:
+    """Keys of every client-row, flattened client-major: fold_in(fold_in(key, id), stamp)."""
+    per_client = jax.vmap(lambda c: jax.random.fold_in(key, c))(params.client_id)
+    return jax.vmap(lambda kc: jax.vmap(lambda t: jax.random.fold_in(kc, t))(params.stamp))(per_client) \
+        .reshape((-1,) + per_client.shape[1:])
+
+
+def generate(key: jax.Array, params: ServeGenParams, *, layout: ServeGenLayout) -> tuple[jax.Array, jax.Array]:
+    """One lane: (requests int32[R, 5], num_requests int32[] = R); see the module doc.
+
+    `params` and `layout` must come from the same `plan`. Jittable (layout static) and
+    vmappable over keys: `jax.vmap(partial(generate, layout=L), (0, None))(keys, params)`.
+    Working memory is about 40 bytes per gap (G = R + rows with n_kw >= 2) besides the output.
+    """
+    _check_lane_bytes(layout.num_requests)
+    k, w, g, r = layout.num_clients, layout.num_windows, layout.num_gaps, layout.num_requests
+    if r == 0:
+        return jnp.zeros((0, NUM_FIELDS), I32), jnp.asarray(0, I32)
+    count = params.count.reshape(-1)  # [S], S = K * W, client-major
+    row_keys = _row_keys(key, params)
+    flat = lambda x: x.reshape(-1)  # noqa: E731
+    pattern, shape, log_scale = flat(params.pattern), flat(params.shape), flat(params.log_scale)
+
+    # Gaps: G draws, client-row by client-row, in log space.
+    seg, idx = _segments(count, g)
+    gap_keys = jax.vmap(lambda kk, i: jax.random.fold_in(jax.random.fold_in(kk, i), 0))(row_keys[seg], idx)
+    a = shape[seg]
+
+    def log_gap(kk, a_):
+        k_gamma, k_weibull = jax.random.split(kk)
+        lg = jax.random.loggamma(k_gamma, a_)
+        lw = jnp.log(jax.random.exponential(k_weibull, dtype=F32)) / a_
+        return lg, lw
+    lg, lw = jax.vmap(log_gap)(gap_keys, a)
+    logs = jnp.where(pattern[seg] == GAMMA, lg, lw) + log_scale[seg]
+    top = jax.ops.segment_max(logs, seg, num_segments=k * w, indices_are_sorted=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    weight = jnp.exp(logs - top[seg])
+    total = jax.ops.segment_sum(weight, seg, num_segments=k * w, indices_are_sorted=True)
+    cum = _segmented_cumsum(weight, idx == 0)
+
+    # Requests: the first n - 1 arrivals of every client-row.
+    emitted = jnp.maximum(count - 1, 0)
+    rseg, j = _segments(emitted, r)
+    gap_of = (jnp.cumsum(count) - count)[rseg] + j
+    tot = total[rseg]
+    frac = jnp.where(tot > 0, cum[gap_of] / jnp.where(tot > 0, tot, 1.0),
+                     (j + 1).astype(F32) / count[rseg].astype(F32))
+    window = rseg % w
+    client = rseg // w
+    length = params.length[window]
+    offset = jnp.clip(jnp.floor(frac * length.astype(F32)).astype(I32), 0, length - 1)
+    # Float rounding may reverse neighbours by a step; a running max keeps each block sorted
+    # (client k's steps live in [k * horizon, (k + 1) * horizon) of this global key).
+    step_key = jax.lax.cummax(client * layout.horizon + params.start[window] + offset)
+    arrival = step_key - client * layout.horizon
+
+    len_keys = jax.vmap(lambda kk, i: jax.random.fold_in(jax.random.fold_in(kk, i), 1))(row_keys[rseg], j)
+    words = jax.vmap(lambda kk: jax.random.bits(kk, (2,), U32))(len_keys)
+    prompt = _search(params, flat(params.prompt_table)[rseg], words[:, 0], layout.search_steps)
+    output = _search(params, flat(params.output_table)[rseg], words[:, 1], layout.search_steps)
+    order = arrival * k + client
+    assert (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED) == (0, 1, 2, 3, 4)
+    rows = jnp.stack([arrival, order, prompt, output, jnp.zeros_like(arrival)], axis=-1)
+    return rows, jnp.asarray(r, I32)
