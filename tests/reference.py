@@ -20,7 +20,7 @@ A reference policy object is built per run as ``cls(settings, sim)`` and may def
 * ``on_step_end(elapsed)``: after phase 3 (decode) of a step; `elapsed` is 1, or the
   length of the idle stretch that starts with this step (the engine jumps over steps in
   which nothing runs or waits; hooks are not called inside such a stretch);
-* ``on_complete(n, value)``: phase 4, for each completing request in admission order;
+* ``on_complete(n, value)``: phase 4, for each completing request, last admitted first;
 * ``counters() -> list | None``: the policy's own virtual counters, if any.
 
 `sim` exposes: t, K, reqs, fifo (lists of request numbers), c (MODEL.md counters, which
@@ -304,18 +304,17 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int | None
             _call(pol, "on_step_end", elapsed)
 
         # ---- phase 4: completion ---------------------------------------------------
-        still = []
-        for n in sim.running:  # admission order
-            if sim.generated[n] == reqs[n].output:
-                finish_step[n] = t
-                completed[reqs[n].client] += 1
-                n_completed += 1
-                del sim.generated[n]
-                _call(pol, "on_complete", n, value.pop(n))
-                sim.observe(n)
-            else:
-                still.append(n)
-        sim.running = still
+        # The step's completions leave together; their hooks (and the "average"
+        # estimator) see them last admitted first.
+        leaving = [n for n in sim.running if sim.generated[n] == reqs[n].output]
+        sim.running = [n for n in sim.running if sim.generated[n] != reqs[n].output]
+        for n in reversed(leaving):
+            finish_step[n] = t
+            completed[reqs[n].client] += 1
+            n_completed += 1
+            del sim.generated[n]
+            _call(pol, "on_complete", n, value.pop(n))
+            sim.observe(n)
 
         # ---- record ----------------------------------------------------------------
         res.service.append(list(sim.W))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from fractions import Fraction
 
@@ -11,7 +12,7 @@ import pytest
 
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
-from vtc_jax import InputError, Settings, Trace, engine, replay, replay_lanes, run_traces
+from vtc_jax import InputError, Settings, Trace, engine, registry, replay, replay_lanes, run_traces
 
 
 def _random_lanes(seed: int, count: int, num_clients: int = 3):
@@ -20,7 +21,7 @@ def _random_lanes(seed: int, count: int, num_clients: int = 3):
     for i in range(count):
         reqs, k, m = ref.random_trace(rng, num_clients=num_clients, num_requests=rng.randint(1, 25))
         traces.append(to_trace(reqs))
-        settings.append(random_settings(rng, ("fcfs", "lcf", "vtc", "rpm")[i % 4], k, m))
+        settings.append(random_settings(rng, registry.names()[i % len(registry.names())], k, m))
         requests.append(reqs)
     return traces, settings, requests
 
@@ -48,24 +49,30 @@ def test_one_lane_equals_same_lane_in_batch_of_64():
 
 
 def test_sweep_over_traced_settings_compiles_once(monkeypatch):
-    """M, w_p, w_q, beta, weights, policy, rpm limit and window all vary lane to lane and
-    call to call; `iterate` is traced once."""
+    """Every registered policy in one batch, and M, w_p, w_q, beta, weights, bands, rpm
+    limit and window, estimator and policy options varying lane to lane and call to call:
+    the engine's step is traced once."""
     calls = {"n": 0}
-    original = engine.iterate
+    original = engine.step_lane
 
     def counting(*args, **kwargs):
         calls["n"] += 1
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "iterate", counting)
+    monkeypatch.setattr(engine, "step_lane", counting)
     jax.clear_caches()
     trace = Trace.from_rows([(0, 0, 5, 7), (0, 1, 9, 3, 2), (2, 2, 4, 5), (6, 0, 8, 2), (6, 1, 3, 9)])
-    grid = [
-        [Settings("vtc", 16, weights=(1, 2, 3)), Settings("fcfs", 20, beta="0.5")],
-        [Settings("lcf", 12, w_p="1/3", w_q=5), Settings("rpm", 30, rpm_limit=1, rpm_window=3)],
-        [Settings("rpm", 9, rpm_limit=2, rpm_window=7, weights=("0.5", 1, 4)), Settings("vtc", 64, beta=2)],
-    ]
-    results = [replay_lanes(trace, lanes, num_clients=3, steps=25, chunk=32) for lanes in grid]
+    names = registry.names()
+    rng = random.Random(3)
+    results = []
+    for call in range(3):
+        lanes = []
+        for i, policy in enumerate(names):
+            s = random_settings(rng, policy, 3, rng.choice([16, 20, 30, 64]))
+            if i == 0:  # every call holds an rpm delay, bands and a kv cap somewhere
+                s = dataclasses.replace(s, rpm_limit=1 + call, rpm_mode="delay", bands=(0, call % 2, 1), kv_cap=40)
+            lanes.append(s)
+        results.append(replay_lanes(trace, lanes, num_clients=3, steps=25, chunk=32, policies=names))
     assert calls["n"] == 1
     assert len({tuple(r.service[0]) for r in results}) == 3  # the settings did change the runs
 

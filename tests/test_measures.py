@@ -45,7 +45,7 @@ def _lanes(seed: int, k: int, count: int):
     traces, settings, requests = [], [], []
     for i in range(count):
         reqs, _, m = ref.random_trace(rng, num_clients=k, num_requests=rng.randint(5, 30), max_arrival=30)
-        s = random_settings(rng, POLICIES[i % 4], k, m)
+        s = random_settings(rng, POLICIES[i % len(POLICIES)], k, m)
         start = rng.randint(0, 20)
         settings.append(type(s)(**{**s.__dict__, "share_window": (start, start + rng.randint(1, 15))}))
         traces.append(to_trace(reqs))
@@ -88,8 +88,9 @@ def test_measures_match_numpy_over_reference(k):
         before = w[start - 1] if start > 0 else np.zeros(k)
         np.testing.assert_allclose(res.share_service[lane], w[end - 1] - before, rtol=1e-12, atol=1e-9, err_msg=msg)
         # waiting / running at the horizon
-        n_arrived = np.bincount([r.client for r in arrived], minlength=k)
-        assert list(res.waiting[lane]) == list(n_arrived - np.asarray(exp.admitted)), msg
+        n_arrived = np.bincount([r.client for r in arrived], minlength=k)  # rejected ones never wait
+        assert list(res.waiting[lane]) == list(n_arrived - np.asarray(exp.admitted) - np.asarray(exp.rejected)), msg
+        assert list(res.rejected[lane]) == list(exp.rejected), msg
         assert list(res.running[lane]) == list(np.asarray(exp.admitted) - np.asarray(exp.completed)), msg
         # latency: means exact, percentiles within their histogram bin
         for which, pairs in (("wait", [(r.client, a - r.arrival) for r, a in zip(reqs, exp.admit_step)

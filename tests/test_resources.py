@@ -22,7 +22,7 @@ def _lanes(seed, k, count, **overrides):
     for i in range(count):
         reqs, _, m = ref.random_trace(rng, num_clients=k, num_requests=rng.randint(5, 25), max_arrival=25,
                                       cached_prob=0.6)
-        s = random_settings(rng, POLICIES[i % 4], k, m)
+        s = random_settings(rng, POLICIES[i % len(POLICIES)], k, m)
         extra = {key: make(rng, m, reqs) for key, make in overrides.items()}
         settings.append(dataclasses.replace(s, share_window=(5, 20), **extra))
         traces.append(to_trace(reqs))

@@ -40,7 +40,7 @@ rng = random.Random(5)
 traces, settings = [], []
 for i in range(13):
     reqs, k, m = ref.random_trace(rng, num_clients=3, num_requests=rng.randint(1, 25))
-    traces.append(to_trace(reqs)); settings.append(random_settings(rng, POLICIES[i % 4], 3, m))
+    traces.append(to_trace(reqs)); settings.append(random_settings(rng, POLICIES[i % len(POLICIES)], 3, m))
 one = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(1))
 eight = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(8))
 assert len(eight.steps) == 13

@@ -7,21 +7,22 @@ import numpy as np
 import pytest
 
 from vtc_jax import InputError, Settings, simulate_traffic
-from vtc_jax.run import generate_lanes, lane_keys, stack_traffic
+from vtc_jax.run import _traffic_layout, generate_lanes, lane_keys, stack_traffic
 from vtc_jax.stats import summarize
 from vtc_jax.traffic import (generate, on_off, overload, phased, ramp, resample, silence_and_return,
                              stream_capacity)
-from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT
+from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, client_rows
 
 SEEDS = 64
 
 
 def _rows(traffic, seeds=range(SEEDS)):
     """int64[B, K, N, 5] rows that arrive before the horizon (others: arrival = -1)."""
+    capacity, first, size = _traffic_layout((traffic,), 4)
     wl = generate_lanes(lane_keys(list(seeds)), stack_traffic([traffic] * len(seeds)),
-                        horizon=traffic.horizon, capacity=stream_capacity(traffic), pad=5)
+                        horizon=traffic.horizon, capacity=capacity, first=first, size=size, pad=5)
     assert not np.asarray(wl.overflow).any()
-    rows = np.asarray(wl.requests).astype(np.int64)
+    rows = client_rows(wl)
     valid = rows[..., ARRIVAL] < traffic.horizon
     rows[~valid] = -1
     return rows, valid
@@ -95,10 +96,14 @@ def test_same_seed_same_trace_whatever_the_batch():
 
 def test_stream_overflow_is_flagged_not_dropped():
     traffic = overload([1.0, 0.25], 1000)
-    wl = generate(jax.random.key(0), traffic.params(), horizon=1000, capacity=100, pad=5)
+    capacity, first, size = _traffic_layout([traffic], 4)
+    small = (100 + 5, 100 + 5)  # blocks with room for 100 requests each: client 0 sends ~1000
+    wl = generate(jax.random.key(0), traffic.params(), horizon=1000, capacity=capacity, first=(0, small[0]),
+                  size=small, pad=5)
     assert bool(wl.overflow)
-    ok = generate(jax.random.key(0), traffic.params(), horizon=1000, capacity=stream_capacity(traffic), pad=5)
+    ok = generate(jax.random.key(0), traffic.params(), horizon=1000, capacity=capacity, first=first, size=size, pad=5)
     assert not bool(ok.overflow)
+    assert capacity == stream_capacity(traffic)
 
 
 def test_simulated_traffic_runs_and_is_reproducible():

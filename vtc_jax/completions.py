@@ -1,95 +1,83 @@
-"""Running requests ordered by completion: a binary min-heap in fixed-size arrays.
+"""Running requests by completion step: a calendar of lists over a slot pool.
 
 No preemption means a request's completion step is known when it is admitted
-(admission step + output - 1), so the engine pushes it here and pops requests as their
-step ends, one per event, in (completion step, admission sequence) order. Memory is
-O(slots) per lane (slots >= the most requests that can run at once), whatever the longest
-output; push and pop cost O(log slots) gathers. Ties between requests completing in the
-same step are broken by admission order, so completion hooks see a defined order.
+(admission step + output - 1). The engine files it in calendar row (completion step mod
+L), L = the longest output + 1 rounded up, so that every running request's row holds only
+requests completing at the same step; each row is a list threaded through a pool of S
+slots holding the request (client, prompt, output, the policy's value). At the end of
+step t the engine pops row t mod L, one request per event, last filed first (so a step's
+completions are handled in reverse admission order). Push and pop are O(1) (a few gathers
+and scatters); memory is L + 5 * S int32 per lane, whatever the number of clients (a
+per-client calendar would be 2 * L * K). Free slots are a stack; S must be at least the
+most requests that can run at once (a push into a full pool is dropped and reported: the
+engine flags the lane).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.workload import INT32_MAX
-
 I32 = jnp.int32
-FIELDS = ("finish", "seq", "client", "prompt", "output", "estimate")
+FIELDS = ("client", "prompt", "output", "value")
+CLIENT, PROMPT, OUTPUT, VALUE, NEXT = range(5)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Heap:
-    """entries: int32[6, S] rows FIELDS (finish step, admission sequence number, client,
-    prompt, output, estimate), heap-ordered by (finish, seq) over the first `size` columns;
-    empty columns hold finish = INT32_MAX. size: int32[]."""
+class Calendar:
+    """head: int32[L] the last slot filed in each row (-1: empty); slots: int32[5, S] per
+    slot (client, prompt, output, value, the slot filed before it in its row or -1);
+    free: int32[S] stack of free slots (the first `top` entries); top: int32[]."""
 
-    entries: jax.Array
-    size: jax.Array
-
-    @property
-    def top_finish(self) -> jax.Array:
-        """int32[]: completion step of the next request to complete (INT32_MAX: none)."""
-        return self.entries[0, 0]
-
-    def top(self) -> jax.Array:
-        """int32[6]: the next request to complete."""
-        return self.entries[:, 0]
+    head: jax.Array
+    slots: jax.Array
+    free: jax.Array
+    top: jax.Array
 
 
-def init(slots: int) -> Heap:
-    entries = jnp.zeros((len(FIELDS), max(slots, 1)), I32).at[0].set(INT32_MAX)
-    return Heap(entries=entries, size=jnp.zeros((), I32))
+def init(rows: int, slots: int) -> Calendar:
+    return Calendar(head=jnp.full(rows, -1, I32), slots=jnp.zeros((len(FIELDS) + 1, slots), I32),
+                    free=jnp.arange(slots - 1, -1, -1, dtype=I32), top=jnp.asarray(slots, I32))
 
 
-def depth(slots: int) -> int:
-    """Levels below the root of a heap of `slots` entries."""
-    return max(1, math.ceil(math.log2(slots + 1)))
+def due(cal: Calendar, step: jax.Array) -> jax.Array:
+    """bool[]: a request whose completion step (step - 1) has ended is still filed."""
+    rows = cal.head.shape[0]
+    return (step > 0) & (cal.head[(step - 1) % rows] >= 0)
 
 
-def _before(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Entry a completes before entry b: (finish, seq) lexicographic."""
-    return (a[0] < b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+def full(cal: Calendar) -> jax.Array:
+    return cal.top <= 0
 
 
-def push(heap: Heap, entry: jax.Array, mask: jax.Array) -> Heap:
-    """Insert `entry` (int32[6]) where `mask` (the caller guarantees size < slots)."""
-    slots = heap.entries.shape[1]
-    entries = heap.entries
-    pos = jnp.where(mask, heap.size, slots)  # slots: out of range, writes dropped
-    for _ in range(depth(slots)):
-        parent = jnp.maximum(pos - 1, 0) // 2
-        up = (pos > 0) & (pos < slots) & _before(entry, entries[:, parent])
-        entries = entries.at[:, jnp.where(up, pos, slots)].set(entries[:, parent], mode="drop")
-        pos = jnp.where(up, parent, pos)
-    entries = entries.at[:, pos].set(entry, mode="drop")
-    return Heap(entries=entries, size=heap.size + mask.astype(I32))
+def push(cal: Calendar, finish: jax.Array, entry: jax.Array, mask: jax.Array) -> Calendar:
+    """File `entry` (int32[4]: client, prompt, output, value) for step `finish` where
+    `mask` (a push into a full pool is dropped: check `full` first)."""
+    rows, slots = cal.head.shape[0], cal.free.shape[0]
+    mask = mask & (cal.top > 0)
+    slot = cal.free[jnp.maximum(cal.top - 1, 0)]
+    row = finish % rows
+    record = jnp.concatenate([entry.astype(I32), cal.head[row][None]])
+    table = cal.slots.at[:, jnp.where(mask, slot, slots)].set(record, mode="drop")
+    # The head is written after the old head was read into the table: the write's index
+    # reads the table back, a data dependency XLA must respect. Without it XLA may order
+    # the read after the write and copy the whole array on every event.
+    after = mask & (table[NEXT, jnp.maximum(slot, 0)] >= -1)
+    return Calendar(head=cal.head.at[jnp.where(after, row, rows)].set(slot, mode="drop"), slots=table,
+                    free=cal.free, top=cal.top - mask.astype(I32))
 
 
-def pop(heap: Heap, mask: jax.Array) -> Heap:
-    """Remove the top entry where `mask` (read it first with `top`)."""
-    slots = heap.entries.shape[1]
-    size = heap.size - mask.astype(I32)
-    last = heap.entries[:, jnp.maximum(size, 0)]
-    entries = heap.entries.at[:, jnp.where(mask, size, slots)].set(
-        jnp.asarray([INT32_MAX] + [0] * (len(FIELDS) - 1), I32), mode="drop")
-    sifting = mask & (size > 0)
-    pos = jnp.zeros((), I32)
-    for _ in range(depth(slots)):
-        left = 2 * pos + 1
-        right = left + 1
-        left_e = entries[:, jnp.minimum(left, slots - 1)]
-        right_e = entries[:, jnp.minimum(right, slots - 1)]
-        use_right = (right < size) & _before(right_e, left_e)
-        child = jnp.where(use_right, right, left)
-        child_e = jnp.where(use_right, right_e, left_e)
-        sifting = sifting & (child < size) & _before(child_e, last)
-        entries = entries.at[:, jnp.where(sifting, pos, slots)].set(child_e, mode="drop")
-        pos = jnp.where(sifting, child, pos)
-    entries = entries.at[:, jnp.where(mask & (size > 0), pos, slots)].set(last, mode="drop")
-    return Heap(entries=entries, size=size)
+def pop(cal: Calendar, step: jax.Array, mask: jax.Array) -> tuple[Calendar, jax.Array]:
+    """Remove the last request filed for step `step - 1` where `mask` (and one is there);
+    returns (calendar, int32[4] its entry)."""
+    rows, slots = cal.head.shape[0], cal.free.shape[0]
+    row = (step - 1) % rows
+    slot = cal.head[row]
+    mask = mask & (slot >= 0)
+    record = cal.slots[:, jnp.maximum(slot, 0)]
+    return Calendar(head=cal.head.at[jnp.where(mask, row, rows)].set(record[NEXT], mode="drop"), slots=cal.slots,
+                    free=cal.free.at[jnp.where(mask, cal.top, slots)].set(slot, mode="drop"),
+                    top=cal.top + mask.astype(I32)), record[:NEXT]

@@ -19,8 +19,9 @@ most T + 3 * requests events. Lanes that reach their horizon become no-ops (`don
 
 Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
 in the workload. Decode is O(K): per client the number of running requests and the sum
-of their contexts; running requests wait for completion in a binary heap
-(completions.py), O(log slots) per event and O(slots) memory whatever the output lengths.
+of their contexts; running requests wait for completion in a calendar
+(completions.py: FIFO lists per completion step over a slot pool), O(1) per event and
+O(longest output + slots) memory whatever the number of clients.
 The policy (vtc_jax/policies) is a component: the engine knows no policy by name; a batch
 may mix policies (`EngineConfig.policies`, dispatched on the traced `Params.policy_id`).
 All quantities are int32 in the exact units of settings.py.
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax import completions, estimators, limits, wide
-from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_arrivals, on_finish, request_cost
+from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View
 from vtc_jax.settings import Params
@@ -50,7 +51,8 @@ class EngineConfig:
     Attributes:
       num_clients: K.
       num_rows: R, rows of the workload (all blocks, padding included).
-      slots: capacity of the completion heap (>= the most requests that can run at once).
+      calendar_rows: L, rows of the completion calendar (the longest output + 1).
+      slots: running-request slots (>= the most requests that can run at once).
       policies: the policies present in the batch (registry names); lanes pick theirs by
         `Params.policy_id`.
       rpm: some lane has an RPM limit that delays admissions.
@@ -66,6 +68,7 @@ class EngineConfig:
 
     num_clients: int
     num_rows: int
+    calendar_rows: int
     slots: int
     policies: tuple[str, ...] = ("vtc",)
     rpm: bool = False
@@ -96,14 +99,14 @@ class State:
       context: int32[K]  sum over those of prompt + generated.
       last_left: int32[]  client of the last admitted request, -1 for none.
       admitted, completed: int32[K]  request counts.
-      heap: completions.Heap  running requests by completion step.
+      calendar: completions.Calendar  running requests by completion step.
       limits: limits.LimitState.
       policy: dict  {policy name: its state}.
       estimator: estimators.EstimatorState (None unless config.estimator).
       measures: Measures.
       iterations: int32[]  events consumed.
-      overflow: bool[]  a fixed-size structure would have overflowed (the completion heap
-        full): the lane is flagged as not finished, never reported.
+      overflow: bool[]  a fixed-size structure would have overflowed (the running-request
+        slots were full): the lane is flagged as not finished, never reported.
     """
 
     step: jax.Array
@@ -118,7 +121,7 @@ class State:
     last_left: jax.Array
     admitted: jax.Array
     completed: jax.Array
-    heap: completions.Heap
+    calendar: completions.Calendar
     limits: limits.LimitState
     policy: dict
     estimator: estimators.EstimatorState | None
@@ -145,7 +148,7 @@ def init_state(config: EngineConfig, lane: LaneInput) -> State:
         step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
         counter=wide.zeros((k,)), service=wide.zeros((k,)), running=zeros_k, context=zeros_k,
         last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k,
-        heap=completions.init(config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
+        calendar=completions.init(config.calendar_rows, config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
         policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
         estimator=estimators.init(k) if config.estimator else None,
         measures=init_measures(k, config.num_checkpoints, config.measures), iterations=jnp.zeros((), I32),
@@ -193,15 +196,15 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
         values.append(value)
     value = _dispatch(config, params, values)
-    entry = jnp.stack([state.step + output - 1, state.admitted.sum(), client, prompt, output, value]).astype(I32)
+    entry = jnp.stack([client, prompt, output, value]).astype(I32)
     return dataclasses.replace(
         state,
         head=state.head + take, running=state.running + take, context=state.context + take * prompt,
         service=wide.add(state.service, take * prefill),
         counter=wide.add(state.counter, take * prefill * params.costs.counter_mult),
         admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
-        heap=completions.push(state.heap, entry, mask),
-        overflow=state.overflow | (mask & (state.heap.size >= config.slots)), limits=limits.on_admit(state.limits, take, row),
+        calendar=completions.push(state.calendar, state.step + output - 1, entry, mask),
+        overflow=state.overflow | (mask & completions.full(state.calendar)), limits=limits.on_admit(state.limits, take, row),
         policy=_keep(state.policy, policy_states, mask),
         measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
                           state.horizon))
@@ -213,8 +216,10 @@ def _choice_states(choice, config):
 
 
 def _keep(old: dict, new: dict, mask) -> dict:
-    """Policy states: `new` where `mask`, else `old`."""
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(mask, b, a), old, new)
+    """Policy states: `new` where `mask`, else `old`. A leaf the hook returned untouched
+    (the same array) is kept as is: no select over it, so a large per-request table a hook
+    does not change in this event costs nothing here."""
+    return jax.tree_util.tree_map(lambda a, b: a if a is b else jnp.where(mask, b, a), old, new)
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, config: EngineConfig):
@@ -241,8 +246,8 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
 
 def complete(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
     """Phase 4 for one request (the next to complete) where `mask`."""
-    top = state.heap.top()
-    client, prompt, output, value = top[2], top[3], top[4], top[5]
+    calendar, top = completions.pop(state.calendar, state.step, mask)
+    client, prompt, output, value = top[0], top[1], top[2], top[3]
     take = _onehot(client, config.num_clients, mask)
     completion = Completion(client=client, prompt=prompt, output=output, estimate=value)
     policy_states = {name: registry.get(name).complete(state.policy[name], view, completion, params.policy[name])
@@ -252,7 +257,7 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
         estimator = estimators.observe(estimator, client, output, mask)
     return dataclasses.replace(
         state, running=state.running - take, context=state.context - take * (prompt + output),
-        completed=state.completed + take, heap=completions.pop(state.heap, mask),
+        completed=state.completed + take, calendar=calendar,
         limits=limits.on_complete(state.limits, take, prompt, output), estimator=estimator,
         policy=_keep(state.policy, policy_states, mask))
 
@@ -276,12 +281,11 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
         policy_states[name], counter = registry.get(name).arrive(state.policy[name], view, arrivals, params.policy[name])
         counters.append(counter)
     counter = _dispatch(config, params, counters)
-    cost = request_cost(rows[..., PROMPT], rows[..., OUTPUT], rows[..., CACHED], params.costs.prefill,
-                        params.costs.decode, params.costs.context)
+    # Arrival hooks see only joining requests (`joins` is False outside this event), so
+    # their states need no select (per-request tables stay O(1) per event).
     return dataclasses.replace(
         state, counter=wide.where(mask, counter, state.counter), arrived=state.arrived + joining,
-        policy=_keep(state.policy, policy_states, mask),
-        measures=on_arrivals(state.measures, state.step, cost, joins, config.record_every))
+        policy=policy_states)
 
 
 def select(state: State, view: View, params: Params, config: EngineConfig):
@@ -311,7 +315,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     heads = requests[head_index]
     next_arrival = requests[workload.first + state.arrived][:, ARRIVAL]
     in_horizon = state.step < state.horizon
-    due = state.heap.top_finish < state.step
+    due = completions.due(state.calendar, state.step)
     pending = in_horizon & (next_arrival <= state.step).any()
     view = _view(state, params, heads, head_index,
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads))
@@ -324,13 +328,13 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, config)
     view = _view(state, params, heads, head_index, view.estimates)
-    completing = active & (state.heap.top_finish < state.step)
+    completing = active & completions.due(state.calendar, state.step)
     state = complete(state, view, params, completing, config)
-    arriving = (active & (state.step < state.horizon) & ~(state.heap.top_finish < state.step)
+    arriving = (active & (state.step < state.horizon) & ~completions.due(state.calendar, state.step)
                 & (next_arrival <= state.step).any())
     view = _view(state, params, heads, head_index, view.estimates)
     state = take_arrivals(state, view, workload, params, arriving, config)
-    settled = ~(state.heap.top_finish < state.step)
+    settled = ~completions.due(state.calendar, state.step)
     finished = (state.step >= state.horizon) & settled
     if config.drain:
         finished |= (state.completed.sum() == workload.num_requests) & settled

@@ -4,9 +4,8 @@ Everything a sweep reports is folded into `Measures` as the lane runs; time seri
 only at the checkpoint stride `record_every`. A `MeasureConfig` (static) says which
 measures the carry holds: a part that is off is `None` in the pytree and costs nothing.
 Drift (max over steps of max_k W_k - min_k W_k, and its step) is always on. The engine
-calls three hooks:
+calls two hooks:
 
-  on_arrivals(m, ...)  requests joining their FIFO (demand per stride bucket);
   on_admit(m, ...)     one admission (latency histograms, the token ledger);
   on_finish(m, ...)    the end of a step (drift, pair drift, occupancy, checkpoints, windows).
 
@@ -17,8 +16,7 @@ what they are (no service, no backlog, no occupancy).
 Units: service-like quantities are in the lane's integer cost units (settings.py).
 Latency histograms: bin b < 64 holds exactly b steps; above, 8 bins per octave, so a
 percentile read from them is exact below 64 steps and within 1/8 octave (about 9%) above.
-Service-like values and long sums are exact wide integers (wide.py); demand per bucket,
-used only for the paper's windowed measure, is a float32 sum.
+Service-like values and long sums are exact wide integers (wide.py).
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ class MeasureConfig:
       ledger: the token ledger (prompt, cached, decoded tokens and decoded context per
         client): raw throughput, computed service and the conservation check.
       occupancy: the sum over steps of KV tokens held (mean occupancy).
-      demand: demand and backlog per checkpoint bucket (the paper's windowed measures;
-        needs record_every).
+      demand: backlog per checkpoint bucket, for the paper's windowed measures beside the
+        demand per bucket (computed from the workload after the run; needs record_every).
       share: service at the edges of Settings.share_window.
     """
 
@@ -93,7 +91,6 @@ class Measures:
       max_drift_step: int32[]  first step reaching it.
       checkpoints: int32[C, K, 2]  W after steps (i+1)*record_every - 1 (high word -1:
         not written, the lane jumped over it; results.py fills it from the previous row).
-      demand: float32[C, K]  full cost of requests arriving in bucket i.
       backlogged_in: bool[C, K]  client backlogged (after arrivals) at some step of bucket i.
       service_at_start: int32[K, 2]  W at the start of the current step (pair drift).
       head_at_start: int32[K]  FIFO heads at the start of the current step.
@@ -111,7 +108,6 @@ class Measures:
     max_drift: jax.Array
     max_drift_step: jax.Array
     checkpoints: jax.Array | None = None
-    demand: jax.Array | None = None
     backlogged_in: jax.Array | None = None
     service_at_start: jax.Array | None = None
     head_at_start: jax.Array | None = None
@@ -143,7 +139,7 @@ def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig)
     if c:
         parts["checkpoints"] = wide.zeros((c, k)).at[..., 0].set(-1)
     if config.demand and c:
-        parts.update(demand=jnp.zeros((c, k), jnp.float32), backlogged_in=jnp.zeros((c, k), bool))
+        parts["backlogged_in"] = jnp.zeros((c, k), bool)
     if config.pair_drift or (config.demand and c):
         parts["head_at_start"] = jnp.zeros(k, I32)
     if config.pair_drift:
@@ -173,25 +169,6 @@ def latency_bin(steps: jax.Array) -> jax.Array:
     sub = (x >> jnp.maximum(octave - 3, 0)) & (BINS_PER_OCTAVE - 1)
     log_bin = EXACT_BINS + BINS_PER_OCTAVE * (octave - 6) + sub
     return jnp.where(x < EXACT_BINS, x, log_bin)
-
-
-def request_cost(prompt, output, cached, prefill_cost, decode_cost, context_cost):
-    """Full charge of a request in cost units, float32 (a demand estimate): prefill, every
-    decode token and its context surcharge (sum over g < output of prompt + g)."""
-    p, o, c = (x.astype(jnp.float32) for x in (prompt, output, cached))
-    context_tokens = o * p + o * (o - 1) / 2
-    return prefill_cost * (p - c) + decode_cost * o + context_cost * context_tokens
-
-
-def on_arrivals(m: Measures, step, cost, joined, record_every: int) -> Measures:
-    """`joined` (bool[K, W]) requests with full costs `cost` (float32[K, W]) arrive at `step`."""
-    if m.demand is None:
-        return m
-    buckets = m.demand.shape[0]
-    bucket = step // record_every
-    per_client = jnp.where(joined, cost, 0.0).sum(axis=1)
-    row = jnp.minimum(bucket, buckets - 1)
-    return dataclasses.replace(m, demand=m.demand.at[row].add(jnp.where(bucket < buckets, per_client, 0)))
 
 
 def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, horizon) -> Measures:

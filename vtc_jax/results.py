@@ -268,40 +268,51 @@ def _nan(shape) -> np.ndarray:
     return np.full(shape, np.nan)
 
 
-@functools.partial(jax.jit, static_argnames=("num_clients",))
-def workload_stats(requests, first, size, steps, prefill, decode, context, charge_cached, *, num_clients: int):
+@functools.partial(jax.jit, static_argnames=("num_clients", "buckets", "every"))
+def workload_stats(requests, first, steps, prefill, decode, context, charge_cached, *, num_clients: int,
+                   buckets: int, every: int):
     """Per lane (vmapped by the caller): over the requests with arrival < steps, each
-    client's count (int32[K]) and full cost in cost units (float32[K]), and the largest
-    prompt (int32[])."""
+    client's count (int32[K]) and full cost in cost units (float32[K]), the largest prompt
+    (int32[]), and the full cost arriving per checkpoint bucket of `every` steps
+    (float32[buckets, K]; the paper's demand)."""
     r = requests.shape[0]
     block = jnp.searchsorted(first, jnp.arange(r), side="right") - 1
-    arrives = requests[:, ARRIVAL] < steps
+    arrival = requests[:, ARRIVAL]
+    arrives = arrival < steps
     p, o = requests[:, PROMPT].astype(jnp.float32), requests[:, OUTPUT].astype(jnp.float32)
     charged = jnp.where(charge_cached, p, p - requests[:, CACHED].astype(jnp.float32))
     cost = prefill * charged + decode * o + context * (o * p + o * (o - 1) / 2)
     count = jax.ops.segment_sum(arrives.astype(jnp.int32), block, num_segments=num_clients)
     offered = jax.ops.segment_sum(jnp.where(arrives, cost, 0.0), block, num_segments=num_clients)
-    return count, offered, jnp.where(arrives, requests[:, PROMPT], 0).max()
+    bucket = jnp.where(arrives, arrival // max(every, 1), buckets)
+    demand = jnp.zeros((buckets + 1, num_clients), jnp.float32).at[jnp.minimum(bucket, buckets), block].add(
+        jnp.where(arrives, cost, 0.0))[:buckets]
+    return count, offered, jnp.where(arrives, requests[:, PROMPT], 0).max(), demand
 
 
-def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, num_clients: int):
-    """numpy (arrived int64[B, K], offered cost units float64[B, K], max prompt int64[B])."""
+def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, num_clients: int,
+                        buckets: int = 0, every: int = 0):
+    """numpy (arrived int64[B, K], offered cost units float64[B, K], max prompt int64[B],
+    demand per bucket in cost units float64[B, buckets, K])."""
     steps = jnp.asarray(np.minimum(steps, np.iinfo(np.int32).max).astype(np.int32))
-    fn = functools.partial(workload_stats, num_clients=num_clients)
-    axes = (None if shared else 0,) * 3 + (0,) * 5
+    fn = functools.partial(workload_stats, num_clients=num_clients, buckets=buckets, every=every)
+    axes = (None if shared else 0,) * 2 + (0,) * 5
     c = params.costs
-    count, offered, max_prompt = jax.vmap(fn, in_axes=axes)(workload.requests, workload.first, workload.size, steps,
-                                                            c.prefill, c.decode, c.context, c.charge_cached)
-    return (np.asarray(count, np.int64), np.asarray(offered, np.float64), np.asarray(max_prompt, np.int64))
+    count, offered, max_prompt, demand = jax.vmap(fn, in_axes=axes)(
+        workload.requests, workload.first, steps, c.prefill, c.decode, c.context, c.charge_cached)
+    return (np.asarray(count, np.int64), np.asarray(offered, np.float64), np.asarray(max_prompt, np.int64),
+            np.asarray(demand, np.float64))
 
 
 def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales: Scales, arrived_streams: np.ndarray,
-            offered_units: np.ndarray, max_prompt: np.ndarray, rejected: np.ndarray) -> LaneResults:
+            offered_units: np.ndarray, max_prompt: np.ndarray, rejected: np.ndarray,
+            demand_units: np.ndarray) -> LaneResults:
     """Host-side results from a final batched state (numpy leaves, B lanes).
 
     arrived_streams: int64[B, K] requests with arrival < steps counted from the streams
     (independently of the engine's pointers); offered_units: float64[B, K] their full cost
-    in cost units (before any rpm rejection); rejected: int64[B, K]."""
+    in cost units (before any rpm rejection); rejected: int64[B, K]; demand_units:
+    float64[B, C, K] the full cost arriving per checkpoint bucket (rejected requests too)."""
     from vtc_jax.policies import registry
 
     m = host.measures
@@ -363,8 +374,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         done_hist=np.asarray(m.done_hist, np.int64) if m.done_hist is not None else None,
         wait_mean=wait_mean, done_mean=done_mean,
         record_every=config.record_every, checkpoint_steps=ckpt_steps, checkpoints=_tokens(ckpt_units, q),
-        demand=(np.asarray(m.demand, np.float64) / np.asarray(q, np.float64)[:, None, None]
-                if m.demand is not None else None),
+        demand=(demand_units / np.asarray(q, np.float64)[:, None, None] if m.backlogged_in is not None else None),
         backlogged_in=np.asarray(m.backlogged_in, bool) if m.backlogged_in is not None else None,
         computed_service=(service - charge_cached * wide.to_float(m.cached_admitted) if ledger else _nan(shape_bk)),
         resource=np.asarray(m.resource[..., 0], np.float64) if m.resource is not None else _nan(shape_bk),
@@ -382,7 +392,7 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     """Per lane, the conservation laws that do not hold (an empty list: all hold).
 
     1. Requests: every arrived request (counted from the streams) is waiting, running
-       (counted in the completion heap) or completed, and the engine's own pointers and
+       (counted in the completion calendar) or completed, and the engine's own pointers and
        counts agree.
     2. Service: W_k equals, in exact integers, the charges of the tokens actually
        processed: w_p * (admitted prompt tokens - cached ones, unless sent tokens are
@@ -398,19 +408,22 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     admitted = np.asarray(host.admitted, np.int64)
     completed = np.asarray(host.completed, np.int64)
     running = np.asarray(host.running, np.int64)
-    entries = np.asarray(host.heap.entries, np.int64)  # [B, 6, S]
-    sizes = np.asarray(host.heap.size, np.int64)
+    table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
+    free = np.asarray(host.calendar.free, np.int64)
+    top = np.asarray(host.calendar.top, np.int64)
     out = []
     for b, s in enumerate(settings):
         problems = []
-        in_heap = np.bincount(entries[b, 2, : sizes[b]], minlength=config.num_clients)[: config.num_clients]
+        used = np.ones(table.shape[2], bool)
+        used[free[b, : top[b]]] = False
+        on_calendar = np.bincount(table[b, 0, used], minlength=config.num_clients)[: config.num_clients]
         waiting = arrived[b] - head[b]
         if not (arrived_streams[b] == arrived[b]).all():
             problems.append(f"arrived {arrived[b].tolist()} != streams {arrived_streams[b].tolist()}")
-        if not ((waiting >= 0).all() and (arrived[b] == waiting + in_heap + completed[b]).all()):
+        if not ((waiting >= 0).all() and (arrived[b] == waiting + on_calendar + completed[b]).all()):
             problems.append("arrived != waiting + running + completed")
-        if not ((head[b] == admitted[b]).all() and (in_heap == running[b]).all()):
-            problems.append("queue pointers, admissions and the completion heap disagree")
+        if not ((head[b] == admitted[b]).all() and (on_calendar == running[b]).all()):
+            problems.append("queue pointers, admissions and the completion calendar disagree")
         a_p, a_q, c = (int(x[b]) for x in (params.costs.prefill, params.costs.decode, params.costs.context))
         for k in range(config.num_clients):
             charged_prompt = prompt[b, k] - (0 if s.charge_cached else cached[b, k])

@@ -77,19 +77,28 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
                 "denominator): use coarser fractions, closer weights, a smaller M or shorter outputs")
 
 
-def heap_slots(settings: Sequence[Settings], min_prompt: int, max_requests: int) -> int:
-    """Completion-heap capacity: the most requests that can run at once, which is at most
-    M // (smallest prompt) (running prompts fit M together) and at most the requests."""
-    return int(max(1, min(max(s.kv_budget for s in settings) // max(min_prompt, 1), max_requests)))
+def running_slots(settings: Sequence[Settings], min_prompt: int, max_requests: int) -> int:
+    """Running-request slots: the most requests that can run at once, which is at most
+    M // (smallest prompt) (running prompts fit M together) and at most the requests,
+    rounded up to a power of two so that nearby sizes share one compiled program."""
+    needed = max(1, min(max(s.kv_budget for s in settings) // max(min_prompt, 1), max_requests))
+    return 1 << (int(needed) - 1).bit_length()
 
 
-def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, slots: int, record_every: int,
+def calendar_rows(max_output: int) -> int:
+    """Completion-calendar rows: more than the longest output (a power of two)."""
+    return 1 << int(max_output).bit_length()
+
+
+def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
+                  record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
                   policies: Sequence[str] | None = None) -> EngineConfig:
     """The static config that fits every lane of `settings`."""
     policies = tuple(policies) if policies is not None else policy_names(settings)
     return EngineConfig(
-        num_clients=num_clients, num_rows=num_rows, slots=slots, policies=policies,
+        num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output), slots=slots,
+        policies=policies,
         rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
         bands=any(s.bands is not None for s in settings),
         estimator=any(registry.get(p).uses_estimator for p in policies),
@@ -127,11 +136,12 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
                             chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
                             progress=progress)
     steps = np.asarray(host.step, np.int64)
-    arrived_streams, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
-    arrived_all, offered, max_prompt = lane_workload_stats(workload, steps, params, given_shared,
-                                                           config.num_clients)
+    arrived_streams, _, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
+    buckets = config.num_checkpoints if config.measures.demand else 0
+    _, offered, max_prompt, demand = lane_workload_stats(workload, steps, params, given_shared, config.num_clients,
+                                                         buckets, config.record_every)
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
-    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected)
+    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand)
 
 
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
@@ -200,7 +210,8 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
     min_prompt = min(int(t.prompt.min()) for t in traces)
     rows = max(int((requests_per_client(t, num_clients) + arrival_width + 1).sum()) for t in traces)
     config = engine_config(settings, num_clients=num_clients, num_rows=rows,
-                           slots=heap_slots(settings, min_prompt, most), record_every=record_every,
+                           max_output=max(int(t.output.max()) for t in traces),
+                           slots=running_slots(settings, min_prompt, most), record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies)
     return config, horizons, longest + 3 * most + 1, max(expected)
@@ -302,8 +313,12 @@ def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
 MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request streams and generator words
 
 
-@functools.lru_cache(maxsize=64)
-def _traffic_layout(traffics: tuple[Traffic, ...], arrival_width: int):
+def _unique(traffics: Sequence[Traffic]) -> list[Traffic]:
+    return list({id(t): t for t in traffics}.values())
+
+
+def _traffic_layout(traffics: Sequence[Traffic], arrival_width: int):
+    """(draws per client, block firsts, block sizes) for every lane of `traffics`."""
     capacity = max(stream_capacity(t) for t in traffics)
     caps = np.max([client_capacities(t) for t in traffics], axis=0)
     first, size = block_sizes(caps, arrival_width + 1)
@@ -315,13 +330,14 @@ def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], re
                    policies: Sequence[str] | None = None) -> EngineConfig:
     """The static config that fits every lane of `traffics` x `settings` (one compile)."""
     horizon, k = traffics[0].horizon, traffics[0].num_clients
-    capacity, first, size = _traffic_layout(tuple(dict.fromkeys(traffics)), arrival_width)
+    capacity, first, size = _traffic_layout(_unique(traffics), arrival_width)
     if capacity * k * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
         raise InputError(f"a lane would hold {capacity:,} requests per client x {k} clients "
                          f"(> {MAX_LANE_STREAM_BYTES >> 30} GiB of streams): shorten the horizon or lower the rates")
     min_prompt = min(t.min_prompt() for t in traffics)
     return engine_config(settings, num_clients=k, num_rows=int(sum(size)),
-                         slots=heap_slots(settings, min_prompt, int(sum(size))), record_every=record_every,
+                         max_output=max(t.max_lengths()[1] for t in traffics),
+                         slots=running_slots(settings, min_prompt, int(sum(size))), record_every=record_every,
                          num_checkpoints=horizon // record_every if record_every else 0,
                          arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
 
@@ -349,7 +365,8 @@ def validate_traffic_lanes(traffics: Sequence[Traffic], settings: Sequence[Setti
             raise InputError(f"policy {s.policy} is not in the engine config's policies {config.policies}")
     needed = traffic_config(traffics, settings, config.record_every, config.arrival_width, config.measures,
                             config.policies)
-    if needed.num_rows > config.num_rows or needed.slots > config.slots:
+    if (needed.num_rows > config.num_rows or needed.slots > config.slots
+            or needed.calendar_rows > config.calendar_rows):
         raise InputError("the given engine config is too small for these lanes' traffic")
 
 
@@ -378,7 +395,7 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
     config = config or traffic_config(traffics, settings, record_every, arrival_width, measures, policies)
     validate_traffic_lanes(traffics, settings, config)
     horizon = traffics[0].horizon
-    capacity, first, size = _traffic_layout(tuple(dict.fromkeys(traffics)), config.arrival_width)
+    capacity, first, size = _traffic_layout(_unique(traffics), config.arrival_width)
     extra = config.num_rows - int(sum(size))
     size = size[:-1] + (size[-1] + extra,)  # a larger shared config: pad the last block
     keys = lane_keys(seeds, base_seed)

@@ -30,7 +30,9 @@ file and the 1-based line (traces) or the key (datasets), nothing dropped silent
     in our model; the raised mass is reported per client by `plan`;
   - fields other than "input_tokens"/"output_tokens" (e.g. "reason_ratio" in ServeGen's
     reasoning data) are not modelled; they are listed in `ServeGenData.skipped`;
-  - every file is refused above 256 MiB (`MAX_FILE_BYTES`) before it is read.
+  - every file is read by `fileio.read_bytes`: refused above 256 MiB (`MAX_FILE_BYTES`)
+    before it is read (a non-regular input as soon as it passes that), and refused when it
+    holds NUL bytes; then decoded as UTF-8 (a BOM is dropped).
 `trace-only/` (optional subfolder): clients with trace rows and no dataset file. With
 `include_trace_only=True` they get the substitute length PMFs: the request-weighted pooled
 PMF of all clients with a dataset (weights rate x 600 of every row of the directory, each
@@ -46,32 +48,47 @@ time x seconds into row w (0 <= x < 600) is step b_w + floor(x / 600 * (b_{w+1} 
 Load. A request with prompt p and output o holds p + g KV tokens at its g-th decode step
 (g = 1..o): demand(p, o) = o*p + o*(o+1)/2 token-steps. The server offers M = kv_budget
 token-steps per step. One common factor s scales every client's rate so that
-    sum_{k,w} (s * rate_kw * 600) * E_kw[demand] / horizon = load * M,
+    sum_{k,w} x_kw * E_kw[demand] / horizon = load * M,   x_kw = s * rate_kw * 600,
 where E_kw is the mean demand under client k's clipped prompt and output PMFs of the dataset
 window in force at row w, prompt and output drawn independently:
 E[demand] = E[o] E[p] + (E[o^2] + E[o]) / 2. `scale` is s; `native_load` is the load at
-s = 1 (the data's own rates). With `match_load=True`, s is instead chosen (bisection) so
-that the requests actually generated offer `load` as closely as integer counts allow.
+s = 1 (the data's own rates); `target` is x.
 
-Arrivals, as ServeGen's `servegen/construct.py` (`_sample_iats`, `generate_workload`) does
-it: row w of client k draws n_kw = ceil(s * rate_kw * 600) gaps (0 when rate is 0; an x
-within 1e-6 above an integer counts as that integer, so that s = 1 gives exactly the
-rate x 600 of the data despite float noise), Gamma(shape=arg1, scale=arg2) or
-Weibull(shape=arg1, scale=arg2); rescales them to sum to the window; places arrivals at the
-window start plus the running sums; keeps those strictly before the window's end. The n-th
-sum is the end itself, so exactly n_kw - 1 arrivals remain (ServeGen decides the last one by
-float rounding; here it is always dropped). So each client's request count is exact:
-`requests[k] = sum_w max(n_kw - 1, 0)`. Positions become steps by floor, as above.
-Because every active row loses x - ceil(x) + 1 in (0, 1] requests against x = s * rate * 600,
-the generated requests offer on average `expected_load` (exact, reported) < `load`: close
-when rows hold many requests, far when s is small (the whole sample on 20000 steps at
-M = 8192 and load 1: s = 1.5e-4, under one request per active row, expected_load 0.72, and
-clients whose rows each get x < 1 send nothing).
+Counting (`counting=`): how many arrivals n_kw row w of client k gets from its x_kw.
+  - "unbiased" (default): n_kw = floor(x) + Bernoulli(frac(x)), the Bernoulli drawn on device
+    per client-row (its own key, below), so E[n_kw] = x_kw and every client with traffic
+    appears in proportion, however much time is compressed. frac(x) is quantized to a
+    multiple of 2^-32 (a uint32 threshold; error <= 2^-33 per row, and every reported
+    expectation uses the quantized value), so expected_load = load (to ~1e-9). A row's
+    capacity, the most it can get, is floor(x) + 1 (floor(x) when x is an integer, 0 when
+    rate = 0). `match_load` is moot: the load equation is already exact in expectation.
+  - "servegen": ServeGen's own rule (below), n_kw = max(ceil(x) - 1, 0), exact: capacity = n.
+    Every active row gets x - ceil(x) + 1 in (0, 1] requests fewer than x, so the requests
+    offer `expected_load` < `load`: close when rows hold many requests, far when s is
+    small. vtc-jax compresses time (the whole sample on 20000 steps at M = 8192 and load 1:
+    s = 1.5e-4, under one request per active row): expected_load 0.72, and the 76 of 87
+    clients whose rows each get x < 1 send nothing; the unbiased rule there gives load 1
+    and all 87 clients (about 52 of them present in a lane). With `match_load=True`, s is
+    instead chosen (bisection) so that the servegen counts offer `load` as closely as
+    integer counts allow.
+`plan` reports per client `expected_requests` (E[n], exact), `max_requests` (capacity),
+`appear` (P[n >= 1]), and `clients_expected` (clients with E[n] >= 1), `clients_possible`
+(E[n] > 0), `expected_clients` (sum of `appear`), `expected_load`; `summary()` prints them.
 
-Where this differs from ServeGen's construct.py (read at alibaba/ServeGen): (1) one common s
-for all rows (ServeGen's `rate_fn` may give every row its own aggregate target; a common s
-is the special case rate_fn[t] = s * sum_k rate_kt); (2) the last arrival is always dropped
-(ServeGen compares float64 sums with the end, so it is kept when rounding puts it below);
+Arrivals, as ServeGen's `servegen/construct.py` (`_sample_iats`, `generate_workload`) places
+them: a row with n >= 1 arrivals draws n + 1 gaps, Gamma(shape=arg1, scale=arg2) or
+Weibull(shape=arg1, scale=arg2); rescales them so all n + 1 sum to the window; places the
+arrivals at the window start plus the first n running sums (the (n + 1)-th sum is the end
+itself: ServeGen's "drop the last"; ServeGen decides it by float rounding, here it is always
+dropped). Under "servegen" counting n + 1 = ceil(x) (an x within 1e-6 above an integer counts
+as that integer, so that s = 1 gives exactly the rate x 600 of the data despite float
+noise); a row with n = 0 draws nothing. Positions become steps by floor, as above.
+
+Where this differs from ServeGen's construct.py (read at alibaba/ServeGen): (0) the default
+count is "unbiased" (ServeGen's is "servegen"); (1) one common s for all rows (ServeGen's
+`rate_fn` may give every row its own aggregate target; a common s is the special case
+rate_fn[t] = s * sum_k rate_kt); (2) the last arrival is always dropped (ServeGen compares
+float64 sums with the end, so it is kept when rounding puts it below);
 (3) ceil tolerates float noise (ServeGen's ceil(rate * 600) is one more than the data's
 count in 88 of the sample's rows, where rate * 600 = n + 2e-13; with the drop, ServeGen
 then emits exactly n there and n - 1 elsewhere); (4) prompt and output take independent
@@ -88,23 +105,33 @@ round(CDF * 2^32) (uint32) and a uniform 32-bit word picks the first entry whose
 exceeds it, so probabilities are multiples of 2^-32, and every mean the plan reports is
 computed with these quantized probabilities (exact for the generator).
 
-Device (`generate`). Output rows int32[R, 5] (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED),
-client-major blocks in sorted-id order, sorted by arrival within a block, ORDER = arrival *
-K + k, CACHED = 0, R = sum of `requests`. Randomness: the key of row w of client k is
-fold_in(fold_in(key, client id), window timestamp) and its j-th gap / j-th request use
-fold_in(that, j), so a draw depends only on the lane key, the client, the window and j,
-never on the batch, the chosen span or the other clients. Gaps are drawn in log space
-(`jax.random.loggamma`; Weibull by inverse CDF from a standard exponential,
-log X = log scale + log(E) / shape) and normalized by the window's largest, so Gamma shapes
-as small as the data's 0.017 neither underflow nor divide by zero (the float32 exponential
-caps Weibull draws at probability 2^-24 in the tail). Positions are float32 fractions of
-the row (segmented prefix sums); one that rounds to the row's end lands in its last step,
-and a running maximum undoes float reversals of neighbours, so blocks are always sorted.
+Device (`generate`). Output rows int32[R, 5] (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED) and
+the number of real requests (int32[]). Client-major blocks in sorted-id order
+(`block_layout`): client k's block has sum_w capacity_kw + `pad` rows (static, the layout is
+hashable; no overflow is possible); its real requests come first, sorted by arrival, then
+padding rows (ARRIVAL = ORDER = INT32_MAX, PROMPT = OUTPUT = 1, CACHED = 0), at least `pad`
+of them (the engine reads up to arrival_width + 1 rows past a client's last arrived row).
+ORDER is the unique global rank of a real row in (arrival, client index, position in block)
+order (a stable argsort on arrival * K + k); CACHED = 0. Randomness: the key of row w of
+client k is fold_in(fold_in(key, client id), window timestamp); its count word (the
+Bernoulli) uses fold_in(fold_in(that, 0), 2), its j-th gap fold_in(fold_in(that, j), 0) and
+its j-th request's lengths fold_in(fold_in(that, j), 1), so a draw depends only on the lane
+key, the client, the window and j, never on the batch, the chosen span or the other clients
+(the count also depends on x, which depends on s). The device computes every slot a row's
+capacity allows (capacity + 1 gaps, capacity arrival slots) and uses the first n + 1 and n
+of them. Gaps are drawn in log space (`jax.random.loggamma`; Weibull by inverse CDF from
+a standard exponential, log X = log scale + log(E) / shape) and normalized by the row's
+largest used gap, so Gamma shapes as small as the data's 0.017 neither underflow nor divide
+by zero (the float32 exponential caps Weibull draws at probability 2^-24 in the tail).
+Positions are float32 fractions of the row (segmented prefix sums); one that rounds to the
+row's end lands in its last step, and a running maximum undoes float reversals of
+neighbours, so blocks are always sorted.
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
 import dataclasses
 import json
 import math
@@ -116,8 +143,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.settings import INT32_MAX, InputError
-from vtc_jax.workload import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT
+from vtc_jax.errors import InputError
+from vtc_jax.fileio import read_bytes
+from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, NUM_FIELDS, ORDER, OUTPUT, PROMPT, padding_rows
 
 I32, U32, F32 = jnp.int32, jnp.uint32, jnp.float32
 
@@ -208,25 +236,13 @@ class ServeGenData:
         return (self.rate * WINDOW_SECONDS).sum(axis=1)
 
 
-def _check_size(path: str) -> None:
-    size = os.path.getsize(path)
-    if size > MAX_FILE_BYTES:
-        raise InputError(f"{path}: {size} bytes, over the limit of {_limit()} per file")
-
-
-def _limit() -> str:
-    return f"{MAX_FILE_BYTES} bytes ({MAX_FILE_BYTES / (1 << 20):g} MiB)"
-
-
-def _read_text(path: str) -> str:
-    try:
-        _check_size(path)
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(f"{path}: over the limit of {_limit()} per file")
+def _read_text(path: str, what: str) -> str:
+    """The file as text: `fileio.read_bytes` (refused over MAX_FILE_BYTES before it is read,
+    or as soon as a non-regular input passes it; NUL bytes refused), then UTF-8 (a BOM is
+    dropped) with the failing line named."""
+    raw = read_bytes(path, limit=MAX_FILE_BYTES, what=what)
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -247,7 +263,7 @@ def _number(text: str, path: str, line: int, name: str) -> float:
 def read_trace(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One `chunk-<id>-trace.csv`: (timestamp int64[W], rate, cv float64[W], pattern int8[W],
     shape, scale float64[W]). Raises InputError naming the file and 1-based line."""
-    text = _read_text(path)
+    text = _read_text(path, "ServeGen trace")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -369,7 +385,7 @@ def _reject_duplicates(where: str):
 def read_dataset(path: str) -> tuple[list[tuple[int, LengthPMF | None]], list[str]]:
     """One `chunk-<id>-dataset.json`: [(window start, LengthPMF or None when skipped)] in
     ascending order, and notes on skipped windows / ignored fields."""
-    text = _read_text(path)
+    text = _read_text(path, "ServeGen dataset")
     try:
         obj = json.loads(text, object_pairs_hook=_reject_duplicates(path))
     except json.JSONDecodeError as e:
@@ -510,20 +526,36 @@ def read_servegen(directory: str, *, include_trace_only: bool = True) -> ServeGe
 
 # ---- plan ---------------------------------------------------------------------------------
 
+COUNTINGS = ("unbiased", "servegen")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServeGenLayout:
-    """Static (hashable) shape of a plan's output: K clients, S = K * W client-rows, G gaps
-    drawn, `sizes` requests per client (R = sum), `search_steps` binary-search rounds."""
+    """Static (hashable) shape of a plan's output.
+
+    Attributes:
+      num_clients, num_windows: K and W.
+      num_slots: arrival slots computed, sum over client-rows of their capacity c_kw (the
+        most arrivals the row can get).
+      num_gaps: gap draws computed, sum over client-rows with c_kw >= 1 of c_kw + 1.
+      sizes: rows of each client's block: its capacity sum_w c_kw plus `pad`.
+      pad: padding rows every block ends in, at least.
+      search_steps: binary-search rounds of the length tables.
+      horizon: steps of the span.
+    """
 
     num_clients: int
     num_windows: int
+    num_slots: int
     num_gaps: int
     sizes: tuple[int, ...]
+    pad: int
     search_steps: int
     horizon: int
 
     @property
-    def num_requests(self) -> int:
+    def num_rows(self) -> int:
+        """R, the rows of a lane's output (real requests and padding)."""
         return int(sum(self.sizes))
 
 
@@ -533,8 +565,9 @@ class ServeGenParams:
     """Traced generator inputs (shared by every lane).
 
     Attributes:
-      count: int32[K, W] gaps drawn in row w of client k: n_kw, or 0 when n_kw < 2 (such
-        a row emits no arrival, so its single gap is not drawn); arrivals: count - 1.
+      base: int32[K, W] arrivals certain in row w of client k.
+      extra: uint32[K, W] one more arrival when the row's count word (uint32) is below it:
+        probability extra / 2^32 (0 under the servegen rule). Capacity: base + (extra > 0).
       client_id: uint32[K] ServeGen ids (key derivation).
       stamp: uint32[W] row timestamps (key derivation).
       start: int32[W] first step b_w of row w;  length: int32[W] its steps b_{w+1} - b_w.
@@ -546,7 +579,8 @@ class ServeGenParams:
       values: int32[E] the table's lengths.
     """
 
-    count: jax.Array
+    base: jax.Array
+    extra: jax.Array
     client_id: jax.Array
     stamp: jax.Array
     start: jax.Array
@@ -568,39 +602,54 @@ class ServeGenPlan:
 
     Attributes:
       client_ids: int64[K];  substituted: bool[K].
-      load, kv_budget, horizon, max_prompt, max_output: as requested (defaults filled).
+      counting: "unbiased" or "servegen" (the module doc's counting rules).
+      load, kv_budget, horizon, max_prompt, max_output, pad: as requested (defaults filled).
       rows: (first, stop) row indices of the span;  timestamps: int64[W] its row starts.
       scale: the common rate factor s;  seconds_per_step: 600 * W / horizon.
-      native_load: the load at s = 1 (the data's own rates: n_kw = rate_kw * 600).
+      native_load: the load at s = 1 (the data's own rates: rate_kw * 600 requests per row).
       bounds: int64[W + 1] step boundaries b_w.
-      gaps: int64[K, W] n_kw;  requests: int64[K] exact requests per client (sum n_kw - 1).
-      expected_requests: float64[K] sum_w s * rate_kw * 600 (the load's request count).
+      target: float64[K, W] x_kw = s * rate_kw * 600, the load equation's requests per row.
+      base: int64[K, W] arrivals certain in the row (unbiased: floor(x); servegen:
+        max(ceil(x) - 1, 0));  extra: float64[K, W] the probability of one more (unbiased:
+        frac(x) quantized to a multiple of 2^-32; servegen: 0);  capacity: int64[K, W]
+        the most arrivals the row can get, base + (extra > 0).
+      expected_requests: float64[K] E[requests] per client, sum_w base + extra (exact).
+      max_requests: int64[K] its capacity, sum_w capacity (its block holds this + pad rows).
+      appear: float64[K] probability that the client sends at least one request in a lane.
       demand: float64[K, W] E_kw[demand] (token-steps; 0 where idle).
-      expected_load: exact mean offered demand of the generated requests / (M * horizon).
-      mean_prompt, mean_output: float64[K] exact expected sample means of the generated
-        lengths (weights: requests per row); var_prompt, var_output: float64[K, W] per row.
+      expected_load: the expected offered demand of the generated requests / (M * horizon),
+        exact (unbiased: `load` up to the 2^-32 quantization of `extra`).
+      mean_prompt, mean_output: float64[K] the mean length per generated request (pooled
+        over lanes: expected requests per row as weights; exact);  var_prompt, var_output:
+        float64[K, W] per row.
       prompt_clipped, output_clipped: float64[K] PMF mass above the caps, request-weighted
-        over the client's rows (weights s * rate * 600); zero_raised: float64[K] likewise
-        for length-0 mass raised to 1 (prompt and output added).
+        over the client's rows (weights x); zero_raised: float64[K] likewise for length-0
+        mass raised to 1 (prompt and output added).
       params: the device inputs;  layout: the static layout.
     """
 
     client_ids: np.ndarray
     substituted: np.ndarray
+    counting: str
     load: float
     kv_budget: int
     horizon: int
     max_prompt: int
     max_output: int
+    pad: int
     rows: tuple[int, int]
     timestamps: np.ndarray
     scale: float
     native_load: float
     seconds_per_step: float
     bounds: np.ndarray
-    gaps: np.ndarray
-    requests: np.ndarray
+    target: np.ndarray
+    base: np.ndarray
+    extra: np.ndarray
+    capacity: np.ndarray
     expected_requests: np.ndarray
+    max_requests: np.ndarray
+    appear: np.ndarray
     demand: np.ndarray
     expected_load: float
     mean_prompt: np.ndarray
@@ -618,8 +667,36 @@ class ServeGenPlan:
         return int(self.client_ids.shape[0])
 
     @property
-    def num_requests(self) -> int:
-        return int(self.requests.sum())
+    def num_rows(self) -> int:
+        """Rows of a lane's output, real requests and padding."""
+        return self.layout.num_rows
+
+    @property
+    def clients_expected(self) -> int:
+        """Clients with at least one expected request (expected_requests >= 1)."""
+        return int((self.expected_requests >= 1).sum())
+
+    @property
+    def clients_possible(self) -> int:
+        """Clients that can send a request at all (expected_requests > 0)."""
+        return int((self.expected_requests > 0).sum())
+
+    @property
+    def expected_clients(self) -> float:
+        """Expected number of clients with at least one request in a lane (sum of `appear`)."""
+        return float(self.appear.sum())
+
+    def summary(self) -> str:
+        """A few lines on the counts and the load, for logs."""
+        e = self.expected_requests
+        return (f"ServeGen plan ({self.counting} counting): {self.num_clients} clients, rows {self.rows[0]}.."
+                f"{self.rows[1] - 1} on {self.horizon} steps (1 step = {self.seconds_per_step:.4g} s), "
+                f"s = {self.scale:.4g}\n"
+                f"  expected requests {e.sum():.1f} per lane (capacity {int(self.max_requests.sum())}); "
+                f"clients with >= 1 expected request: {self.clients_expected}, with any: {self.clients_possible}, "
+                f"expected present per lane: {self.expected_clients:.1f}\n"
+                f"  expected requests per client: min {e.min():.3g}, median {np.median(e):.3g}, max {e.max():.4g}\n"
+                f"  offered load: expected {self.expected_load:.6g} (target {self.load:g}, native {self.native_load:.4g})")
 
 
 def _table(values: np.ndarray, probs: np.ndarray, cap: int):
@@ -642,27 +719,35 @@ def _moments(v: np.ndarray, q: np.ndarray) -> tuple[float, float, float]:
 
 
 def block_layout(plan: ServeGenPlan) -> tuple[np.ndarray, np.ndarray]:
-    """(first int32[K], size int32[K]): client k's rows are [first_k, first_k + size_k)."""
+    """(first int32[K], size int32[K]): client k's rows are [first_k, first_k + size_k),
+    its real requests first (sorted by arrival), then at least `pad` padding rows."""
     size = np.asarray(plan.layout.sizes, np.int64)
     first = np.concatenate([[0], np.cumsum(size)[:-1]])
     return first.astype(np.int32), size.astype(np.int32)
 
 
-def _check_lane_bytes(requests: int) -> None:
-    est = requests * NUM_FIELDS * 4
+def _check_lane_bytes(rows: int) -> None:
+    est = rows * NUM_FIELDS * 4
     if est > MAX_LANE_BYTES:
-        raise InputError(f"one lane would hold {requests} requests ({est / (1 << 20):.0f} MiB of int32[R, 5]), "
+        raise InputError(f"one lane would hold {rows} request rows ({est / (1 << 20):.0f} MiB of int32[R, 5]), "
                          f"over the {MAX_LANE_BYTES >> 20} MiB limit per lane: lower the load or the horizon")
 
 
-def _gaps(x: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """int64: n = ceil(x) gaps per active row, x within COUNT_TOLERANCE above an integer
-    counting as that integer."""
-    return np.maximum(np.where(active, np.ceil(x - COUNT_TOLERANCE), 0), 0).astype(np.int64)
+def _servegen_counts(x: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """int64: ServeGen's arrivals per row, ceil(x) - 1 (at least 0), x within COUNT_TOLERANCE
+    above an integer counting as that integer."""
+    return np.maximum(np.where(active, np.ceil(x - COUNT_TOLERANCE), 0) - 1, 0).astype(np.int64)
 
 
-def _emitted(x: np.ndarray, active: np.ndarray) -> np.ndarray:
-    return np.maximum(_gaps(x, active) - 1, 0)
+def _unbiased_counts(x: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(base int64, extra uint32 threshold): floor(x) + Bernoulli(threshold / 2^32), the
+    threshold round(frac(x) * 2^32); one that rounds to 2^32 becomes a certain arrival."""
+    x = np.where(active, x, 0.0)
+    base = np.floor(x)
+    thr = np.rint((x - base) * _TWO32).astype(np.int64)
+    base = base.astype(np.int64) + (thr >= _TWO32)
+    thr = np.where(thr >= _TWO32, 0, thr)
+    return base, thr.astype(np.uint32)
 
 
 def _match_load(offered, load: float, s0: float) -> float:
@@ -682,15 +767,16 @@ def _match_load(offered, load: float, s0: float) -> float:
     return hi if abs(offered(hi) - load) <= abs(offered(lo) - load) else lo
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+def _positive_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
          windows: tuple[int, int] | None = None, max_prompt: int | None = None,
-         max_output: int | None = None, match_load: bool = False) -> ServeGenPlan:
+         max_output: int | None = None, match_load: bool = False, counting: str = "unbiased",
+         pad: int = 0) -> ServeGenPlan:
     """Scale, count and encode a span of `data` for the device; see the module doc.
 
     Args:
@@ -699,16 +785,24 @@ def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
       horizon: steps the span maps onto.
       windows: (first, stop) row indices, half-open; default all rows.
       max_prompt: prompt cap (default kv_budget);  max_output: output cap (default 16384).
-      match_load: False (default): s from the load equation of the module doc, so the
-        generated requests offer `expected_load` <= about `load`. True: s instead makes
-        `expected_load` (what the generated requests offer, one arrival per row dropped) as
-        close to `load` as the integer counts allow (bisection on s; the residual is at most
-        one row's mean demand / (M * horizon)).
+      match_load: only matters for counting="servegen": False (default) takes s from the
+        load equation of the module doc, so the generated requests offer `expected_load`
+        <= about `load`; True makes `expected_load` as close to `load` as the integer counts
+        allow (bisection on s; the residual is at most one row's mean demand /
+        (M * horizon)). Under "unbiased" counting the load equation's s already gives
+        expected_load = load, so it is used either way.
+      counting: "unbiased" (default): floor(x) + Bernoulli(frac(x)) arrivals per row, E = x;
+        "servegen": ServeGen's ceil(x) - 1.
+      pad: padding rows every client's block ends in, at least (the engine reads up to
+        arrival_width + 1 rows past a client's last arrived row; callers pass that).
     """
     m = _positive_int(kv_budget, "kv_budget")
     h = _positive_int(horizon, "horizon")
+    pad = _positive_int(pad, "pad", minimum=0)
     cap_p = m if max_prompt is None else _positive_int(max_prompt, "max_prompt")
     cap_o = DEFAULT_MAX_OUTPUT if max_output is None else _positive_int(max_output, "max_output")
+    if counting not in COUNTINGS:
+        raise InputError(f"counting must be one of {', '.join(COUNTINGS)}, got {counting!r}")
     if isinstance(load, bool) or not isinstance(load, (int, float, np.floating, np.integer)) \
             or not math.isfinite(load) or load <= 0:
         raise InputError(f"load must be a finite number > 0, got {load!r}")
@@ -725,7 +819,7 @@ def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
     if -(-h // w) > MAX_WINDOW_STEPS:
         raise InputError(f"horizon {h} gives over {MAX_WINDOW_STEPS} steps per 600 s row (float32 positions)")
     if h * k > INT32_MAX:
-        raise InputError(f"horizon x clients = {h * k} overflows ORDER = arrival * K + k (int32)")
+        raise InputError(f"horizon x clients = {h * k} overflows the arrival * K + k sort key (int32)")
     rate = data.rate[:, first:stop]
     lengths = data.lengths[:, first:stop]
     active = rate > 0
@@ -755,16 +849,23 @@ def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
     if total <= 0:
         raise InputError(f"rows {first}..{stop - 1} hold no requests: nothing to scale to load {load}")
     s = load * m * h / total
-    if match_load:
-        s = _match_load(lambda s_: (_emitted(s_ * native, active) * demand).sum() / (m * h), load, s)
+    if counting == "servegen" and match_load:
+        s = _match_load(lambda s_: (_servegen_counts(s_ * native, active) * demand).sum() / (m * h), load, s)
     x = s * native
-    gaps = _gaps(x, active)
-    emitted = np.maximum(gaps - 1, 0)
-    requests = emitted.sum(axis=1)
-    _check_lane_bytes(int(requests.sum()))
-    drawn = np.where(gaps >= 2, gaps, 0)
-    if int(drawn.sum()) > INT32_MAX // 2:
-        raise InputError(f"{int(drawn.sum())} gaps to draw: over the int32 index limit")
+    if counting == "servegen":
+        base, thr = _servegen_counts(x, active), np.zeros(x.shape, np.uint32)
+    else:
+        base, thr = _unbiased_counts(x, active)
+    extra = thr.astype(np.float64) / _TWO32
+    capacity = base + (thr > 0)
+    max_requests = capacity.sum(axis=1)
+    sizes = max_requests + pad
+    _check_lane_bytes(int(sizes.sum()))
+    num_gaps = int(np.where(capacity > 0, capacity + 1, 0).sum())
+    if num_gaps > INT32_MAX // 2:
+        raise InputError(f"{num_gaps} gaps to draw: over the int32 index limit")
+    mean_n = base + extra
+    appear = np.where(base.sum(axis=1) > 0, 1.0, 1.0 - np.prod(1.0 - extra, axis=1))
 
     def weighted(values, weights):
         tot = weights.sum(axis=1)
@@ -775,30 +876,31 @@ def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
     lut[used] = 2 * np.arange(len(used))
     pt = np.where(active, lut[np.maximum(lengths, 0)], 0).astype(np.int32)
     ot = np.where(active, pt + 1, 0).astype(np.int32)
-    sizes = np.asarray([len(v) for v, _ in tables] or [1], np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    table_sizes = np.asarray([len(v) for v, _ in tables] or [1], np.int64)
+    starts = np.concatenate([[0], np.cumsum(table_sizes)[:-1]])
     flat_v = np.concatenate([v for v, _ in tables]) if tables else np.ones(1, np.int64)
     flat_c = np.concatenate([c for _, c in tables]) if tables else np.full(1, _TWO32 - 1, np.uint32)
     pattern = data.pattern[:, first:stop].astype(np.int32)
     params = ServeGenParams(
-        count=jnp.asarray(drawn, I32), client_id=jnp.asarray(data.client_ids.astype(np.uint32)),
+        base=jnp.asarray(base, I32), extra=jnp.asarray(thr, U32),
+        client_id=jnp.asarray(data.client_ids.astype(np.uint32)),
         stamp=jnp.asarray(data.timestamps[first:stop].astype(np.uint32)),
         start=jnp.asarray(bounds[:-1], I32), length=jnp.asarray(np.diff(bounds), I32),
         pattern=jnp.asarray(pattern), shape=jnp.asarray(np.where(active, data.shape[:, first:stop], 1.0), F32),
-        log_scale=jnp.asarray(np.where(active, np.log(np.where(active, data.scale[:, first:stop], 1.0)), 0.0), F32),
+        log_scale=jnp.asarray(np.log(np.where(active, data.scale[:, first:stop], 1.0)), F32),
         prompt_table=jnp.asarray(pt), output_table=jnp.asarray(ot),
-        table_start=jnp.asarray(starts, I32), table_size=jnp.asarray(sizes, I32),
+        table_start=jnp.asarray(starts, I32), table_size=jnp.asarray(table_sizes, I32),
         thresholds=jnp.asarray(flat_c.astype(np.uint32)), values=jnp.asarray(flat_v, I32))
-    layout = ServeGenLayout(k, w, int(drawn.sum()), tuple(int(r) for r in requests),
-                            int(sizes.max()).bit_length() + 1, h)
+    layout = ServeGenLayout(k, w, int(capacity.sum()), num_gaps, tuple(int(r) for r in sizes), pad,
+                            int(table_sizes.max()).bit_length() + 1, h)
     return ServeGenPlan(
-        client_ids=data.client_ids.copy(), substituted=data.substituted.copy(), load=load, kv_budget=m,
-        horizon=h, max_prompt=cap_p, max_output=cap_o, rows=(first, stop),
+        client_ids=data.client_ids.copy(), substituted=data.substituted.copy(), counting=counting, load=load,
+        kv_budget=m, horizon=h, max_prompt=cap_p, max_output=cap_o, pad=pad, rows=(first, stop),
         timestamps=data.timestamps[first:stop].copy(), scale=s, native_load=total / (m * h),
-        seconds_per_step=WINDOW_SECONDS * w / h,
-        bounds=bounds, gaps=gaps, requests=requests, expected_requests=x.sum(axis=1), demand=demand,
-        expected_load=float((emitted * demand).sum()) / (m * h),
-        mean_prompt=weighted(per_row("e_p"), emitted), mean_output=weighted(per_row("e_o"), emitted),
+        seconds_per_step=WINDOW_SECONDS * w / h, bounds=bounds, target=x, base=base, extra=extra,
+        capacity=capacity, expected_requests=mean_n.sum(axis=1), max_requests=max_requests, appear=appear,
+        demand=demand, expected_load=float((mean_n * demand).sum()) / (m * h),
+        mean_prompt=weighted(per_row("e_p"), mean_n), mean_output=weighted(per_row("e_o"), mean_n),
         var_prompt=per_row("v_p"), var_output=per_row("v_o"),
         prompt_clipped=weighted(per_row("p_clip"), x), output_clipped=weighted(per_row("o_clip"), x),
         zero_raised=weighted(per_row("raised"), x), params=params, layout=layout)
@@ -844,25 +946,40 @@ def _row_keys(key: jax.Array, params: ServeGenParams) -> jax.Array:
         .reshape((-1,) + per_client.shape[1:])
 
 
+def _item_keys(row_keys: jax.Array, j: jax.Array, channel: int) -> jax.Array:
+    """fold_in(fold_in(row key, j), channel): channel 0 gaps, 1 lengths, 2 the row's count."""
+    return jax.vmap(lambda kk, i: jax.random.fold_in(jax.random.fold_in(kk, i), channel))(row_keys, j)
+
+
 def generate(key: jax.Array, params: ServeGenParams, *, layout: ServeGenLayout) -> tuple[jax.Array, jax.Array]:
-    """One lane: (requests int32[R, 5], num_requests int32[] = R); see the module doc.
+    """One lane: (rows int32[R, 5], num_requests int32[] real rows); see the module doc.
 
     `params` and `layout` must come from the same `plan`. Jittable (layout static) and
     vmappable over keys: `jax.vmap(partial(generate, layout=L), (0, None))(keys, params)`.
-    Working memory is about 40 bytes per gap (G = R + rows with n_kw >= 2) besides the output.
+    Working memory is about 40 bytes per gap slot (`layout.num_gaps`) and 60 per arrival
+    slot (`layout.num_slots`) besides the output.
     """
-    _check_lane_bytes(layout.num_requests)
-    k, w, g, r = layout.num_clients, layout.num_windows, layout.num_gaps, layout.num_requests
-    if r == 0:
-        return jnp.zeros((0, NUM_FIELDS), I32), jnp.asarray(0, I32)
-    count = params.count.reshape(-1)  # [S], S = K * W, client-major
+    _check_lane_bytes(layout.num_rows)
+    k, w, g, n_slots = layout.num_clients, layout.num_windows, layout.num_gaps, layout.num_slots
+    r = layout.num_rows
+    pad_row = jnp.asarray(padding_rows(1)[0], I32)
+    if n_slots == 0:
+        return jnp.broadcast_to(pad_row, (r, NUM_FIELDS)), jnp.zeros((), I32)
+    base, extra = params.base.reshape(-1), params.extra.reshape(-1)  # [S], S = K * W, client-major
+    capacity = base + (extra > 0).astype(I32)
     row_keys = _row_keys(key, params)
     flat = lambda x: x.reshape(-1)  # noqa: E731
     pattern, shape, log_scale = flat(params.pattern), flat(params.shape), flat(params.log_scale)
 
-    # Gaps: G draws, client-row by client-row, in log space.
-    seg, idx = _segments(count, g)
-    gap_keys = jax.vmap(lambda kk, i: jax.random.fold_in(jax.random.fold_in(kk, i), 0))(row_keys[seg], idx)
+    # Arrivals per client-row: base + Bernoulli(extra / 2^32), one word per row.
+    words = jax.vmap(lambda kk: jax.random.bits(kk, (), U32))(_item_keys(row_keys, jnp.zeros_like(base), 2))
+    count = base + (words < extra).astype(I32)
+    gap_capacity = jnp.where(capacity > 0, capacity + 1, 0)
+
+    # Gaps: capacity + 1 slots per row, the first count + 1 used, in log space.
+    seg, idx = _segments(gap_capacity, g)
+    used = idx <= count[seg]
+    lg_keys = _item_keys(row_keys[seg], idx, 0)
     a = shape[seg]
 
     def log_gap(kk, a_):
@@ -870,35 +987,49 @@ def generate(key: jax.Array, params: ServeGenParams, *, layout: ServeGenLayout) 
         lg = jax.random.loggamma(k_gamma, a_)
         lw = jnp.log(jax.random.exponential(k_weibull, dtype=F32)) / a_
         return lg, lw
-    lg, lw = jax.vmap(log_gap)(gap_keys, a)
-    logs = jnp.where(pattern[seg] == GAMMA, lg, lw) + log_scale[seg]
+    lg, lw = jax.vmap(log_gap)(lg_keys, a)
+    logs = jnp.where(used, jnp.where(pattern[seg] == GAMMA, lg, lw) + log_scale[seg], -jnp.inf)
     top = jax.ops.segment_max(logs, seg, num_segments=k * w, indices_are_sorted=True)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    weight = jnp.exp(logs - top[seg])
+    weight = jnp.where(used, jnp.exp(logs - top[seg]), 0.0)
     total = jax.ops.segment_sum(weight, seg, num_segments=k * w, indices_are_sorted=True)
     cum = _segmented_cumsum(weight, idx == 0)
 
-    # Requests: the first n - 1 arrivals of every client-row.
-    emitted = jnp.maximum(count - 1, 0)
-    rseg, j = _segments(emitted, r)
-    gap_of = (jnp.cumsum(count) - count)[rseg] + j
+    # Arrival slots: capacity per row, the first `count` real: window start + running sums.
+    rseg, j = _segments(capacity, n_slots)
+    real = j < count[rseg]
+    gap_of = (jnp.cumsum(gap_capacity) - gap_capacity)[rseg] + j
     tot = total[rseg]
     frac = jnp.where(tot > 0, cum[gap_of] / jnp.where(tot > 0, tot, 1.0),
-                     (j + 1).astype(F32) / count[rseg].astype(F32))
+                     (j + 1).astype(F32) / (count[rseg] + 1).astype(F32))
     window = rseg % w
     client = rseg // w
     length = params.length[window]
     offset = jnp.clip(jnp.floor(frac * length.astype(F32)).astype(I32), 0, length - 1)
-    # Float rounding may reverse neighbours by a step; a running max keeps each block sorted
-    # (client k's steps live in [k * horizon, (k + 1) * horizon) of this global key).
-    step_key = jax.lax.cummax(client * layout.horizon + params.start[window] + offset)
+    # Float rounding may reverse neighbours by a step; a running max over the real slots
+    # keeps each block sorted (client k's steps live in [k * horizon, (k + 1) * horizon) of
+    # this global key; unreal slots add 0, which never raises the max).
+    step_key = jax.lax.cummax(jnp.where(real, client * layout.horizon + params.start[window] + offset, 0))
     arrival = step_key - client * layout.horizon
 
-    len_keys = jax.vmap(lambda kk, i: jax.random.fold_in(jax.random.fold_in(kk, i), 1))(row_keys[rseg], j)
-    words = jax.vmap(lambda kk: jax.random.bits(kk, (2,), U32))(len_keys)
-    prompt = _search(params, flat(params.prompt_table)[rseg], words[:, 0], layout.search_steps)
-    output = _search(params, flat(params.output_table)[rseg], words[:, 1], layout.search_steps)
-    order = arrival * k + client
+    len_words = jax.vmap(lambda kk: jax.random.bits(kk, (2,), U32))(_item_keys(row_keys[rseg], j, 1))
+    prompt = _search(params, flat(params.prompt_table)[rseg], len_words[:, 0], layout.search_steps)
+    output = _search(params, flat(params.output_table)[rseg], len_words[:, 1], layout.search_steps)
+
+    # ORDER: rank among real slots in (arrival, client, position) order. Slots are
+    # client-major and sorted within a client, so a stable sort on arrival * K + k does it.
+    sort_key = jnp.where(real, arrival * k + client, INT32_MAX)
+    perm = jnp.argsort(sort_key, stable=True)
+    rank = jnp.zeros(n_slots, I32).at[perm].set(jnp.arange(n_slots, dtype=I32), unique_indices=True)
+
+    # Compaction: real slot -> first_k + (real slots of client k before it); others dropped.
+    first = jnp.asarray(np.concatenate([[0], np.cumsum(layout.sizes)[:-1]]), I32)
+    per_client = count.reshape(k, w).sum(axis=1)
+    real_i = real.astype(I32)
+    before = jnp.cumsum(real_i) - real_i
+    dest = jnp.where(real, first[client] + before - (jnp.cumsum(per_client) - per_client)[client],
+                     r + jnp.arange(n_slots, dtype=I32))
     assert (ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED) == (0, 1, 2, 3, 4)
-    rows = jnp.stack([arrival, order, prompt, output, jnp.zeros_like(arrival)], axis=-1)
-    return rows, jnp.asarray(r, I32)
+    slots = jnp.stack([arrival, rank, prompt, output, jnp.zeros_like(arrival)], axis=-1)
+    rows = jnp.broadcast_to(pad_row, (r, NUM_FIELDS)).at[dest].set(slots, mode="drop", unique_indices=True)
+    return rows, per_client.sum().astype(I32)

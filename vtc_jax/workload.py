@@ -252,3 +252,20 @@ def make_workload(trace: Trace, num_clients: int, pad: int, horizon: int | None,
     return Workload(requests=jnp.asarray(layout_trace(trace, num_clients, pad, sizes)), first=jnp.asarray(first),
                     size=jnp.asarray(size), num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32),
                     overflow=jnp.asarray(False))
+
+
+def client_rows(workload: Workload) -> np.ndarray:
+    """Host view of a (batched) workload's blocks as int64[..., K, N, 5], one row of N per
+    client (N = the largest block; short blocks padded with rows that never arrive)."""
+    requests = np.asarray(workload.requests, np.int64)
+    first, size = np.asarray(workload.first), np.asarray(workload.size)
+    batch = requests.shape[:-2]
+    requests = requests.reshape((-1,) + requests.shape[-2:])
+    first = np.broadcast_to(first, batch + first.shape[-1:]).reshape(-1, first.shape[-1])
+    size = np.broadcast_to(size, batch + size.shape[-1:]).reshape(-1, size.shape[-1])
+    n = int(size.max())
+    out = np.broadcast_to(padding_rows(1)[0].astype(np.int64), (requests.shape[0], first.shape[1], n, NUM_FIELDS)).copy()
+    for b in range(requests.shape[0]):
+        for k in range(first.shape[1]):
+            out[b, k, : size[b, k]] = requests[b, first[b, k]: first[b, k] + size[b, k]]
+    return out.reshape(batch + out.shape[1:])

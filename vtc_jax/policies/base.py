@@ -81,6 +81,8 @@ class View(NamedTuple):
 
 class Arrivals(NamedTuple):
     """One arrival event: up to W requests per client join their FIFO, in trace order.
+    The hook is called on every event: `joins` is all False when nothing joins, and the
+    hook must then leave its state unchanged (the engine does not mask its result).
 
     joins: bool[K, W]; rows: int32[K, W, 5]; index: int32[K, W] their workload rows;
     estimates: int32[K, W] output predictions at arrival; newcomer: bool[K] the client
@@ -129,7 +131,9 @@ class Completion(NamedTuple):
 
 class Choice(NamedTuple):
     """The candidate: client int32[], has bool[]; state: the policy state to admit from
-    (a scan such as DRR's may change it; a blocked candidate keeps the old state)."""
+    (a scan such as DRR's may change it; a blocked candidate keeps the old state). Values a
+    later hook needs from the choice (for example the head's tag) belong in `state`:
+    reading them again from a large table in `on_admit` could make XLA copy the table."""
 
     client: jax.Array
     has: jax.Array

@@ -62,7 +62,7 @@ def encode(settings, ctx) -> dict:
 def init(params, shape):
     k = shape.num_clients
     return {"deficit": jnp.zeros(k, I32), "cursor": jnp.zeros((), I32), "carry": jnp.full((), -1, I32),
-            "cost": jnp.zeros(shape.num_rows, I32)}
+            "cost": jnp.zeros(shape.num_rows, I32), "chosen_cost": jnp.zeros((), I32)}
 
 
 def request_cost(view_costs, rows, estimates, params):
@@ -96,13 +96,13 @@ def select(state, view, eligible, params) -> Choice:
     add_pass = jnp.where(visited, quantum, 0) + onehot(s_pass, k) * need[s_pass] * quantum[s_pass]
     add_bulk = jnp.where(eligible, rounds * quantum, 0)
     add = jnp.where(carried, 0, jnp.where(in_pass, add_pass, add_bulk))
-    return Choice(client, eligible.any(), dict(state, deficit=deficit + add))
+    return Choice(client, eligible.any(), dict(state, deficit=deficit + add, chosen_cost=head_cost[client]))
 
 
 def on_admit(state, view, admission, params):
     k = view.backlogged.shape[0]
     s = admission.client
-    cost = state["cost"][admission.index]
+    cost = state["chosen_cost"]
     deficit = state["deficit"] - onehot(s, k) * cost
     emptied = view.waiting[s] == 1
     left = deficit[s]

@@ -32,7 +32,7 @@ from vtc_jax.policies.base import Policy, argmin_choice, estimated_cost, no_para
 def init(params, shape):
     k, r = shape.num_clients, shape.num_rows
     return {"v": wide.zeros(), "f_max": wide.zeros(), "f_tail": wide.zeros((k,)), "start": wide.zeros((r,)),
-            "finish": wide.zeros((r,))}
+            "finish": wide.zeros((r,)), "chosen_start": wide.zeros(), "chosen_finish": wide.zeros()}
 
 
 def on_arrival(state, view, arrivals, params):
@@ -54,13 +54,15 @@ def on_arrival(state, view, arrivals, params):
 
 def _select(tag: str):
     def select(state, view, eligible, params):
-        return argmin_choice(state[tag][view.head_index], eligible, state)
+        start, finish = state["start"][view.head_index], state["finish"][view.head_index]
+        choice = argmin_choice(start if tag == "start" else finish, eligible, state)
+        return choice._replace(state=dict(state, chosen_start=start[choice.client], chosen_finish=finish[choice.client]))
     return select
 
 
 def on_admit(state, view, admission, params):
-    return dict(state, v=wide.maximum(state["v"], state["start"][admission.index]),
-                f_max=wide.maximum(state["f_max"], state["finish"][admission.index])), admission.estimate
+    return dict(state, v=wide.maximum(state["v"], state["chosen_start"]),
+                f_max=wide.maximum(state["f_max"], state["chosen_finish"])), admission.estimate
 
 
 def on_step(state, view, step_end, params):
