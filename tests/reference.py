@@ -127,7 +127,11 @@ class _Sim:
         self.cost_unit = Fraction(1, q)
         self.prefill_units, self.decode_units = int(self.w_p * q), int(self.w_q * q)
         order = sorted(range(len(reqs)), key=lambda n: (reqs[n].arrival, n))
-        self.rank = {n: i for i, n in enumerate(order)}  # ORDER: rank in (arrival, number)
+        seen = [0] * K
+        self.position = {}  # a request's position among its client's, (arrival, number) order
+        for n in order:
+            self.position[n] = seen[reqs[n].client]
+            seen[reqs[n].client] += 1
         self.average = [0] * K  # the "average" estimator's per-client state
         self.seen = [False] * K
 
@@ -137,7 +141,7 @@ class _Sim:
 
     def estimate(self, n: int) -> int:
         s, r = self.settings, self.reqs[n]
-        return reference_estimate(s.estimator, r.output, self.rank[n], guess=s.estimate_guess,
+        return reference_estimate(s.estimator, r.output, r.client, self.position[n], guess=s.estimate_guess,
                                   error=s.estimate_error, seed=s.estimate_seed, average=self.average[r.client])
 
     def observe(self, n: int) -> None:

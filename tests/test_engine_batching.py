@@ -110,3 +110,19 @@ def test_fractional_settings_are_exact():
     np.testing.assert_allclose(result.service[0], [float(x) for x in expect.service[-1]], rtol=1e-12)
     assert result.counters_exact[0][1] == expect.counters[-1][1] and expect.counters[-1][1] != Fraction(
         int(expect.counters[-1][1]))
+
+
+def test_wide_and_narrow_number_formats_agree():
+    """Every registered policy, random lanes: the planner's NARROW int32 run and a forced
+    WIDE run give the same integers (and the reference's, checked elsewhere)."""
+    traces, settings, requests = _random_lanes(23, 3 * len(registry.names()))
+    narrow = run_traces(traces, settings, num_clients=3, steps=40, record_every=1)
+    wide = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, wide=True)
+    assert narrow.number_format == "narrow" and wide.number_format == "wide"
+    np.testing.assert_array_equal(narrow.checkpoints, wide.checkpoints)
+    assert (narrow.counters_exact == wide.counters_exact).all()
+    np.testing.assert_array_equal(narrow.pair_drift, wide.pair_drift)
+    np.testing.assert_array_equal(narrow.policy_counters, wide.policy_counters)
+    for lane in (0, 5, len(settings) - 1):
+        np.testing.assert_array_equal(wide.checkpoints[lane], service_matrix(
+            run_reference(requests[lane], 3, settings[lane], 40)))

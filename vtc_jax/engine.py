@@ -34,7 +34,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax import completions, estimators, limits, wide
+from vtc_jax import completions, estimators, limits
+from vtc_jax.wide import numbers
 from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View
@@ -59,6 +60,9 @@ class EngineConfig:
       kv_cap: some lane has per-client KV caps.
       bands: some lane has priority bands.
       estimator: some lane's policy predicts outputs (the estimator state is kept).
+      arrival_rows: some policy reads arriving requests' rows (Policy.arrival_rows).
+      wide: exact integers in the WIDE format (to 2^55); False: NARROW int32, which the
+        planner allows only when it proved every total, counter and tag below 2^30.
       record_every: checkpoint W every this many steps (0: no checkpoints).
       num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
       arrival_width: arrivals per client taken in one event (any value is exact).
@@ -75,6 +79,8 @@ class EngineConfig:
     kv_cap: bool = False
     bands: bool = False
     estimator: bool = False
+    arrival_rows: bool = False
+    wide: bool = True
     record_every: int = 0
     num_checkpoints: int = 0
     arrival_width: int = 4
@@ -143,15 +149,16 @@ def init_state(config: EngineConfig, lane: LaneInput) -> State:
     """Empty server at step 0 (step 0's arrivals are taken by the first event)."""
     k, zeros_k = config.num_clients, jnp.zeros(config.num_clients, I32)
     horizon = jnp.asarray(lane.horizon, I32)
-    shape = Shape(num_clients=k, num_rows=config.num_rows)
+    num = numbers(config.wide)
+    shape = Shape(num_clients=k, num_rows=config.num_rows, num=num)
     return State(
         step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
-        counter=wide.zeros((k,)), service=wide.zeros((k,)), running=zeros_k, context=zeros_k,
+        counter=num.zeros((k,)), service=num.zeros((k,)), running=zeros_k, context=zeros_k,
         last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k,
         calendar=completions.init(config.calendar_rows, config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
         policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
         estimator=estimators.init(k) if config.estimator else None,
-        measures=init_measures(k, config.num_checkpoints, config.measures), iterations=jnp.zeros((), I32),
+        measures=init_measures(k, config.num_checkpoints, config.measures, num), iterations=jnp.zeros((), I32),
         overflow=jnp.zeros((), bool))
 
 
@@ -163,15 +170,16 @@ def _dispatch(config: EngineConfig, params: Params, values):
     return jax.tree_util.tree_map(pick, *values)
 
 
-def _estimates(state: State, params: Params, config: EngineConfig, client, rows):
-    """The estimator's output prediction for request rows of `client` (zeros if unused)."""
+def _estimates(state: State, params: Params, config: EngineConfig, client, rows, position):
+    """The estimator's output prediction for request rows of `client` at `position` in its
+    block (zeros if no policy in the batch estimates)."""
     if not config.estimator:
         return jnp.zeros(rows.shape[:-1], I32)
-    return estimators.estimate(state.estimator, params.estimator, client, rows[..., OUTPUT], rows[..., ORDER])
+    return estimators.estimate(state.estimator, params.estimator, client, rows[..., OUTPUT], position)
 
 
-def _view(state: State, params: Params, heads, head_index, estimates) -> View:
-    return View(step=state.step, backlogged=state.head < state.arrived, heads=heads, head_index=head_index,
+def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
+    return View(num=numbers(config.wide), step=state.step, backlogged=state.head < state.arrived, heads=heads, head_index=head_index,
                 waiting=state.arrived - state.head,
                 counter=state.counter, running=state.running, context=state.context, last_left=state.last_left,
                 costs=params.costs, estimates=estimates)
@@ -200,14 +208,14 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     return dataclasses.replace(
         state,
         head=state.head + take, running=state.running + take, context=state.context + take * prompt,
-        service=wide.add(state.service, take * prefill),
-        counter=wide.add(state.counter, take * prefill * params.costs.counter_mult),
+        service=view.num.add(state.service, take * prefill),
+        counter=view.num.add(state.counter, take * prefill * params.costs.counter_mult),
         admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
         calendar=completions.push(state.calendar, state.step + output - 1, entry, mask),
         overflow=state.overflow | (mask & completions.full(state.calendar)), limits=limits.on_admit(state.limits, take, row),
         policy=_keep(state.policy, policy_states, mask),
         measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
-                          state.horizon))
+                          state.horizon, view.num))
 
 
 def _choice_states(choice, config):
@@ -228,8 +236,8 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     m = mask.astype(I32)
     t = state.step
     decode = m * (params.costs.decode * state.running + params.costs.context * state.context)
-    service = wide.add(state.service, decode)
-    counter = wide.add(state.counter, decode * params.costs.counter_mult)
+    service = view.num.add(state.service, decode)
+    counter = view.num.add(state.counter, decode * params.costs.counter_mult)
     idle = (state.running.sum() == 0) & ~view.backlogged.any()
     target = jnp.minimum(next_arrival.min(), state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
@@ -237,7 +245,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
     measures = on_finish(state.measures, mask, t, next_t, service, state.head, state.arrived, state.running,
-                         state.context, params.share_window, params.resource, config.record_every)
+                         state.context, params.share_window, params.resource, config.record_every, view.num)
     return dataclasses.replace(
         state, step=next_t, service=service, counter=counter, context=state.context + m * state.running,
         policy=_keep(state.policy, policy_states, mask),
@@ -262,19 +270,32 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
         policy=_keep(state.policy, policy_states, mask))
 
 
-def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, config: EngineConfig) -> State:
+def arrival_window(state: State, workload: Workload, config: EngineConfig):
+    """(index int32[K, W], arrival int32[K, W]): the next `arrival_width` rows of every
+    client's block past its arrived requests, and their arrival steps (blocks end in at
+    least W + 1 padding rows, so the window never leaves its block)."""
+    index = workload.first[:, None] + state.arrived[:, None] + jnp.arange(config.arrival_width, dtype=I32)[None, :]
+    return index, workload.requests[index, ARRIVAL]
+
+
+def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, window,
+                  config: EngineConfig) -> State:
     """Phase 1 at step t where `mask`: up to `arrival_width` arrivals per client, in trace
     order; the policies' arrival hooks (VTC's lift) see them as one event. Only a client's
     first arrival of a step can find it not backlogged, and every client's first arrival is
-    in the step's first event, so later events of the step lift nobody."""
+    in the step's first event, so later events of the step lift nobody. `window` is
+    `arrival_window` of this state."""
     k, width = config.num_clients, config.arrival_width
-    index = workload.first[:, None] + state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
-    rows = workload.requests[index]  # [K, W, 5]; blocks end in >= W + 1 padding rows
-    joins = mask & (rows[..., ARRIVAL] <= state.step)  # sorted: a prefix of each row
+    index, arrival = window
+    joins = mask & (arrival <= state.step)  # sorted: a prefix of each row
     joining = joins.sum(axis=1, dtype=I32)
     newcomer = ~view.backlogged & (joining > 0)
-    first = jnp.argmin(jnp.where(newcomer, rows[:, 0, ORDER], INT32_MAX)).astype(I32)
-    estimates = _estimates(state, params, config, jnp.arange(k, dtype=I32)[:, None], rows)
+    first = jnp.argmin(jnp.where(newcomer, workload.requests[index[:, 0], ORDER], INT32_MAX)).astype(I32)
+    rows = estimates = None
+    if config.arrival_rows:
+        rows = workload.requests[index]  # [K, W, 5]
+        position = state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
+        estimates = _estimates(state, params, config, jnp.arange(k, dtype=I32)[:, None], rows, position)
     arrivals = Arrivals(joins=joins, rows=rows, index=index, estimates=estimates, newcomer=newcomer, first=first)
     policy_states, counters = {}, []
     for name in config.policies:
@@ -284,7 +305,7 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     # Arrival hooks see only joining requests (`joins` is False outside this event), so
     # their states need no select (per-request tables stay O(1) per event).
     return dataclasses.replace(
-        state, counter=wide.where(mask, counter, state.counter), arrived=state.arrived + joining,
+        state, counter=view.num.where(mask, counter, state.counter), arrived=state.arrived + joining,
         policy=policy_states)
 
 
@@ -313,12 +334,14 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     active = ~state.done
     head_index = workload.first + state.head
     heads = requests[head_index]
-    next_arrival = requests[workload.first + state.arrived][:, ARRIVAL]
+    window = arrival_window(state, workload, config)
+    next_arrival = window[1][:, 0]
     in_horizon = state.step < state.horizon
     due = completions.due(state.calendar, state.step)
     pending = in_horizon & (next_arrival <= state.step).any()
     view = _view(state, params, heads, head_index,
-                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads))
+                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
+                 config)
     choice = select(state, view, params, config)
     fits = state.context.sum() + heads[choice.client, PROMPT] <= params.kv_budget
     ready = active & in_horizon & ~due & ~pending
@@ -327,13 +350,13 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
 
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, config)
-    view = _view(state, params, heads, head_index, view.estimates)
+    view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & completions.due(state.calendar, state.step)
     state = complete(state, view, params, completing, config)
     arriving = (active & (state.step < state.horizon) & ~completions.due(state.calendar, state.step)
                 & (next_arrival <= state.step).any())
-    view = _view(state, params, heads, head_index, view.estimates)
-    state = take_arrivals(state, view, workload, params, arriving, config)
+    view = _view(state, params, heads, head_index, view.estimates, config)
+    state = take_arrivals(state, view, workload, params, arriving, window, config)
     settled = ~completions.due(state.calendar, state.step)
     finished = (state.step >= state.horizon) & settled
     if config.drain:

@@ -9,8 +9,9 @@ charge (or order) before the output is known (drr, wfq, sfq, vtc_predict, vtc_ga
             applied in admission order).
   noisy   : the truth with a uniform relative error of up to +-r:
             max(1, output + round(float32(output * (2j + 1 - 256)) * float32(r) / 256)),
-            j = the low 8 bits of a hash of the request's number (ORDER) and the seed, so
-            256 symmetric levels in [-r * 255/256, r * 255/256]. One float32 product and an
+            j = the low 8 bits of a hash of the seed, the request's client and its position
+            among that client's requests in (arrival, number) order, so 256 symmetric levels
+            in [-r * 255/256, r * 255/256]. One float32 product and an
             exact division by 256: a float32 reference reproduces it bit for bit.
 
 The state (per client moving average) lives in the engine; `estimate` is a pure function
@@ -71,15 +72,18 @@ def mix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
-def noise_level(order: jax.Array, seed: jax.Array) -> jax.Array:
-    """int32 in [0, 256): the noise level j of request `order` under `seed`."""
-    return (mix32(order.astype(U32) ^ mix32(seed)) & U32(255)).astype(I32)
+def noise_level(client: jax.Array, position: jax.Array, seed: jax.Array) -> jax.Array:
+    """int32 in [0, 256): the noise level j of the request at `position` of `client`'s
+    requests under `seed`."""
+    key = (mix32(seed) ^ client.astype(U32)) + position.astype(U32)
+    return (mix32(key) & U32(255)).astype(I32)
 
 
 def estimate(state: EstimatorState, params: EstimatorParams, client: jax.Array, output: jax.Array,
-             order: jax.Array) -> jax.Array:
-    """int32 prediction of `output` (any shape, broadcast with client and order)."""
-    level = noise_level(order, params.seed)
+             position: jax.Array) -> jax.Array:
+    """int32 prediction of `output` for the request at `position` of `client`'s requests
+    (any shapes that broadcast)."""
+    level = noise_level(client, position, params.seed)
     product = (output * (2 * level + 1 - 256)).astype(jnp.float32)
     noisy = jnp.maximum(1, output + jnp.round(product * params.error / 256.0).astype(I32))
     average = state.average[client]
@@ -95,7 +99,7 @@ def observe(state: EstimatorState, client: jax.Array, output: jax.Array, mask: j
                           seen=state.seen.at[client].set(state.seen[client] | mask))
 
 
-def reference_noise_level(order: int, seed: int) -> int:
+def reference_noise_level(client: int, position: int, seed: int) -> int:
     """Pure-Python `noise_level` (for literal references)."""
     def mix(x):
         x &= 0xFFFFFFFF
@@ -104,10 +108,10 @@ def reference_noise_level(order: int, seed: int) -> int:
         x ^= x >> 15
         x = (x * 0x846CA68B) & 0xFFFFFFFF
         return x ^ (x >> 16)
-    return mix((order & 0xFFFFFFFF) ^ mix(seed)) & 255
+    return mix((mix(seed) ^ client) + position) & 255
 
 
-def reference_estimate(kind: str, output: int, order: int, *, guess: int, error, seed: int,
+def reference_estimate(kind: str, output: int, client: int, position: int, *, guess: int, error, seed: int,
                        average: int) -> int:
     """Pure-Python `estimate` (numpy float32 for the noisy product)."""
     if kind == "exact":
@@ -116,7 +120,7 @@ def reference_estimate(kind: str, output: int, order: int, *, guess: int, error,
         return guess
     if kind == "average":
         return average
-    level = reference_noise_level(order, seed)
+    level = reference_noise_level(client, position, seed)
     product = np.float32(output * (2 * level + 1 - 256))
     shift = np.round(product * np.float32(float(error)) / np.float32(256.0))
     return max(1, output + int(shift))

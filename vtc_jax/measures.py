@@ -16,7 +16,8 @@ what they are (no service, no backlog, no occupancy).
 Units: service-like quantities are in the lane's integer cost units (settings.py).
 Latency histograms: bin b < 64 holds exactly b steps; above, 8 bins per octave, so a
 percentile read from them is exact below 64 steps and within 1/8 octave (about 9%) above.
-Service-like values and long sums are exact wide integers (wide.py).
+Service-like values and long sums are exact integers in the run's number format
+(wide.py: WIDE pairs, or NARROW int32 when the planner proved every value fits).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax import wide
+import numpy as np
 
 I32 = jnp.int32
 EXACT_BINS = 64
@@ -83,19 +84,21 @@ ALL = MeasureConfig.of(["all"])
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Measures:
-    """One lane's accumulators. K clients, C checkpoint rows. A trailing axis of 2 marks an
-    exact wide integer (wide.py). Fields of a measure that is off are None.
+    """One lane's accumulators. K clients, C checkpoint rows. Exact integers are in the run's
+    number format (wide.py; "(, 2)" below marks the wide format's trailing axis). Fields of
+    a measure that is off are None.
 
     Attributes:
-      max_drift: int32[2]  max over steps of max_k W_k - min_k W_k (negative before any step).
+      max_drift: int32[(2)]  max over steps of max_k W_k - min_k W_k (negative before any step).
       max_drift_step: int32[]  first step reaching it.
       checkpoints: int32[C, K, 2]  W after steps (i+1)*record_every - 1 (high word -1:
         not written, the lane jumped over it; results.py fills it from the previous row).
       backlogged_in: bool[C, K]  client backlogged (after arrivals) at some step of bucket i.
       service_at_start: int32[K, 2]  W at the start of the current step (pair drift).
       head_at_start: int32[K]  FIFO heads at the start of the current step.
-      in_period: bool[K, K]; period_max, period_min, pair_drift: int32[K, K, 2]  the
-        jointly backlogged periods of each pair and the extremes of W_f - W_g in them.
+      in_period: bool[P]; period_max, period_min, pair_drift: int32[P(, 2)]  for each pair
+        f < g (P = K(K-1)/2, `pairs`), its jointly backlogged periods and the extremes of
+        W_f - W_g in them.
       share_start, share_end: int32[K, 2]  W at the share window's edges.
       prompt_tokens, cached_admitted, decoded_tokens, decoded_context: int32[K, 2]  the
         token ledger.
@@ -132,26 +135,32 @@ class Measures:
     resource_share_end: jax.Array | None = None
 
 
-def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig) -> Measures:
+def pairs(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+    """(f, g) int32[P]: every client pair with f < g."""
+    f, g = np.triu_indices(num_clients, k=1)
+    return f.astype(np.int32), g.astype(np.int32)
+
+
+def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig, num) -> Measures:
     k, c = num_clients, num_checkpoints
-    wk = lambda: wide.zeros((k,))  # noqa: E731
-    parts = dict(max_drift=jnp.asarray([-1, 0], I32), max_drift_step=jnp.zeros((), I32))
+    wk = lambda: num.zeros((k,))  # noqa: E731
+    parts = dict(max_drift=num.constant((), -1), max_drift_step=jnp.zeros((), I32))
     if c:
-        parts["checkpoints"] = wide.zeros((c, k)).at[..., 0].set(-1)
+        parts["checkpoints"] = num.constant((c, k), -1)  # negative: not written (an idle jump)
     if config.demand and c:
         parts["backlogged_in"] = jnp.zeros((c, k), bool)
     if config.pair_drift or (config.demand and c):
         parts["head_at_start"] = jnp.zeros(k, I32)
     if config.pair_drift:
-        pair = wide.zeros((k, k))
-        parts.update(service_at_start=wk(), in_period=jnp.zeros((k, k), bool), period_max=pair, period_min=pair,
-                     pair_drift=pair)
+        p = len(pairs(k)[0])
+        parts.update(service_at_start=wk(), in_period=jnp.zeros(p, bool), period_max=num.zeros((p,)),
+                     period_min=num.zeros((p,)), pair_drift=num.zeros((p,)))
     if config.share:
         parts.update(share_start=wk(), share_end=wk())
     if config.ledger:
         parts.update(prompt_tokens=wk(), cached_admitted=wk(), decoded_tokens=wk(), decoded_context=wk())
     if config.occupancy:
-        parts["occupancy_sum"] = wide.zeros()
+        parts["occupancy_sum"] = num.zeros()
     if config.latency:
         parts.update(wait_hist=jnp.zeros((k, LATENCY_BINS), I32), done_hist=jnp.zeros((k, LATENCY_BINS), I32),
                      wait_sum=wk(), done_sum=wk())
@@ -171,14 +180,14 @@ def latency_bin(steps: jax.Array) -> jax.Array:
     return jnp.where(x < EXACT_BINS, x, log_bin)
 
 
-def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, horizon) -> Measures:
+def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, horizon, num) -> Measures:
     """An admission at `step` of a request (arrival, prompt, output, cached) of `client`."""
     take = mask.astype(I32)
     updates = {}
     if m.prompt_tokens is not None:
         updates.update(
-            prompt_tokens=m.prompt_tokens.at[client].set(wide.add(m.prompt_tokens[client], take * prompt)),
-            cached_admitted=m.cached_admitted.at[client].set(wide.add(m.cached_admitted[client], take * cached)))
+            prompt_tokens=m.prompt_tokens.at[client].set(num.add(m.prompt_tokens[client], take * prompt)),
+            cached_admitted=m.cached_admitted.at[client].set(num.add(m.cached_admitted[client], take * cached)))
     if m.wait_hist is not None:
         wait = step - arrival
         done = step + output - 1 - arrival  # no preemption: its completion step is known now
@@ -186,8 +195,8 @@ def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, h
         updates.update(
             wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),
             done_hist=m.done_hist.at[client, latency_bin(done)].add(completes),
-            wait_sum=m.wait_sum.at[client].set(wide.add(m.wait_sum[client], take * wait)),
-            done_sum=m.done_sum.at[client].set(wide.add(m.done_sum[client], completes * done)))
+            wait_sum=m.wait_sum.at[client].set(num.add(m.wait_sum[client], take * wait)),
+            done_sum=m.done_sum.at[client].set(num.add(m.done_sum[client], completes * done)))
     return dataclasses.replace(m, **updates) if updates else m
 
 
@@ -212,28 +221,28 @@ def _crossed(edge, step, next_step):
 
 
 def on_finish(m: Measures, mask, step, next_step, service, head, arrived, running, context,
-              share_window, resource, record_every: int) -> Measures:
+              share_window, resource, record_every: int, num) -> Measures:
     """Step `step` ends where `mask` and the lane moves on to `next_step` (> step + 1 after
     an idle jump); `service` is W after it, `head`/`arrived` the FIFO pointers (arrivals of
     the step all in), `running` and `context` (int32[K]) the requests that decoded and the
     KV tokens they held at decode."""
-    drift = wide.sub(wide.max_of(service), wide.min_of(service))
-    new_max = mask & wide.less(m.max_drift, drift)
+    drift = num.sub(num.max_of(service), num.min_of(service))
+    new_max = mask & num.less(m.max_drift, drift)
     m32 = mask.astype(I32)
-    updates = dict(max_drift=wide.where(new_max, drift, m.max_drift),
+    updates = dict(max_drift=num.where(new_max, drift, m.max_drift),
                    max_drift_step=jnp.where(new_max, step, m.max_drift_step))
     if m.head_at_start is not None:
         backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
         updates["head_at_start"] = jnp.where(mask, head, m.head_at_start)
     if m.decoded_tokens is not None:
-        updates.update(decoded_tokens=wide.add(m.decoded_tokens, m32 * running),
-                       decoded_context=wide.add(m.decoded_context, m32 * context))
+        updates.update(decoded_tokens=num.add(m.decoded_tokens, m32 * running),
+                       decoded_context=num.add(m.decoded_context, m32 * context))
     if m.occupancy_sum is not None:
-        updates["occupancy_sum"] = wide.add(m.occupancy_sum, m32 * context.sum())
+        updates["occupancy_sum"] = num.add(m.occupancy_sum, m32 * context.sum())
     if m.share_start is not None:
         updates.update(
-            share_start=wide.where(mask & _crossed(share_window[0], step, next_step), service, m.share_start),
-            share_end=wide.where(mask & _crossed(share_window[1], step, next_step), service, m.share_end))
+            share_start=num.where(mask & _crossed(share_window[0], step, next_step), service, m.share_start),
+            share_end=num.where(mask & _crossed(share_window[1], step, next_step), service, m.share_end))
     if m.resource is not None:
         r = kahan_add(m.resource, jnp.where(mask, step_resource(running, context, resource), 0.0))
         r_drift = r[:, 0].max() - r[:, 0].min()
@@ -250,31 +259,31 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
         slot = (step + record_every) // record_every - 1  # first checkpoint at or after `step`
         due = mask & ((slot + 1) * record_every <= next_step) & (slot < rows)
         row = jnp.minimum(slot, rows - 1)
-        updates["checkpoints"] = m.checkpoints.at[row].set(wide.where(due, service, m.checkpoints[row]))
+        updates["checkpoints"] = m.checkpoints.at[row].set(num.where(due, service, m.checkpoints[row]))
         if m.backlogged_in is not None:
             inside = mask & (step // record_every < rows)
             bucket = jnp.minimum(step // record_every, rows - 1)
             updates["backlogged_in"] = m.backlogged_in.at[bucket].set(m.backlogged_in[bucket] | (backlogged & inside))
     if m.pair_drift is not None:
-        updates.update(_pair_drift(m, mask, service, backlogged, next_step > step + 1))
+        updates.update(_pair_drift(m, mask, service, backlogged, next_step > step + 1, num))
     return dataclasses.replace(m, **updates)
 
 
-def _pair_drift(m: Measures, mask, service, backlogged, jumped) -> dict:
+def _pair_drift(m: Measures, mask, service, backlogged, jumped, num) -> dict:
     """Max |(W_f - W_g)(t2) - (W_f - W_g)(t1)| over intervals in which f and g are both
     backlogged at every step: per jointly backlogged period, max minus min of the
     difference, taken from just before the period's first step to its last step. An idle
     jump ends every period (nobody is backlogged in the skipped steps)."""
-    joint = backlogged[:, None] & backlogged[None, :]
-    diff = wide.sub(service[:, None], service[None, :])
-    before = wide.sub(m.service_at_start[:, None], m.service_at_start[None, :])
+    f, g = pairs(backlogged.shape[0])
+    joint = backlogged[f] & backlogged[g]
+    diff = num.sub(service[f], service[g])
+    before = num.sub(m.service_at_start[f], m.service_at_start[g])
     starting = joint & ~m.in_period
-    minimum = lambda a, b: wide.where(wide.less(a, b), a, b)  # noqa: E731
-    hi = wide.where(starting, wide.maximum(before, diff), wide.maximum(m.period_max, diff))
-    lo = wide.where(starting, minimum(before, diff), minimum(m.period_min, diff))
-    best = wide.where(joint, wide.maximum(m.pair_drift, wide.sub(hi, lo)), m.pair_drift)
+    hi = num.where(starting, num.maximum(before, diff), num.maximum(m.period_max, diff))
+    lo = num.where(starting, num.minimum(before, diff), num.minimum(m.period_min, diff))
+    best = num.where(joint, num.maximum(m.pair_drift, num.sub(hi, lo)), m.pair_drift)
     return dict(in_period=jnp.where(mask, joint & ~jumped, m.in_period),
-                period_max=wide.where(mask & joint, hi, m.period_max),
-                period_min=wide.where(mask & joint, lo, m.period_min),
-                pair_drift=wide.where(mask, best, m.pair_drift),
-                service_at_start=wide.where(mask, service, m.service_at_start))
+                period_max=num.where(mask & joint, hi, m.period_max),
+                period_min=num.where(mask & joint, lo, m.period_min),
+                pair_drift=num.where(mask, best, m.pair_drift),
+                service_at_start=num.where(mask, service, m.service_at_start))

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax import wide
+from vtc_jax.measures import pairs
 from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS
 from vtc_jax.settings import Scales, Settings, encode_settings
 from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
@@ -111,8 +112,9 @@ class LaneResults:
     drift_units: np.ndarray = dataclasses.field(repr=False, default=None)
     cost_scale: np.ndarray = dataclasses.field(repr=False, default=None)
     counter_scale: np.ndarray = dataclasses.field(repr=False, default=None)
+    number_format: str = dataclasses.field(repr=False, default="wide")
 
-    _SHARED = ("record_every", "checkpoint_steps")
+    _SHARED = ("record_every", "checkpoint_steps", "number_format")
 
     def head(self, lanes: int) -> "LaneResults":
         """The first `lanes` lanes."""
@@ -122,17 +124,22 @@ class LaneResults:
                     for f in dataclasses.fields(self) if f.name not in self._SHARED}
         return dataclasses.replace(self, **per_lane)
 
+    @property
+    def _num(self):
+        return wide.numbers(self.number_format == "wide")
+
     @functools.cached_property
     def service_exact(self) -> np.ndarray:
-        return _exact(self.service_units, self.cost_scale)
+        return _exact(self.service_units, self.cost_scale, self._num)
 
     @functools.cached_property
     def counters_exact(self) -> np.ndarray:
-        return _exact(self.counter_units, [int(a) * int(b) for a, b in zip(self.cost_scale, self.counter_scale)])
+        scale = [int(a) * int(b) for a, b in zip(self.cost_scale, self.counter_scale)]
+        return _exact(self.counter_units, scale, self._num)
 
     @functools.cached_property
     def max_drift_exact(self) -> np.ndarray:
-        return _exact(self.drift_units, self.cost_scale)
+        return _exact(self.drift_units, self.cost_scale, self._num)
 
     @property
     def share(self) -> np.ndarray:
@@ -247,19 +254,20 @@ def latency_bin_edges() -> tuple[np.ndarray, np.ndarray]:
     return lo[:-1], lo[1:]
 
 
-def _exact(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Wide integers (int[..., 2]) in lane units -> exact Fractions; `scale[b]` is lane b's unit."""
-    ints = wide.to_int(units)
+def _exact(units: np.ndarray, scale: Sequence[int], num) -> np.ndarray:
+    """Exact integers (number format `num`) in lane units -> Fractions; `scale[b]` is lane
+    b's unit."""
+    ints = num.to_int(units)
     out = np.empty(ints.shape, dtype=object)
     for idx in np.ndindex(ints.shape):
         out[idx] = Fraction(ints[idx], int(scale[idx[0]]))
     return out
 
 
-def _tokens(units: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Wide integers in lane units -> float64 tokens (exact integer / scale, one rounding,
+def _tokens(units: np.ndarray, scale: Sequence[int], num) -> np.ndarray:
+    """Exact integers in lane units -> float64 tokens (exact integer / scale, one rounding,
     for totals below 2^53 units)."""
-    values = wide.to_float(units)
+    values = num.to_float(units)
     per_lane = np.asarray([int(s) for s in scale], dtype=np.float64).reshape((-1,) + (1,) * (values.ndim - 1))
     return values / per_lane
 
@@ -317,6 +325,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
 
     m = host.measures
     b = len(settings)
+    num = wide.numbers(config.wide)
     q = [int(x) for x in scales.cost_scale]
     steps = np.asarray(host.step, dtype=np.int64)
     finished = np.asarray(done, bool) & ~np.asarray(host.overflow, bool)
@@ -325,9 +334,11 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
     arrived = np.asarray(host.arrived, dtype=np.int64)
     if config.drain:
         finished &= (arrived_streams.sum(axis=1) == completed.sum(axis=1))
-    service = _tokens(host.service, q)
-    drift_units = np.where(wide.to_float(m.max_drift)[:, None] < 0, 0, np.asarray(m.max_drift))
-    max_drift = _tokens(drift_units, q)
+    service = _tokens(host.service, q, num)
+    drift_units = np.asarray(m.max_drift)
+    drift_units = np.where((num.to_float(drift_units) < 0).reshape((b,) + (1,) * (drift_units.ndim - 1)), 0,
+                           drift_units)
+    max_drift = _tokens(drift_units, q, num)
     kv_budget = np.asarray([s.kv_budget for s in settings], dtype=np.int64)
     w_p = np.asarray([float(s.w_p) for s in settings])
     w_q = np.asarray([float(s.w_q) for s in settings])
@@ -343,21 +354,25 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         lanes = np.asarray([s.policy == name for s in settings])
         if lanes.any():
             units = np.asarray(jax.vmap(counters_fn)(jax.tree_util.tree_map(jnp.asarray, host.policy[name])))
-            policy_counters[lanes] = _tokens(units, qd)[lanes]
-    pair = _tokens(m.pair_drift, q) if m.pair_drift is not None else None
+            policy_counters[lanes] = _tokens(units, qd, num)[lanes]
+    pair = None
+    if m.pair_drift is not None:
+        f, g = pairs(config.num_clients)
+        pair = np.zeros((b, config.num_clients, config.num_clients))
+        pair[:, f, g] = pair[:, g, f] = _tokens(m.pair_drift, q, num)
     has_window = np.asarray([s.share_window[1] > 0 for s in settings])
-    share = (_tokens(m.share_end, q) - _tokens(m.share_start, q)) if m.share_start is not None else _nan(shape_bk)
-    ckpt_steps, ckpt_units = _checkpoints(host, config, steps)
+    share = (_tokens(m.share_end, q, num) - _tokens(m.share_start, q, num)) if m.share_start is not None else _nan(shape_bk)
+    ckpt_steps, ckpt_units = _checkpoints(host, config, steps, num)
     ledger = m.prompt_tokens is not None
     with np.errstate(invalid="ignore", divide="ignore"):
         if m.wait_hist is not None:
-            wait_mean = wide.to_float(m.wait_sum) / admitted
-            done_mean = wide.to_float(m.done_sum) / np.asarray(m.done_hist).sum(axis=-1)
+            wait_mean = num.to_float(m.wait_sum) / admitted
+            done_mean = num.to_float(m.done_sum) / np.asarray(m.done_hist).sum(axis=-1)
         else:
             wait_mean = done_mean = _nan(shape_bk)
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
     results = LaneResults(
-        steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd),
+        steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],
@@ -365,18 +380,18 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
-        raw_throughput=(np.where(steps > 0, (wide.to_float(m.prompt_tokens) + wide.to_float(m.decoded_tokens)).sum(
+        raw_throughput=(np.where(steps > 0, (num.to_float(m.prompt_tokens) + num.to_float(m.decoded_tokens)).sum(
             axis=1) / per_step, 0.0) if ledger else _nan(b)),
-        mean_occupancy=(np.where(steps > 0, wide.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0)
+        mean_occupancy=(np.where(steps > 0, num.to_float(m.occupancy_sum) / per_step / kv_budget, 0.0)
                         if m.occupancy_sum is not None else _nan(b)),
         share_service=np.where(has_window[:, None], share, np.nan),
         wait_hist=np.asarray(m.wait_hist, np.int64) if m.wait_hist is not None else None,
         done_hist=np.asarray(m.done_hist, np.int64) if m.done_hist is not None else None,
         wait_mean=wait_mean, done_mean=done_mean,
-        record_every=config.record_every, checkpoint_steps=ckpt_steps, checkpoints=_tokens(ckpt_units, q),
+        record_every=config.record_every, checkpoint_steps=ckpt_steps, checkpoints=_tokens(ckpt_units, q, num),
         demand=(demand_units / np.asarray(q, np.float64)[:, None, None] if m.backlogged_in is not None else None),
         backlogged_in=np.asarray(m.backlogged_in, bool) if m.backlogged_in is not None else None,
-        computed_service=(service - charge_cached * wide.to_float(m.cached_admitted) if ledger else _nan(shape_bk)),
+        computed_service=(service - charge_cached * num.to_float(m.cached_admitted) if ledger else _nan(shape_bk)),
         resource=np.asarray(m.resource[..., 0], np.float64) if m.resource is not None else _nan(shape_bk),
         resource_max_drift=(np.asarray(m.resource_max_drift, np.float64) if m.resource is not None else _nan(b)),
         resource_share_service=(np.where(has_window[:, None], np.asarray(m.resource_share_end, np.float64)
@@ -384,7 +399,8 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
                                 if m.resource_share_start is not None else _nan(shape_bk)),
         conservation=check_conservation(host, settings, config, arrived_streams) if ledger else None,
         service_units=np.asarray(host.service), counter_units=np.asarray(host.counter), drift_units=drift_units,
-        cost_scale=np.asarray(scales.cost_scale), counter_scale=np.asarray(scales.counter_scale))
+        cost_scale=np.asarray(scales.cost_scale), counter_scale=np.asarray(scales.counter_scale),
+        number_format=num.name)
     return results
 
 
@@ -400,9 +416,10 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     """
     params, _ = encode_settings(settings, config.num_clients, config.policies)
     m = host.measures
-    service = wide.to_int(host.service)
-    prompt, cached = wide.to_int(m.prompt_tokens), wide.to_int(m.cached_admitted)
-    decoded, context = wide.to_int(m.decoded_tokens), wide.to_int(m.decoded_context)
+    num = wide.numbers(config.wide)
+    service = num.to_int(host.service)
+    prompt, cached = num.to_int(m.prompt_tokens), num.to_int(m.cached_admitted)
+    decoded, context = num.to_int(m.decoded_tokens), num.to_int(m.decoded_context)
     arrived = np.asarray(host.arrived, np.int64)
     head = np.asarray(host.head, np.int64)
     admitted = np.asarray(host.admitted, np.int64)
@@ -433,18 +450,18 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     return out
 
 
-def _checkpoints(host, config, steps: np.ndarray):
+def _checkpoints(host, config, steps: np.ndarray, num):
     """Checkpoint rows at steps N-1, 2N-1, ... below the longest run, plus its last step;
     a lane that ran fewer steps repeats its final service; a row the lane jumped over
     (idle: W did not change) takes the row before it. Returns (steps, int64 units)."""
     final = np.asarray(host.service, dtype=np.int64)
     max_steps = int(steps.max()) if steps.size else 0
     if not config.record_every or max_steps == 0:
-        return np.asarray([max(max_steps - 1, 0)], np.int64), final[:, None, :]
+        return np.asarray([max(max_steps - 1, 0)], np.int64), final[:, None]
     every = config.record_every
     buf = np.asarray(host.measures.checkpoints, dtype=np.int64).copy()
     for i in range(buf.shape[1]):  # forward-fill rows skipped by idle jumps
-        unwritten = buf[:, i, :, 0] < 0
+        unwritten = num.to_float(buf[:, i]) < 0
         buf[:, i][unwritten] = buf[:, i - 1][unwritten] if i else 0
     ckpt_steps = list(range(every - 1, max_steps, every))
     if not ckpt_steps or ckpt_steps[-1] != max_steps - 1:
@@ -453,7 +470,7 @@ def _checkpoints(host, config, steps: np.ndarray):
     for s in ckpt_steps:
         slot = (s + 1) // every - 1
         if (s + 1) % every == 0 and slot < buf.shape[1]:
-            rows.append(np.where((s < steps - 1)[:, None, None], buf[:, slot], final))
+            rows.append(np.where((s < steps - 1).reshape((-1,) + (1,) * (final.ndim - 1)), buf[:, slot], final))
         else:
             rows.append(final)
     return np.asarray(ckpt_steps, np.int64), np.stack(rows, axis=1)

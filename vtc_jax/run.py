@@ -33,29 +33,32 @@ MAX_HORIZON = INT32_MAX // 2
 
 
 def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int, max_prompt: int,
-                       max_output: int, horizon: int, max_requests: int, arrival_width: int = 4) -> None:
-    """Refuse up front a lane whose exact integer arithmetic could overflow.
+                       max_output: int, horizon: int, max_requests: int, arrival_width: int = 4) -> bool:
+    """Refuse up front a lane whose exact integer arithmetic could overflow; return whether
+    it needs the WIDE number format (False: every total, counter and tag of the lane is
+    proved below 2^30, so plain int32 is exact; wide.py).
 
-    Totals and counters are wide (wide.py, exact to 2^55), but each single charge is added as
-    an int32: the largest prefill charge and the largest per-client decode charge of one
-    step, times the counter multiplier, must stay below wide.MAX_ADD (about 2^31). Running
-    requests are at most M / min_prompt (their prompts fit M together) and their context at
-    most M + that many times (max_output - 1). Policies that charge or tag a request's whole
-    estimated cost at once need it, times the weight scales, below MAX_ADD / arrival_width.
+    Each single charge is added as an int32: the largest prefill charge and the largest
+    per-client decode charge of one step, times the counter multiplier, must stay below
+    wide.MAX_ADD (about 2^31), and totals below 2^55 (WIDE). Running requests are at most
+    M / min_prompt (their prompts fit M together) and their context at most M + that many
+    times (max_output - 1). Policies that charge or tag a request's whole estimated cost
+    at once need it, times the weight scales, below MAX_ADD / arrival_width.
     """
     q, d, mult, scaled = lane_scales(settings, num_clients)
     a_p, a_q, b = scaled
     mult = max(mult)
     running = min(settings.kv_budget // max(min_prompt, 1), max_requests)
     context = settings.kv_budget + running * (max_output - 1)
+    per_step = (a_p * settings.kv_budget + a_q * running + b * context) * mult
     limits_ = [
         ("the running context", context, 1),
         ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult, 1),
         ("one step's decode charge (w_q x running + beta x context, in exact units, x weight scale)",
          (a_q * running + b * context) * mult, 1),
-        ("the run's total service", horizon * (a_p * settings.kv_budget + a_q * running + b * context) * mult
-         >> wide.LOW_BITS, 1),
+        ("the run's total service", horizon * per_step >> wide.LOW_BITS, 1),
     ]
+    totals = [horizon * per_step, horizon * context, max_requests * horizon]
     policy = registry.get(settings.policy)
     if policy.uses_estimator:
         e = max_output
@@ -69,12 +72,14 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
             scale = scale * w.denominator // np.gcd(scale, w.denominator)
         limits_.append(("one request's estimated cost (in exact units, x weight scales)", cost * max(mult, scale),
                         arrival_width))
+        totals.append(max_requests * cost * max(mult, scale))
     for name, value, share in limits_:
         if value > wide.MAX_ADD // share:
             raise InputError(
                 f"{name} could reach {value:.3g}, past the exact int32 limit {wide.MAX_ADD // share} "
                 f"(M={settings.kv_budget}, max output {max_output}, costs scaled by their common "
                 "denominator): use coarser fractions, closer weights, a smaller M or shorter outputs")
+    return max(totals) >= wide.NARROW_LIMIT
 
 
 def running_slots(settings: Sequence[Settings], min_prompt: int, max_requests: int) -> int:
@@ -91,7 +96,7 @@ def calendar_rows(max_output: int) -> int:
 
 
 def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
-                  record_every: int,
+                  wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
                   policies: Sequence[str] | None = None) -> EngineConfig:
     """The static config that fits every lane of `settings`."""
@@ -102,6 +107,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
         bands=any(s.bands is not None for s in settings),
         estimator=any(registry.get(p).uses_estimator for p in policies),
+        arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}))
 
@@ -174,7 +180,7 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
-               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None):
+               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None):
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
@@ -187,7 +193,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         raise InputError(f"steps must be in [1, {MAX_HORIZON}], got {steps}")
     if record_every < 0 or arrival_width < 1:
         raise InputError("record_every must be >= 0 and arrival_width >= 1")
-    horizons, expected = [], []
+    horizons, expected, needs_wide = [], [], False
     for trace, s in zip(traces, settings, strict=True):
         if len(trace) == 0:
             raise InputError("the trace has no requests")
@@ -197,9 +203,9 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         drain = drain_horizon(trace, rpm_window)
         horizons.append(int(steps) if steps is not None else drain)
         expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))
-        check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()), max_prompt=int(trace.prompt.max()),
-                           max_output=int(trace.output.max()), horizon=horizons[-1], max_requests=len(trace),
-                           arrival_width=arrival_width)
+        needs_wide |= check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()),
+                                         max_prompt=int(trace.prompt.max()), max_output=int(trace.output.max()),
+                                         horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width)
     longest = max(horizons)
     if longest > MAX_HORIZON:
         raise InputError(f"the run would need {longest} steps, past the limit {MAX_HORIZON}")
@@ -211,7 +217,9 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
     rows = max(int((requests_per_client(t, num_clients) + arrival_width + 1).sum()) for t in traces)
     config = engine_config(settings, num_clients=num_clients, num_rows=rows,
                            max_output=max(int(t.output.max()) for t in traces),
-                           slots=running_slots(settings, min_prompt, most), record_every=record_every,
+                           slots=running_slots(settings, min_prompt, most),
+                           wide_numbers=needs_wide if wide is None else (wide or needs_wide),
+                           record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies)
     return config, horizons, longest + 3 * most + 1, max(expected)
@@ -221,7 +229,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
                allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
-               progress: Callable | None = None) -> LaneResults:
+               progress: Callable | None = None, wide: bool | None = None) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -237,11 +245,13 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
       measures: the optional measures to keep (default: all; see measures.MeasureConfig).
       policies: the engine's static policy set (default: the lanes' policies); give a
         larger set to share one compiled program between batches.
+      wide: True forces the WIDE number format (default: NARROW when the planner proves
+        every value fits int32, else WIDE; results are identical).
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
-                                                    allow_unadmittable, arrival_width, measures, policies)
+                                                    allow_unadmittable, arrival_width, measures, policies, wide)
     pad = arrival_width + 1
     shared = all(t is traces[0] for t in traces)
     if shared:
@@ -335,9 +345,13 @@ def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], re
         raise InputError(f"a lane would hold {capacity:,} requests per client x {k} clients "
                          f"(> {MAX_LANE_STREAM_BYTES >> 30} GiB of streams): shorten the horizon or lower the rates")
     min_prompt = min(t.min_prompt() for t in traffics)
-    return engine_config(settings, num_clients=k, num_rows=int(sum(size)),
-                         max_output=max(t.max_lengths()[1] for t in traffics),
-                         slots=running_slots(settings, min_prompt, int(sum(size))), record_every=record_every,
+    max_prompt, max_output = (max(t.max_lengths()[i] for t in traffics) for i in (0, 1))
+    needs_wide = any(check_exact_limits(s, k, min_prompt=min_prompt, max_prompt=max_prompt, max_output=max_output,
+                                        horizon=horizon, max_requests=int(sum(size)), arrival_width=arrival_width)
+                     for s in set(settings))
+    return engine_config(settings, num_clients=k, num_rows=int(sum(size)), max_output=max_output,
+                         slots=running_slots(settings, min_prompt, int(sum(size))), wide_numbers=needs_wide,
+                         record_every=record_every,
                          num_checkpoints=horizon // record_every if record_every else 0,
                          arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
 
@@ -366,7 +380,7 @@ def validate_traffic_lanes(traffics: Sequence[Traffic], settings: Sequence[Setti
     needed = traffic_config(traffics, settings, config.record_every, config.arrival_width, config.measures,
                             config.policies)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
-            or needed.calendar_rows > config.calendar_rows):
+            or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)):
         raise InputError("the given engine config is too small for these lanes' traffic")
 
 
@@ -402,7 +416,9 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
     workload = generate_lanes(keys, stack_traffic(traffics), horizon=horizon, capacity=capacity, first=first,
                               size=size, pad=config.arrival_width + 1)
     budget = horizon + 3 * config.num_rows + 1
-    expected = horizon + 2 * int(np.asarray(workload.num_requests).max(initial=0))
+    # From the traffic's expectation, not the draw: the chunk size (a static argument of
+    # the compiled call) must not change from one batch of seeds to the next.
+    expected = horizon + int(2 * max(t.expected_requests().sum() for t in _unique(traffics)))
     return run_workloads(workload, settings, [horizon] * len(settings), config=config, shared=False,
                          event_budget=budget, expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
 

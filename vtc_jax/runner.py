@@ -69,9 +69,11 @@ def init(batched, shared, *, program: LaneProgram, config):
 
 
 def default_chunk(expected_events: int) -> int:
-    """Events per compiled call: about 1/8 of the expected run, so a finished batch wastes
-    little, and the host checks `done` only a few times."""
-    return int(min(8192, max(128, -(-int(expected_events) // 8))))
+    """Events per compiled call: about 1/32 of the expected run (rounded to a power of
+    two, so nearby runs share one compiled program), so a finished batch wastes little
+    (lanes finish at different events) and the host checks `done` a few dozen times."""
+    target = max(128, min(8192, -(-int(expected_events) // 32)))
+    return 1 << (target - 1).bit_length()
 
 
 def pad_lanes(tree, lanes: int, target: int):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.errors import InputError
-from vtc_jax.workload import ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Workload, padding_rows
+from vtc_jax.workload import INT32_MAX, NUM_FIELDS, Workload, padding_rows
 
 F32, I32 = jnp.float32, jnp.int32
 
@@ -347,17 +347,11 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
 
 
 def pack_blocks(rows: jax.Array, valid: jax.Array, first: tuple, size: tuple) -> jax.Array:
-    """Client rows int32[K, n, 5] (each client's valid rows a prefix, in arrival order,
-    ORDER holding an FCFS key arrival * K + client) -> blocks int32[sum(size), 5] with
-    padding after each client's rows, ORDER replaced by the unique global rank in
-    (arrival, client, position) order: trace order for generated traffic."""
+    """Client rows int32[K, n, 5] (each client's valid rows a prefix, in arrival order)
+    -> blocks int32[sum(size), 5], each client's rows followed by padding rows."""
     k, n = valid.shape
     total = int(sum(size))
     first_a = jnp.asarray(first, I32)
     dest = jnp.where(valid, first_a[:, None] + jnp.arange(n, dtype=I32)[None, :], total)
     requests = jnp.broadcast_to(jnp.asarray(padding_rows(1)[0]), (total, NUM_FIELDS))
-    requests = requests.at[dest.reshape(-1)].set(rows.reshape(-1, NUM_FIELDS), mode="drop")
-    real = requests[:, ARRIVAL] < INT32_MAX
-    order = jnp.argsort(requests[:, ORDER], stable=True)  # padding (INT32_MAX) sorts last
-    rank = jnp.zeros(total, I32).at[order].set(jnp.arange(total, dtype=I32))
-    return requests.at[:, ORDER].set(jnp.where(real, rank, INT32_MAX))
+    return requests.at[dest.reshape(-1)].set(rows.reshape(-1, NUM_FIELDS), mode="drop")

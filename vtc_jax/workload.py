@@ -180,8 +180,9 @@ class Workload:
     Attributes:
       requests: int32[R, 5]  client-major blocks; block k = rows [first_k, first_k + size_k)
         holds client k's requests sorted by (arrival, number), fields (ARRIVAL, ORDER,
-        PROMPT, OUTPUT, CACHED); ORDER is the request's rank in the global (arrival, number)
-        order (unique): FCFS picks the smallest. Each block ends in at least `pad` padding
+        PROMPT, OUTPUT, CACHED); ORDER orders requests by (arrival, number): FCFS picks the
+        smallest head (a trace's rows: the rank in (arrival, number) order; generated
+        traffic: arrival * K + client, same-step requests of a client sharing it). Each block ends in at least `pad` padding
         rows with ARRIVAL = ORDER = INT32_MAX (they never arrive), so the engine's arrival
         look-ahead never leaves the block.
       first: int32[K]  first row of each block.

@@ -38,10 +38,13 @@ I32 = jnp.int32
 
 
 class Shape(NamedTuple):
-    """Static sizes a policy state may depend on: K clients, R workload rows."""
+    """Static facts a policy state may depend on: K clients, R workload rows, and `num`,
+    the run's exact number format (wide.WIDE or wide.NARROW: make exact counters and tags
+    with num.zeros and update them with num.add, num.maximum, ...)."""
 
     num_clients: int
     num_rows: int
+    num: Any = None
 
 
 class Costs(NamedTuple):
@@ -58,14 +61,15 @@ class Costs(NamedTuple):
 class View(NamedTuple):
     """What a hook may read of the engine's state (one lane, read-only).
 
-    step: int32[] the step in progress; backlogged: bool[K] FIFO not empty;
+    num: the run's exact number format (wide.py); step: int32[] the step in progress; backlogged: bool[K] FIFO not empty;
     heads: int32[K, 5] each FIFO's head row (fields of workload.py; meaningful where
     backlogged); head_index: int32[K] the head's row in `Workload.requests`;
-    counter: int32[K, 2] the MODEL.md counter c_k (wide); running, context: int32[K]
+    counter: int32[K(, 2)] the MODEL.md counter c_k; running, context: int32[K]
     requests running and their KV tokens; last_left: int32[] (-1: none); costs: Costs;
     estimates: int32[K] the cost estimator's output prediction for each head.
     """
 
+    num: Any
     step: jax.Array
     backlogged: jax.Array
     heads: jax.Array
@@ -84,8 +88,9 @@ class Arrivals(NamedTuple):
     The hook is called on every event: `joins` is all False when nothing joins, and the
     hook must then leave its state unchanged (the engine does not mask its result).
 
-    joins: bool[K, W]; rows: int32[K, W, 5]; index: int32[K, W] their workload rows;
-    estimates: int32[K, W] output predictions at arrival; newcomer: bool[K] the client
+    joins: bool[K, W]; index: int32[K, W] their workload rows; rows: int32[K, W, 5] the
+    rows and estimates: int32[K, W] output predictions at arrival (both only for policies
+    with `arrival_rows`, else None: gathering them costs every event); newcomer: bool[K] the client
     was not backlogged before (only its first joining request can find it so);
     first: int32[] the newcomer whose first request comes first in trace order (valid if
     newcomer.any())."""
@@ -169,6 +174,8 @@ class Policy:
       validate: `validate(settings)` raises InputError for bad options.
       fuzz_options: `fuzz_options(rng) -> dict` random options for the random-lane tests
         (random.Random), so a new policy is fuzzed over its options too.
+      arrival_rows: `on_arrival` reads the arriving requests' rows and estimates
+        (Arrivals.rows, Arrivals.estimates); otherwise they are not gathered.
     """
 
     name: str
@@ -187,6 +194,7 @@ class Policy:
     counters: Callable[[Any], jax.Array] | None = None
     validate: Callable[..., None] | None = None
     fuzz_options: Callable[..., dict] | None = None
+    arrival_rows: bool = False
 
     # Defaults: a hook a policy does not define leaves its state alone.
     def arrive(self, state, view, arrivals, params):
@@ -214,10 +222,10 @@ def no_state(params, shape: Shape):
     return ()
 
 
-def argmin_choice(key: jax.Array, eligible: jax.Array, state) -> Choice:
+def argmin_choice(key: jax.Array, eligible: jax.Array, state, num=None) -> Choice:
     """The eligible client with the smallest key (ties: smallest index). `key` is int32[K]
-    or a wide int32[K, 2]."""
-    client = wide.argmin(key, eligible) if key.ndim == 2 else jnp.argmin(jnp.where(eligible, key, wide.MAX_HIGH))
+    (num None), or exact integers in the number format `num`."""
+    client = (num or wide.NARROW).argmin(key, eligible)
     return Choice(client.astype(I32), eligible.any(), state)
 
 
@@ -227,19 +235,20 @@ def onehot(client: jax.Array, num_clients: int, mask=True) -> jax.Array:
 
 
 def lift(counter: jax.Array, backlogged: jax.Array, newcomer: jax.Array, first: jax.Array,
-         last_left: jax.Array, use_last_left: jax.Array) -> jax.Array:
+         last_left: jax.Array, use_last_left: jax.Array, num) -> jax.Array:
     """MODEL.md's lift rule over one arrival event, applied request by request in trace
     order, in closed form. If some client is backlogged when the event begins, every
     newcomer (a client that was not backlogged) is lifted to the minimum counter of the
     backlogged clients (each lifted counter is >= that minimum, so it never changes). If
     none is, the first newcomer in trace order is lifted to c_{last_left} (when
     `use_last_left` and last_left exists), and its counter is then the floor of every later
-    newcomer. counter: wide int32[K, 2]; returns the lifted counter."""
+    newcomer. counter: exact int32[K(, 2)] in the number format `num`; returns the lifted
+    counter."""
     has_last = use_last_left & (last_left >= 0)
     last_counter = counter[jnp.maximum(last_left, 0)]
-    first_floor = wide.where(has_last, wide.maximum(counter[first], last_counter), counter[first])
-    floor = wide.where(backlogged.any(), wide.min_of(counter, backlogged), first_floor)
-    return wide.where(newcomer, wide.maximum(counter, floor), counter)
+    first_floor = num.where(has_last, num.maximum(counter[first], last_counter), counter[first])
+    floor = num.where(backlogged.any(), num.min_of(counter, backlogged), first_floor)
+    return num.where(newcomer, num.maximum(counter, floor), counter)
 
 
 def i32(x) -> np.ndarray:

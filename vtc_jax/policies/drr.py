@@ -193,4 +193,4 @@ DRR = Policy(name="drr", summary="weighted deficit round robin (NVIDIA Dynamo's 
              encode=encode, init=init, select=select, on_arrival=on_arrival, on_admit=on_admit, on_step=on_step,
              reference=Reference, reads=("weights", "estimator", "options"),
              options={"quantum": 1024, "cost": "estimate"}, uses_estimator=True, validate=validate,
-             fuzz_options=fuzz_options)
+             fuzz_options=fuzz_options, arrival_rows=True)

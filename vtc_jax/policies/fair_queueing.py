@@ -14,7 +14,7 @@ start tag of the request in service, as SFQ and the PR do) and F_max = max(F_max
 the end of a step in which no client is left waiting (the busy period ended: Goyal's
 rule), V = max(V, F_max), so no client carries history across an uncontended period; a
 returning idle client starts at max(V, F_tail), which removes banked credit as VTC's lift
-does. A candidate that does not fit M changes nothing. Tags are exact wide integers in
+does. A candidate that does not fit M changes nothing. Tags are exact integers (the run's number format, wide.py) in
 counter units (1 / (Q * D) tokens).
 """
 
@@ -25,14 +25,13 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 
-from vtc_jax import wide
 from vtc_jax.policies.base import Policy, argmin_choice, estimated_cost, no_params
 
 
 def init(params, shape):
-    k, r = shape.num_clients, shape.num_rows
-    return {"v": wide.zeros(), "f_max": wide.zeros(), "f_tail": wide.zeros((k,)), "start": wide.zeros((r,)),
-            "finish": wide.zeros((r,)), "chosen_start": wide.zeros(), "chosen_finish": wide.zeros()}
+    k, r, num = shape.num_clients, shape.num_rows, shape.num
+    return {"v": num.zeros(), "f_max": num.zeros(), "f_tail": num.zeros((k,)), "start": num.zeros((r,)),
+            "finish": num.zeros((r,)), "chosen_start": num.zeros(), "chosen_finish": num.zeros()}
 
 
 def on_arrival(state, view, arrivals, params):
@@ -40,34 +39,38 @@ def on_arrival(state, view, arrivals, params):
     cost = estimated_cost(view.costs, arrivals.rows, arrivals.estimates) * view.costs.counter_mult[:, None]
     cost = jnp.where(arrivals.joins, cost, 0)
     upto = jnp.cumsum(cost, axis=1)  # [K, W] cost through each joining request
-    first = wide.maximum(jnp.broadcast_to(state["v"], (k, 2)), state["f_tail"])  # [K, 2]
-    finish = wide.add(first[:, None, :], upto)
-    start = wide.add(first[:, None, :], upto - cost)
+    num = view.num
+    first = num.expand(num.maximum(num.broadcast(state["v"], (k,)), state["f_tail"]), 1)  # [K, 1]
+    finish = num.add(first, upto)
+    start = num.add(first, upto - cost)
     rows = state["start"].shape[0]
     index = jnp.where(arrivals.joins, arrivals.index, rows).reshape(-1)
     joined = arrivals.joins.any(axis=1)
+    flat = (k * width,) + finish.shape[2:]
     return dict(state,
-                start=state["start"].at[index].set(start.reshape(-1, 2), mode="drop"),
-                finish=state["finish"].at[index].set(finish.reshape(-1, 2), mode="drop"),
-                f_tail=wide.where(joined, finish[:, -1], state["f_tail"])), view.counter
+                start=state["start"].at[index].set(start.reshape(flat), mode="drop"),
+                finish=state["finish"].at[index].set(finish.reshape(flat), mode="drop"),
+                f_tail=num.where(joined, finish[:, -1], state["f_tail"])), view.counter
 
 
 def _select(tag: str):
     def select(state, view, eligible, params):
         start, finish = state["start"][view.head_index], state["finish"][view.head_index]
-        choice = argmin_choice(start if tag == "start" else finish, eligible, state)
+        choice = argmin_choice(start if tag == "start" else finish, eligible, state, view.num)
         return choice._replace(state=dict(state, chosen_start=start[choice.client], chosen_finish=finish[choice.client]))
     return select
 
 
 def on_admit(state, view, admission, params):
-    return dict(state, v=wide.maximum(state["v"], state["chosen_start"]),
-                f_max=wide.maximum(state["f_max"], state["chosen_finish"])), admission.estimate
+    num = view.num
+    return dict(state, v=num.maximum(state["v"], state["chosen_start"]),
+                f_max=num.maximum(state["f_max"], state["chosen_finish"])), admission.estimate
 
 
 def on_step(state, view, step_end, params):
     idle = ~view.backlogged.any()
-    return dict(state, v=wide.where(idle, wide.maximum(state["v"], state["f_max"]), state["v"]))
+    num = view.num
+    return dict(state, v=num.where(idle, num.maximum(state["v"], state["f_max"]), state["v"]))
 
 
 class ReferenceSFQ:
@@ -114,6 +117,7 @@ class ReferenceWFQ(ReferenceSFQ):
 
 SFQ = Policy(name="sfq", summary="start-time fair queueing: smallest per-client start tag (cost / weight chained)",
              encode=no_params, init=init, select=_select("start"), on_arrival=on_arrival, on_admit=on_admit,
-             on_step=on_step, reference=ReferenceSFQ, reads=("weights", "estimator"), uses_estimator=True)
+             on_step=on_step, reference=ReferenceSFQ, reads=("weights", "estimator"), uses_estimator=True,
+             arrival_rows=True)
 WFQ = dataclasses.replace(SFQ, name="wfq", summary="weighted fair queueing: smallest per-client finish tag",
                           select=_select("finish"), reference=ReferenceWFQ)

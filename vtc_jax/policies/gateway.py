@@ -13,7 +13,7 @@ never corrected by the real output (a gateway does not see it).
     counter and may burst until it catches up (gc = 0: every return lifts, as VTC does).
   * pick: the eligible client with the smallest (lifted) counter, ties smallest index.
 A candidate that does not fit M changes nothing (no lift, no charge). Counters are exact
-wide integers in counter units.
+integers (the run's number format, wide.py) in counter units.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import wide
 from vtc_jax.errors import InputError
 from vtc_jax.policies.base import Choice, Policy, argmin_choice, estimated_cost, onehot
 
@@ -43,23 +42,23 @@ def encode(settings, ctx) -> dict:
 
 def init(params, shape):
     k = shape.num_clients
-    return {"counter": wide.zeros((k,)), "has": jnp.zeros(k, bool), "last_backlogged": jnp.zeros(k, I32)}
+    return {"counter": shape.num.zeros((k,)), "has": jnp.zeros(k, bool), "last_backlogged": jnp.zeros(k, I32)}
 
 
 def select(state, view, eligible, params) -> Choice:
-    counter, has = state["counter"], state["has"]
+    num, counter, has = view.num, state["counter"], state["has"]
     with_counter = view.backlogged & has
-    floor = wide.where(with_counter.any(), wide.min_of(counter, with_counter), wide.zeros())
+    floor = num.where(with_counter.any(), num.min_of(counter, with_counter), num.zeros())
     lifted = view.backlogged & ~has
-    counter = wide.where(lifted, jnp.broadcast_to(floor, counter.shape), counter)
-    return argmin_choice(counter, eligible, dict(state, counter=counter, has=has | view.backlogged))
+    counter = num.where(lifted, num.broadcast(floor, has.shape), counter)
+    return argmin_choice(counter, eligible, dict(state, counter=counter, has=has | view.backlogged), num)
 
 
 def on_admit(state, view, admission, params):
     k = view.backlogged.shape[0]
     charge = estimated_cost(view.costs, admission.row, admission.estimate) * view.costs.counter_mult
     add = onehot(admission.client, k) * charge
-    return dict(state, counter=wide.add(state["counter"], add)), admission.estimate
+    return dict(state, counter=view.num.add(state["counter"], add)), admission.estimate
 
 
 def on_step(state, view, step_end, params):

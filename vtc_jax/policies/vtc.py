@@ -18,12 +18,12 @@ def encode(settings, ctx) -> dict:
 
 
 def select(state, view, eligible, params):
-    return argmin_choice(view.counter, eligible, state)
+    return argmin_choice(view.counter, eligible, state, view.num)
 
 
 def on_arrival(state, view, arrivals, params):
     counter = lift(view.counter, view.backlogged, arrivals.newcomer, arrivals.first, view.last_left,
-                   params["last_left"])
+                   params["last_left"], view.num)
     return state, counter
 
 

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from fractions import Fraction
 
-from vtc_jax import wide
 from vtc_jax.policies.base import Policy, argmin_choice, decode_cost, lift, onehot
 from vtc_jax.workload import PROMPT
 
@@ -31,16 +30,16 @@ def encode(settings, ctx) -> dict:
 
 
 def init(params, shape):
-    return {"counter": wide.zeros((shape.num_clients,))}
+    return {"counter": shape.num.zeros((shape.num_clients,))}
 
 
 def select(state, view, eligible, params):
-    return argmin_choice(state["counter"], eligible, state)
+    return argmin_choice(state["counter"], eligible, state, view.num)
 
 
 def on_arrival(state, view, arrivals, params):
     counter = lift(state["counter"], view.backlogged, arrivals.newcomer, arrivals.first, view.last_left,
-                   params["last_left"])
+                   params["last_left"], view.num)
     return {"counter": counter}, view.counter
 
 
@@ -48,7 +47,7 @@ def on_admit(state, view, admission, params):
     k = view.counter.shape[0]
     charge = admission.prefill + decode_cost(view.costs, admission.row[PROMPT], admission.estimate)
     take = onehot(admission.client, k)
-    return {"counter": wide.add(state["counter"], take * charge * view.costs.counter_mult)}, admission.estimate
+    return {"counter": view.num.add(state["counter"], take * charge * view.costs.counter_mult)}, admission.estimate
 
 
 def settle(state, view, completion, params):
@@ -56,7 +55,7 @@ def settle(state, view, completion, params):
     delta = (decode_cost(view.costs, completion.prompt, completion.output)
              - decode_cost(view.costs, completion.prompt, completion.estimate))
     take = onehot(completion.client, k)
-    return {"counter": wide.add(state["counter"], take * delta * view.costs.counter_mult)}
+    return {"counter": view.num.add(state["counter"], take * delta * view.costs.counter_mult)}
 
 
 def counters(state):
