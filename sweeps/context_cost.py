@@ -8,13 +8,15 @@ from fractions import Fraction
 
 import numpy as np
 
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config
+from vtc_jax.cli_common import list_arg, number_text
+from vtc_jax.errors import InputError
+from vtc_jax.policies import registry
+from vtc_jax.sources import TrafficSource
+from vtc_jax import sweep
+from vtc_jax.sweep import Plot, Row, Sweep, _range, add_workload_arguments, base_metrics, make_settings, workload_config
 from vtc_jax.traffic import overload
 
-
-def _betas(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",")]
+BETAS = ["0", "1/4096", "1/2048", "3/4096", "1/1024", "3/2048", "1/512", "1/256", "1/128"]
 
 
 def add_arguments(parser):
@@ -22,12 +24,11 @@ def add_arguments(parser):
     # Prefill priced at 1/16 of decode (w_p = 1/8, w_q = 2): with w_p = 1 the prefill charge
     # of long prompts alone already over-charges the long client in bytes (see README).
     parser.set_defaults(kv_budget=16384, steps=4000, w_p="1/8")
-    parser.add_argument("--long-prompt", default="2048,4096", help="client 0 prompt range (default 2048,4096)")
-    parser.add_argument("--betas", type=_betas,
-                        default=["0", "1/4096", "1/2048", "3/4096", "1/1024", "3/2048", "1/512", "1/256",
-                                 "1/128"],
+    parser.add_argument("--long-prompt", type=_range, default=(2048, 4096),
+                        help="client 0 prompt range (default 2048,4096)")
+    parser.add_argument("--betas", type=list_arg(number_text, name="betas", max_items=256), default=BETAS,
                         help="beta grid, exact fractions or decimals (default 0 .. 1/128)")
-    parser.add_argument("--policy", default="vtc", help="scheduler (default vtc)")
+    parser.add_argument("--policy", choices=registry.names(), default="vtc", help="scheduler (default vtc)")
 
 
 def metrics(results, rows):
@@ -41,8 +42,8 @@ def metrics(results, rows):
     beta = np.asarray([float(row.settings.beta) for row in rows])
     w_q = np.asarray([float(row.settings.w_q) for row in rows])
     w_p = np.asarray([float(row.settings.w_p) for row in rows])
-    largest_context = np.asarray([row.traffic.max_lengths()[0] + row.traffic.max_lengths()[1] - 1 for row in rows])
-    # The per-token decode charge now reaches w_q + beta * (largest context): the bound's
+    largest_context = np.asarray([sum(row.source.lengths()[1:]) - 1 for row in rows])
+    # The per-token decode charge reaches w_q + beta * (largest context): the bound's
     # w_q * M term scales with it.
     u = np.maximum(w_p * results.max_prompt, (w_q + beta * largest_context) * results.kv_budget)
     out["bound"] = 2 * u
@@ -51,15 +52,17 @@ def metrics(results, rows):
 
 
 def build(args) -> Sweep:
-    long_lo, long_hi = (int(x) for x in args.long_prompt.split(","))
-    traffic = overload(args.rates, args.steps, prompt=[(long_lo, long_hi), tuple(args.prompt)], output=args.output)
-    rows = [Row({"policy": args.policy, "kv_budget": args.kv_budget, "rpm": None, "beta": b,
-                 "beta_value": float(Fraction(b))},
-                Settings(args.policy, args.kv_budget, w_p=args.w_p, w_q=args.w_q, beta=b), traffic, f"beta={b}")
-            for b in args.betas]
+    if args.trace is not None:
+        raise InputError("--trace does not apply: this sweep's workload is a long- and a short-context client")
+    if len(args.rates) != 2:
+        raise InputError(f"--rates needs two rates (long-context client, short-context client), got {len(args.rates)}")
+    source = TrafficSource(overload(args.rates, args.steps, prompt=[tuple(args.long_prompt), tuple(args.prompt)],
+                                    output=args.output))
+    rows = [Row(make_settings(args, args.policy, beta=b), source, f"beta={b}",
+                {"beta_value": float(Fraction(b))}) for b in args.betas]
     return Sweep(
-        name="context_cost", config=dict(workload_config(args), long_prompt=[long_lo, long_hi], betas=args.betas),
-        rows=rows, metrics=metrics,
+        name="context_cost", config=dict(workload_config(args), long_prompt=list(args.long_prompt), betas=args.betas,
+                                         policy=args.policy), rows=rows, metrics=metrics, measures=("resource",),
         columns=("long_token_share", "long_resource_share", "max_drift", "resource_drift_gb", "bound",
                  "throughput"),
         plots=(Plot("metric", "resource_share_vs_beta.png", "long-context client's share of bytes moved",
@@ -70,5 +73,9 @@ def build(args) -> Sweep:
                     "max_drift", extra="bound")))
 
 
+def main(argv=None) -> int:
+    return sweep.main("context_cost", __doc__, add_arguments, build, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main("context_cost", __doc__, add_arguments, build))
+    raise SystemExit(main())

@@ -1,12 +1,18 @@
-"""VTC's drift against the KV budget M, beside the bound 2 * w_q * M."""
+"""A policy's drift (VTC's by default) against the KV budget M, beside the bound 2 * w_q * M
+(the seed document's third experiment)."""
 
 from __future__ import annotations
 
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config
+from vtc_jax.cli_common import int_arg, list_arg
+from vtc_jax.policies import registry
+from vtc_jax import sweep
+from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
+                           workload_config, workload_is_default, workload_source)
 from vtc_jax.traffic import overload
 
-SEED_VALUES = {
+RATES = "1.0,0.25"
+BUDGETS = [2048, 4096, 8192, 16384, 32768]
+PAPER_VALUES = {
     "M=2048": {"max_drift": 2299, "bound": 8192, "drift_over_total": 0.023},
     "M=4096": {"max_drift": 3268, "bound": 16384, "drift_over_total": 0.017},
     "M=8192": {"max_drift": 6782, "bound": 32768, "drift_over_total": 0.017},
@@ -15,33 +21,34 @@ SEED_VALUES = {
 }
 
 
-def _budgets(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
-
-
 def add_arguments(parser):
-    add_workload_arguments(parser)
-    parser.add_argument("--budgets", type=_budgets, default=[2048, 4096, 8192, 16384, 32768],
-                        help="KV budgets M to sweep (default 2048,4096,8192,16384,32768)")
-    parser.add_argument("--policy", default="vtc", help="scheduler (default vtc)")
+    add_workload_arguments(parser, rates=RATES, kv_budget=False)  # M is the grid: --budgets
+    parser.add_argument("--budgets", type=list_arg(int_arg(1, 1 << 30), name="budgets", max_items=64),
+                        default=BUDGETS, help="KV budgets M to sweep (default 2048,4096,8192,16384,32768)")
+    parser.add_argument("--policy", choices=registry.names(), default="vtc", help="scheduler (default vtc)")
 
 
 def metrics(results, rows):
     out = base_metrics(results, rows)
-    out["bound"] = 2 * results.kv_budget * float(rows[0].settings.w_q) + 0 * results.max_drift
+    out["bound"] = 2 * results.kv_budget * float(rows[0].settings.w_q)
     return out
 
 
 def build(args) -> Sweep:
-    traffic = overload(args.rates, args.steps, prompt=args.prompt, output=args.output)
-    rows = [Row({"policy": args.policy, "kv_budget": m, "rpm": None},
-                Settings(args.policy, m, w_p=args.w_p, w_q=args.w_q), traffic, f"M={m}") for m in args.budgets]
+    source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
+    rows = [Row(make_settings(args, args.policy, kv_budget=m), source, f"M={m}") for m in args.budgets]
+    config = dict(workload_config(args), budgets=args.budgets, policy=args.policy)
     return Sweep(
-        name="kv_budget", config=dict(workload_config(args), budgets=args.budgets), rows=rows, metrics=metrics,
-        columns=("max_drift", "bound", "drift_over_total", "drift_over_2u", "throughput"), seed_values=SEED_VALUES,
+        name="kv_budget", config=config, rows=rows, metrics=metrics,
+        columns=("max_drift", "bound", "drift_over_total", "drift_over_2u", "throughput"),
+        paper_values=PAPER_VALUES, default_workload=workload_is_default(args, RATES) and args.policy == "vtc",
         plots=(Plot("metric", "drift_vs_kv_budget.png", "max drift vs KV budget (bound 2 w_q M dashed)",
                     "kv_budget", "max_drift", extra="bound", xlog=True),))
 
 
+def main(argv=None) -> int:
+    return sweep.main("kv_budget", __doc__, add_arguments, build, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main("kv_budget", __doc__, add_arguments, build))
+    raise SystemExit(main())

@@ -1,24 +1,25 @@
 """Prefix caching: client 0's prompts share a cached prefix (a fraction of every prompt),
-client 1 always misses. Charging sent tokens (the VTC paper) versus computed tokens
-(MODEL.md): the computed work each client actually receives."""
+client 1 always misses. Charging sent tokens (the VTC paper) versus computed tokens (the
+model's default): the computed work each client actually receives."""
 
 from __future__ import annotations
 
-
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config
+from vtc_jax.cli_common import float_arg, list_arg
+from vtc_jax.errors import InputError
+from vtc_jax.policies import registry
+from vtc_jax.sources import TrafficSource
+from vtc_jax import sweep
+from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
+                           workload_config)
 from vtc_jax.traffic import overload
-
-
-def _fractions(text: str) -> list[float]:
-    return [float(x) for x in text.split(",")]
 
 
 def add_arguments(parser):
     add_workload_arguments(parser, rates="1.0,1.0")
-    parser.add_argument("--cached", type=_fractions, default=[0.25, 0.5, 0.75, 0.9],
+    parser.add_argument("--cached", type=list_arg(float_arg(0.0, 0.999), name="cached fractions", max_items=64),
+                        default=[0.25, 0.5, 0.75, 0.9],
                         help="client 0's cached fraction of every prompt (default 0.25,0.5,0.75,0.9)")
-    parser.add_argument("--policy", default="vtc", help="scheduler (default vtc)")
+    parser.add_argument("--policy", choices=registry.names(), default="vtc", help="scheduler (default vtc)")
 
 
 def metrics(results, rows):
@@ -33,22 +34,30 @@ def metrics(results, rows):
 
 
 def build(args) -> Sweep:
+    if args.trace is not None:
+        raise InputError("--trace does not apply: the sweep varies the cached fraction of synthetic prompts "
+                         "(a trace carries its own cached column)")
+    if len(args.rates) != 2:
+        raise InputError(f"--rates needs two rates (cache-hitting client, missing client), got {len(args.rates)}")
     rows = []
     for fraction in args.cached:
-        traffic = overload(args.rates, args.steps, prompt=args.prompt, output=args.output,
-                           cached_fraction=[fraction, 0.0])
+        source = TrafficSource(overload(args.rates, args.steps, prompt=args.prompt, output=args.output,
+                                        cached_fraction=[fraction, 0.0]))
         for charge in ("sent", "computed"):
-            rows.append(Row({"policy": args.policy, "kv_budget": args.kv_budget, "rpm": None, "charge": charge,
-                             "cached_fraction": fraction},
-                            Settings(args.policy, args.kv_budget, w_p=args.w_p, w_q=args.w_q,
-                                     charge_cached=charge == "sent"), traffic, f"{charge} cached={fraction}"))
+            rows.append(Row(make_settings(args, args.policy, charge_cached=charge == "sent"), source,
+                            f"{charge} cached={fraction}", {"charge": charge, "cached_fraction": fraction}))
     return Sweep(
-        name="prefix_cache", config=dict(workload_config(args), cached=args.cached), rows=rows, metrics=metrics,
+        name="prefix_cache", config=dict(workload_config(args), cached=args.cached, policy=args.policy), rows=rows,
+        metrics=metrics, measures=("ledger",),
         columns=("hit_computed_share", "hit_charged_share", "hit_computed_service", "miss_computed_service",
                  "throughput"),
         plots=(Plot("scatter", "computed_share.png", "cache-hitting client's share of computed work",
                     "hit_charged_share", "hit_computed_share"),))
 
 
+def main(argv=None) -> int:
+    return sweep.main("prefix_cache", __doc__, add_arguments, build, argv)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main("prefix_cache", __doc__, add_arguments, build))
+    raise SystemExit(main())

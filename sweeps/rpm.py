@@ -1,12 +1,18 @@
-"""Requests-per-minute caps against VTC: drift and throughput per RPM limit."""
+"""Requests-per-minute caps against VTC: drift and throughput per RPM limit (the seed
+document's fourth experiment). An RPM limit composes with any policy: --with vtc adds
+VTC + the same limits."""
 
 from __future__ import annotations
 
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config
+from vtc_jax.cli_common import int_arg, list_arg
+from vtc_jax.settings import RPM_MODES
+from vtc_jax import sweep
+from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
+                           workload_config, workload_is_default, workload_source)
 from vtc_jax.traffic import overload
 
-SEED_VALUES = {
+RATES = "1.0,0.25"
+PAPER_VALUES = {
     "rpm 5": {"max_drift": 3144, "throughput": 3.8},
     "rpm 20": {"max_drift": 6782, "throughput": 14.8},
     "rpm 40": {"max_drift": 23375, "throughput": 28.8},
@@ -16,34 +22,40 @@ SEED_VALUES = {
 }
 
 
-def _limits(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
-
-
 def add_arguments(parser):
-    add_workload_arguments(parser)
-    parser.add_argument("--limits", type=_limits, default=[5, 20, 40, 80],
+    add_workload_arguments(parser, rates=RATES)
+    parser.add_argument("--limits", type=list_arg(int_arg(1, 1 << 30), name="limits", max_items=64),
+                        default=[5, 20, 40, 80],
                         help="RPM limits (default 5,20,40,80; an unlimited row and VTC are always added)")
-    parser.add_argument("--rpm-window", type=int, default=2000, help="steps per 'minute' (default 2000)")
+    parser.add_argument("--rpm-window", type=int_arg(1, 1 << 30), default=2000,
+                        help="steps per 'minute' (default 2000)")
+    parser.add_argument("--rpm-mode", choices=RPM_MODES, default="delay",
+                        help="delay: over-limit requests wait (MODEL.md, default); reject: rejected at arrival over a "
+                             "sliding window (the VTC artifact's baseline)")
+    parser.add_argument("--with-vtc", action="store_true", help="also run VTC under each limit (RPM + VTC)")
 
 
 def build(args) -> Sweep:
-    traffic = overload(args.rates, args.steps, prompt=args.prompt, output=args.output)
-    m = args.kv_budget
-    rows = [Row({"policy": "rpm", "kv_budget": m, "rpm": r},
-                Settings("rpm", m, w_p=args.w_p, w_q=args.w_q, rpm_limit=r, rpm_window=args.rpm_window),
-                traffic, f"rpm {r}") for r in args.limits]
-    rows.append(Row({"policy": "rpm", "kv_budget": m, "rpm": None},  # no limit: FCFS
-                    Settings("fcfs", m, w_p=args.w_p, w_q=args.w_q), traffic, "rpm unlimited"))
-    rows.append(Row({"policy": "vtc", "kv_budget": m, "rpm": None},
-                    Settings("vtc", m, w_p=args.w_p, w_q=args.w_q), traffic, "vtc"))
+    source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
+    limit = dict(rpm_window=args.rpm_window, rpm_mode=args.rpm_mode)
+    rows = [Row(make_settings(args, "rpm", rpm_limit=r, **limit), source, f"rpm {r}") for r in args.limits]
+    if args.with_vtc:
+        rows += [Row(make_settings(args, "vtc", rpm_limit=r, **limit), source, f"vtc + rpm {r}") for r in args.limits]
+    rows.append(Row(make_settings(args, "fcfs"), source, "rpm unlimited"))
+    rows.append(Row(make_settings(args, "vtc"), source, "vtc"))
+    default = workload_is_default(args, RATES) and args.rpm_window == 2000 and args.rpm_mode == "delay"
     return Sweep(
-        name="rpm", config=dict(workload_config(args), limits=args.limits, rpm_window=args.rpm_window),
-        rows=rows, metrics=base_metrics, columns=("max_drift", "throughput", "drift_over_2u"),
-        seed_values=SEED_VALUES,
+        name="rpm", config=dict(workload_config(args), limits=args.limits, rpm_window=args.rpm_window,
+                                rpm_mode=args.rpm_mode), rows=rows, metrics=base_metrics,
+        columns=("max_drift", "throughput", "drift_over_2u"), measures=("pair_drift",), paper_values=PAPER_VALUES,
+        default_workload=default,
         plots=(Plot("scatter", "throughput_vs_drift.png", "throughput vs max drift per RPM limit and VTC",
-                    "max_drift", "throughput", ylabel="throughput (weighted tokens/step)"),))
+                    "max_drift", "throughput", ylabel="throughput (weighted tokens/step)", xlog=True),))
+
+
+def main(argv=None) -> int:
+    return sweep.main("rpm", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main("rpm", __doc__, add_arguments, build))
+    raise SystemExit(main())

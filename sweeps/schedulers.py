@@ -1,14 +1,18 @@
-"""FCFS, least-counter-first (no lift) and VTC on two permanently overloaded clients."""
+"""FCFS, least-counter-first (no lift) and VTC on two permanently overloaded clients (the
+seed document's first experiment), or on your own --trace."""
 
 from __future__ import annotations
 
-
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, main, workload_config
+from vtc_jax.errors import InputError
+from vtc_jax import sweep
+from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
+                           workload_config, workload_is_default, workload_source)
+from vtc_jax.cli_common import int_arg
 from vtc_jax.traffic import overload
 
 POLICIES = ("fcfs", "lcf", "vtc")
-SEED_VALUES = {  # the seed document's table
+RATES = "1.0,0.25"
+PAPER_VALUES = {  # the seed document's table (one run each)
     "fcfs": {"max_drift": 248796, "drift_over_2u": 7.59, "throughput": 66.4},
     "lcf": {"max_drift": 5606, "drift_over_2u": 0.17, "throughput": 66.3},
     "vtc": {"max_drift": 6782, "drift_over_2u": 0.21, "throughput": 66.6},
@@ -16,26 +20,35 @@ SEED_VALUES = {  # the seed document's table
 
 
 def add_arguments(parser):
-    add_workload_arguments(parser)
-    parser.add_argument("--record-every", type=int, default=100, help="W_0 - W_1 series stride (default 100)")
+    add_workload_arguments(parser, rates=RATES)
+    parser.add_argument("--record-every", type=int_arg(1), default=100, help="service series stride (default 100)")
 
 
 def gap_series(results, rows):
-    return {"w0_minus_w1": results.checkpoints[:, :, 0] - results.checkpoints[:, :, 1]}
+    """Each client's service minus the clients' mean, over time: float64[B, C, K]."""
+    w = results.checkpoints
+    return {"service_minus_mean": w - w.mean(axis=2, keepdims=True)}
 
 
 def build(args) -> Sweep:
-    traffic = overload(args.rates, args.steps, prompt=args.prompt, output=args.output)
-    rows = [Row({"policy": p, "kv_budget": args.kv_budget, "rpm": None},
-                Settings(p, args.kv_budget, w_p=args.w_p, w_q=args.w_q), traffic, p) for p in POLICIES]
+    if not 1 <= args.record_every <= args.steps:
+        raise InputError("--record-every must be in [1, --steps]")
+    source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
+    rows = [Row(make_settings(args, p), source, p) for p in POLICIES]
     return Sweep(
         name="schedulers", config=workload_config(args), rows=rows, metrics=base_metrics,
-        columns=("max_drift", "drift_over_2u", "throughput", "backlogged_drift"), seed_values=SEED_VALUES,
+        columns=("max_drift", "drift_over_2u", "throughput", "backlogged_drift"), measures=("pair_drift",),
+        paper_values=PAPER_VALUES, default_workload=workload_is_default(args, RATES),
         series=gap_series, record_every=args.record_every,
-        plots=(Plot("series", "gap_over_time.png", "W_0 - W_1 over time (mean, 95% band)", "step",
-                    "w0_minus_w1", ylabel="W_0 - W_1 (weighted tokens)"),
-               Plot("metric", "drift.png", "max drift per scheduler", "policy", "max_drift")))
+        plots=(Plot("series", "gap_over_time.png", "each client's service minus the mean of all clients",
+                    "step", "service_minus_mean", ylabel="W_k - mean W (weighted tokens)"),
+               Plot("metric", "drift.png", "max drift per scheduler (log scale when values differ by > 10x)",
+                    "policy", "max_drift")))
+
+
+def main(argv=None) -> int:
+    return sweep.main("schedulers", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main("schedulers", __doc__, add_arguments, build))
+    raise SystemExit(main())

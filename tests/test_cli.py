@@ -133,12 +133,16 @@ def test_missing_file_and_directory(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 
 OPTION_CASES = {
-    "unknown policy": (["--policy", "wfq", "--kv-budget", "100"], ["--policy", "'wfq'"]),
+    "unknown policy": (["--policy", "wfq2", "--kv-budget", "100"], ["--policy", "'wfq2'"]),
     "missing policy": (["--kv-budget", "100"], ["--policy"]),
     "missing kv budget": (["--policy", "vtc"], ["--kv-budget"]),
     "rpm without --rpm": (["--policy", "rpm", "--kv-budget", "100"], ["rpm", "--rpm"]),
-    "--rpm with vtc": (["--policy", "vtc", "--kv-budget", "100", "--rpm", "3"], ["rpm limit", "'vtc'"]),
-    "--rpm with fcfs": (["--policy", "fcfs", "--kv-budget", "100", "--rpm", "3"], ["rpm limit", "'fcfs'"]),
+    "--rpm-mode without --rpm": (["--policy", "vtc", "--kv-budget", "100", "--rpm-mode", "reject"],
+                                 ["--rpm-mode", "--rpm"]),
+    "--weights with fcfs": (["--policy", "fcfs", "--kv-budget", "100", "--weights", "1,2"],
+                            ["--weights", "fcfs", "ignores"]),
+    "--estimator with vtc": (["--policy", "vtc", "--kv-budget", "100", "--estimator", "fixed"],
+                             ["--estimator", "vtc", "does not predict"]),
     "--rpm 0": (["--policy", "rpm", "--kv-budget", "100", "--rpm", "0"], ["--rpm", ">= 1"]),
     "--rpm-window 0": (["--policy", "rpm", "--kv-budget", "100", "--rpm", "1", "--rpm-window", "0"],
                        ["--rpm-window"]),
@@ -165,7 +169,7 @@ OPTION_CASES = {
     "negative kv budget, =": (["--policy", "vtc", "--kv-budget=-5"], ["--kv-budget", "-5"]),
     "zero kv budget": (["--policy", "vtc", "--kv-budget", "0"], ["--kv-budget", ">= 1"]),
     "fractional kv budget": (["--policy", "vtc", "--kv-budget", "1.5"], ["--kv-budget", "'1.5'"]),
-    "kv budget past int32": (["--policy", "vtc", "--kv-budget", "99999999999"], ["kv_budget"]),
+    "kv budget past int32": (["--policy", "vtc", "--kv-budget", "99999999999"], ["--kv-budget"]),
     "--clients 0": (["--policy", "vtc", "--kv-budget", "100", "--clients", "0"], ["--clients", ">= 1"]),
     "--clients huge": (["--policy", "vtc", "--kv-budget", "100", "--clients", "1000000000"], ["--clients"]),
     "--record-every 0": (["--policy", "vtc", "--kv-budget", "100", "--record-every", "0"], ["--record-every"]),

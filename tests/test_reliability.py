@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import string
+import uuid
 
 import numpy as np
 import pytest
@@ -109,12 +110,24 @@ HEADERS = st.one_of(st.just("arrival,client,prompt,output"), st.just("arrival,cl
 @hsettings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(HEADERS, st.lists(st.lists(CELLS, min_size=3, max_size=6), max_size=6))
 def test_fuzzed_csv_text_loads_or_fails_cleanly(tmp_path, header, rows):
+    """Whatever loads is a valid trace whose numbers are exactly the file's; whatever does
+    not gives one line naming the file (and a line of it when a row is at fault)."""
     path = tmp_path / "t.csv"
     path.write_text(header + "\n" + "\n".join(",".join(r) for r in rows))
     try:
-        read_trace_csv(path)
-    except InputError:
-        pass
+        trace = read_trace_csv(path)
+    except InputError as err:
+        message = str(err)
+        assert message.startswith(str(path)) and "\n" not in message
+        return
+    trace.validate()
+    columns = [h.strip() for h in header.split(",")]
+    data = [r for r in rows if any(c.strip() for c in r)]
+    assert len(trace) == len(data)
+    for i, row in enumerate(data):
+        cells = dict(zip(columns, (int(c.strip().lstrip("+")) for c in row)))
+        assert (trace.arrival[i], trace.client[i], trace.prompt[i], trace.output[i]) == tuple(
+            cells[c] for c in ("arrival", "client", "prompt", "output"))
 
 
 GOOD_TRACE = "arrival,client,prompt,output,cached\n0,0,5,3,1\n1,1,4,2,0\n2,0,3,4,0\n"
@@ -166,20 +179,20 @@ SWEEP_VALUES = {
     lambda keys: st.fixed_dictionaries({k: SWEEP_VALUES[k] for k in keys})))
 def test_fuzzed_sweep_flags_end_in_a_result_or_one_error_line(tmp_path, capsys, flags):
     from sweeps import kv_budget
-    from vtc_jax.sweep import main
 
     flags = {"--seeds": "1", "--steps": "40", "--budgets": "1024", **flags}
-    argv = ["--out", str(tmp_path / "o"), "--no-plots", "--no-cache"] + [x for kv in flags.items() for x in kv]
-    try:
-        code = main("kv_budget", "", kv_budget.add_arguments, kv_budget.build, argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
+    out = tmp_path / uuid.uuid4().hex  # a fresh directory per example
+    argv = ["--out", str(out), "--no-plots", "--no-cache"] + [x for kv in flags.items() for x in kv]
+    code = kv_budget.main(argv)
+    captured = capsys.readouterr()
     if code == 0:
-        assert (tmp_path / "o" / "results.json").exists()
+        assert (out / "results.json").exists() and (out / "results.csv").exists()
     else:
         assert code == 2
-        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-        assert len(err) == 1
+        err = [line for line in captured.err.splitlines() if "error:" in line]
+        assert len(err) == 1 and err[0].startswith("python -m sweeps.kv_budget: error: "), captured.err
+        assert "Traceback" not in captured.err
+        assert not (out / "results.json").exists()
 
 
 def test_million_row_trace(tmp_path, capsys):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from vtc_jax import InputError, Settings, simulate_traffic
-from vtc_jax.run import _traffic_layout, generate_lanes, lane_keys, stack_traffic
+from vtc_jax import sources
+from vtc_jax.run import lane_keys
 from vtc_jax.stats import summarize
 from vtc_jax.traffic import (generate, on_off, overload, phased, ramp, resample, silence_and_return,
                              stream_capacity)
@@ -18,9 +19,10 @@ SEEDS = 64
 
 def _rows(traffic, seeds=range(SEEDS)):
     """int64[B, K, N, 5] rows that arrive before the horizon (others: arrival = -1)."""
-    capacity, first, size = _traffic_layout((traffic,), 4)
-    wl = generate_lanes(lane_keys(list(seeds)), stack_traffic([traffic] * len(seeds)),
-                        horizon=traffic.horizon, capacity=capacity, first=first, size=size, pad=5)
+    src = sources.TrafficSource(traffic)
+    lay = sources.layout([src], 5)
+    wl = sources.generate_lanes(lane_keys(list(seeds)), sources.stack([src] * len(seeds)), kind="traffic",
+                                horizon=traffic.horizon, lay=lay, pad=5, num_clients=traffic.num_clients)
     assert not np.asarray(wl.overflow).any()
     rows = client_rows(wl)
     valid = rows[..., ARRIVAL] < traffic.horizon
@@ -96,7 +98,8 @@ def test_same_seed_same_trace_whatever_the_batch():
 
 def test_stream_overflow_is_flagged_not_dropped():
     traffic = overload([1.0, 0.25], 1000)
-    capacity, first, size = _traffic_layout([traffic], 4)
+    lay = sources.layout([sources.TrafficSource(traffic)], 5)
+    capacity, first, size = lay.extra[0], lay.first, lay.size
     small = (100 + 5, 100 + 5)  # blocks with room for 100 requests each: client 0 sends ~1000
     wl = generate(jax.random.key(0), traffic.params(), horizon=1000, capacity=capacity, first=(0, small[0]),
                   size=small, pad=5)

@@ -39,25 +39,28 @@ def read_bytes(path, *, limit: int = MAX_INPUT_BYTES, what: str = "file") -> byt
                 chunk = fh.read(_CHUNK)
                 if not chunk:
                     break
-                if b"\x00" in chunk:
+                if not regular and b"\x00" in chunk:  # /dev/zero and the like: stop at once
                     raise InputError(f"{path}: not a text {what} (contains NUL bytes)")
                 total += len(chunk)
                 if total > limit:
                     raise InputError(f"{path}: {what} is over the limit of {limit:,} bytes")
                 parts.append(chunk)
     except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a {what}") from None
+        raise InputError(f"{path}: cannot read {what} (is a directory)") from None
     except OSError as err:
         raise InputError(f"{path}: cannot read {what} ({err.strerror or err})") from None
     return b"".join(parts)
 
 
 def read_text(path, *, limit: int = MAX_INPUT_BYTES, what: str = "file") -> str:
-    """`read_bytes` decoded as UTF-8 (a BOM is dropped)."""
+    """`read_bytes` decoded as UTF-8 (a BOM is dropped); NUL bytes are refused."""
     try:
-        return read_bytes(path, limit=limit, what=what).decode("utf-8-sig")
+        text = read_bytes(path, limit=limit, what=what).decode("utf-8-sig")
     except UnicodeDecodeError:
         raise InputError(f"{os.fspath(path)}: not a UTF-8 text {what}") from None
+    if "\x00" in text:
+        raise InputError(f"{os.fspath(path)}: not a text {what} (contains NUL bytes)")
+    return text
 
 
 def check_writable_dir(directory) -> Path:
@@ -79,7 +82,14 @@ def check_writable_file(path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"cannot write {path}: it is a directory")
-    check_writable_dir(path.parent if str(path.parent) else Path("."))
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {path} (no such directory: {parent})")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".vtc_jax_probe_"):
+            pass
+    except OSError as err:
+        raise InputError(f"cannot write {path} ({err.strerror or err})") from None
     return path
 
 

@@ -110,6 +110,7 @@ class LaneResults:
     service_units: np.ndarray = dataclasses.field(repr=False, default=None)
     counter_units: np.ndarray = dataclasses.field(repr=False, default=None)
     drift_units: np.ndarray = dataclasses.field(repr=False, default=None)
+    pair_units: np.ndarray | None = dataclasses.field(repr=False, default=None)
     cost_scale: np.ndarray = dataclasses.field(repr=False, default=None)
     counter_scale: np.ndarray = dataclasses.field(repr=False, default=None)
     number_format: str = dataclasses.field(repr=False, default="wide")
@@ -140,6 +141,15 @@ class LaneResults:
     @functools.cached_property
     def max_drift_exact(self) -> np.ndarray:
         return _exact(self.drift_units, self.cost_scale, self._num)
+
+    @functools.cached_property
+    def backlogged_drift_exact(self) -> np.ndarray:
+        """object[B]: the backlogged drift as exact Fractions (None where not measured)."""
+        if self.pair_units is None:
+            return np.full(len(self.steps), None, dtype=object)
+        pairs_exact = _exact(self.pair_units, self.cost_scale, self._num)
+        return np.asarray([max(row, default=Fraction(0)) for row in pairs_exact.reshape(len(self.steps), -1)],
+                          dtype=object)
 
     @property
     def share(self) -> np.ndarray:
@@ -400,7 +410,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         conservation=check_conservation(host, settings, config, arrived_streams) if ledger else None,
         service_units=np.asarray(host.service), counter_units=np.asarray(host.counter), drift_units=drift_units,
         cost_scale=np.asarray(scales.cost_scale), counter_scale=np.asarray(scales.counter_scale),
-        number_format=num.name)
+        number_format=num.name, pair_units=np.asarray(m.pair_drift) if m.pair_drift is not None else None)
     return results
 
 
@@ -456,7 +466,7 @@ def _checkpoints(host, config, steps: np.ndarray, num):
     (idle: W did not change) takes the row before it. Returns (steps, int64 units)."""
     final = np.asarray(host.service, dtype=np.int64)
     max_steps = int(steps.max()) if steps.size else 0
-    if not config.record_every or max_steps == 0:
+    if not config.record_every or max_steps == 0 or host.measures.checkpoints is None:
         return np.asarray([max(max_steps - 1, 0)], np.int64), final[:, None]
     every = config.record_every
     buf = np.asarray(host.measures.checkpoints, dtype=np.int64).copy()

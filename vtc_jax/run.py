@@ -9,6 +9,7 @@ any lane that did not finish. `run_traces` / `replay_lanes` / `replay` feed it t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, Sequence
 
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vtc_jax import limits, runner, wide
+from vtc_jax import limits, runner, sources, wide
 from vtc_jax.devices import lane_mesh
 from vtc_jax.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.errors import InputError
@@ -26,7 +27,7 @@ from vtc_jax.measures import ALL, MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
-from vtc_jax.traffic import Traffic, TrafficParams, client_capacities, generate, stream_capacity
+from vtc_jax.traffic import Traffic
 from vtc_jax.workload import Trace, Workload, block_sizes, make_workload, requests_per_client
 
 MAX_HORIZON = INT32_MAX // 2
@@ -288,14 +289,6 @@ def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResu
     return replay_lanes(trace, [settings or Settings()], **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("horizon", "capacity", "first", "size", "pad"))
-def generate_lanes(keys: jax.Array, traffic: TrafficParams, *, horizon: int, capacity: int, first: tuple,
-                   size: tuple, pad: int) -> Workload:
-    """`traffic.generate` vmapped over lane keys and lane traffic params."""
-    lane = functools.partial(generate, horizon=horizon, capacity=capacity, first=first, size=size, pad=pad)
-    return jax.vmap(lane)(keys, traffic)
-
-
 def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
     """One key per lane from its seed alone: the same seed gives the same trace in any batch."""
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -307,122 +300,118 @@ def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.asarray(seeds, jnp.uint32))
 
 
-def stack_traffic(traffics: Sequence[Traffic]) -> TrafficParams:
-    """Lane-batched traffic params; every lane must share K, the phase count and the pool size.
-    Each distinct Traffic is encoded once and gathered on the host (no per-lane device ops)."""
-    unique = {id(t): t for t in traffics}
-    index = {key: i for i, key in enumerate(unique)}
-    encoded = [jax.tree_util.tree_map(np.asarray, t.params()) for t in unique.values()]
-    shapes = {repr(jax.tree_util.tree_map(np.shape, e)) for e in encoded}
-    if len(shapes) != 1:
-        raise InputError("lanes' traffic must share clients, phase count and pool size")
-    lanes = np.asarray([index[id(t)] for t in traffics])
-    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[lanes]), *encoded)
+MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request blocks and generator words
 
 
-MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request streams and generator words
-
-
-def _unique(traffics: Sequence[Traffic]) -> list[Traffic]:
-    return list({id(t): t for t in traffics}.values())
-
-
-def _traffic_layout(traffics: Sequence[Traffic], arrival_width: int):
-    """(draws per client, block firsts, block sizes) for every lane of `traffics`."""
-    capacity = max(stream_capacity(t) for t in traffics)
-    caps = np.max([client_capacities(t) for t in traffics], axis=0)
-    first, size = block_sizes(caps, arrival_width + 1)
-    return capacity, tuple(int(x) for x in first), tuple(int(x) for x in size)
+def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], record_every: int = 0,
+                  arrival_width: int = 4, measures: MeasureConfig = ALL,
+                  policies: Sequence[str] | None = None) -> EngineConfig:
+    """The static config that fits every lane of `srcs` x `settings` (one compile)."""
+    srcs = sources.unique(srcs)
+    lay = sources.layout(srcs, arrival_width + 1)
+    horizon, k = srcs[0].horizon, srcs[0].num_clients
+    if lay.num_rows * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
+        raise InputError(f"a lane would hold {lay.num_rows:,} request rows (> {MAX_LANE_STREAM_BYTES >> 30} GiB "
+                         "with the generator's words): shorten the horizon or lower the rates")
+    if horizon * k >= INT32_MAX or horizon > MAX_HORIZON:
+        raise InputError(f"horizon {horizon} x clients {k} exceeds the int32 limit {INT32_MAX}")
+    min_prompt = min(s.lengths()[0] for s in srcs)
+    max_prompt = max(s.lengths()[1] for s in srcs)
+    max_output = max(s.lengths()[2] for s in srcs)
+    needs_wide = any(check_exact_limits(s, k, min_prompt=min_prompt, max_prompt=max_prompt, max_output=max_output,
+                                        horizon=horizon, max_requests=lay.num_rows, arrival_width=arrival_width)
+                     for s in set(settings))
+    return engine_config(settings, num_clients=k, num_rows=lay.num_rows, max_output=max_output,
+                         slots=running_slots(settings, min_prompt, lay.num_rows), wide_numbers=needs_wide,
+                         record_every=record_every, num_checkpoints=horizon // record_every if record_every else 0,
+                         arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
 
 
 def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,
                    arrival_width: int = 4, measures: MeasureConfig = ALL,
                    policies: Sequence[str] | None = None) -> EngineConfig:
-    """The static config that fits every lane of `traffics` x `settings` (one compile)."""
-    horizon, k = traffics[0].horizon, traffics[0].num_clients
-    capacity, first, size = _traffic_layout(_unique(traffics), arrival_width)
-    if capacity * k * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
-        raise InputError(f"a lane would hold {capacity:,} requests per client x {k} clients "
-                         f"(> {MAX_LANE_STREAM_BYTES >> 30} GiB of streams): shorten the horizon or lower the rates")
-    min_prompt = min(t.min_prompt() for t in traffics)
-    max_prompt, max_output = (max(t.max_lengths()[i] for t in traffics) for i in (0, 1))
-    needs_wide = any(check_exact_limits(s, k, min_prompt=min_prompt, max_prompt=max_prompt, max_output=max_output,
-                                        horizon=horizon, max_requests=int(sum(size)), arrival_width=arrival_width)
-                     for s in set(settings))
-    return engine_config(settings, num_clients=k, num_rows=int(sum(size)), max_output=max_output,
-                         slots=running_slots(settings, min_prompt, int(sum(size))), wide_numbers=needs_wide,
-                         record_every=record_every,
-                         num_checkpoints=horizon // record_every if record_every else 0,
-                         arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
+    """`source_config` of synthetic traffic."""
+    return source_config(_traffic_sources(traffics), settings, record_every, arrival_width, measures, policies)
 
 
-def validate_traffic_lanes(traffics: Sequence[Traffic], settings: Sequence[Settings], config: EngineConfig) -> None:
+def _traffic_sources(traffics: Sequence[Traffic]) -> list:
+    made = {}
+    return [made.setdefault(id(t), sources.TrafficSource(t)) for t in traffics]
+
+
+def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings], config: EngineConfig) -> None:
     """Refuse lanes that could not run exactly within `config` (checked before any work)."""
-    horizon, k = traffics[0].horizon, traffics[0].num_clients
-    if any(t.horizon != horizon for t in traffics):
-        raise InputError("every lane's traffic must have the same horizon")
-    if horizon * k >= INT32_MAX or horizon > MAX_HORIZON:
-        raise InputError(f"horizon x clients = {horizon * k} exceeds the int32 limit {INT32_MAX}")
-    max_prompt = max(t.max_lengths()[0] for t in traffics)
-    max_output = max(t.max_lengths()[1] for t in traffics)
+    sources.check_batch(srcs)
+    k = srcs[0].num_clients
+    max_prompt = max(s.lengths()[1] for s in sources.unique(srcs))
+    max_output = max(s.lengths()[2] for s in sources.unique(srcs))
     for s in set(settings):
         if max_prompt > s.kv_budget:
             raise InputError(f"prompts up to {max_prompt} tokens exceed the KV budget M={s.kv_budget}; "
                              "they could never be admitted")
-        check_exact_limits(s, k, min_prompt=min(t.min_prompt() for t in traffics), max_prompt=max_prompt,
-                           max_output=max_output, horizon=horizon, max_requests=config.num_rows,
-                           arrival_width=config.arrival_width)
         if min(s.client_caps(k)) < max_prompt + max_output:
             raise InputError(f"a request of up to {max_prompt + max_output} KV tokens (prompt + output) "
                              f"could never fit the KV cap {min(s.client_caps(k))}")
         if s.policy not in config.policies:
             raise InputError(f"policy {s.policy} is not in the engine config's policies {config.policies}")
-    needed = traffic_config(traffics, settings, config.record_every, config.arrival_width, config.measures,
-                            config.policies)
+    needed = source_config(srcs, settings, config.record_every, config.arrival_width, config.measures,
+                           config.policies)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
-            or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)):
-        raise InputError("the given engine config is too small for these lanes' traffic")
+            or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)
+            or needed.num_clients != config.num_clients):
+        raise InputError("the given engine config is too small for these lanes' workloads")
 
 
-def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int], *,
-                     base_seed: int = 0, record_every: int = 0, chunk: int | None = None,
-                     arrival_width: int = 4, config: EngineConfig | None = None,
-                     mesh: Mesh | None = None, measures: MeasureConfig = ALL,
+def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
+                       base_seed: int = 0) -> Workload:
+    """Lane i's requests from seeds[i] and srcs[i], laid out for `config` (device)."""
+    lay = sources.layout(sources.unique(srcs), config.arrival_width + 1)
+    extra = config.num_rows - lay.num_rows  # a larger shared config: pad the last block
+    lay = dataclasses.replace(lay, size=lay.size[:-1] + (lay.size[-1] + extra,))
+    return sources.generate_lanes(lane_keys(seeds, base_seed), sources.stack(srcs), kind=srcs[0].kind,
+                                  horizon=srcs[0].horizon, lay=lay, pad=config.arrival_width + 1,
+                                  num_clients=config.num_clients)
+
+
+def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings], seeds: Sequence[int], *,
+                     base_seed: int = 0, record_every: int = 0, chunk: int | None = None, arrival_width: int = 4,
+                     config: EngineConfig | None = None, mesh: Mesh | None = None, measures: MeasureConfig = ALL,
                      policies: Sequence[str] | None = None, progress: Callable | None = None) -> LaneResults:
-    """Generate lane i's traffic from `seeds[i]` and run it under `settings[i]`, all lanes in
-    one compiled batch, for the traffic's horizon.
+    """Generate lane i's requests from `seeds[i]` and `srcs[i]` and run them under
+    `settings[i]`, all lanes in one compiled batch, for the sources' horizon.
 
     Args:
-      traffics: one `Traffic` per lane (equal horizon, clients and phase count).
+      srcs: one Source per lane (sources.py; one kind, equal horizon and clients).
       settings: one `Settings` per lane.
-      seeds: one non-negative int per lane; the trace depends only on (base_seed, seed, traffic).
+      seeds: one non-negative int per lane; the requests depend only on (base_seed, seed, source).
       record_every: checkpoint service every N steps (0: only the last step).
-      config: a static config from `traffic_config` over a larger set of lanes, so that
+      config: a static config from `source_config` over a larger set of lanes, so that
         chunks of a sweep share one compile (default: sized for these lanes).
       mesh: devices to shard the lanes over (default: every local device).
       measures, policies: as `run_traces` (ignored when `config` is given).
     """
-    if not (len(traffics) == len(settings) == len(seeds)):
-        raise InputError(f"{len(traffics)} traffics, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
+    if not (len(srcs) == len(settings) == len(seeds)):
+        raise InputError(f"{len(srcs)} workloads, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
     if len(seeds) == 0:
         raise InputError("no lanes: give at least one seed")
-    config = config or traffic_config(traffics, settings, record_every, arrival_width, measures, policies)
-    validate_traffic_lanes(traffics, settings, config)
-    horizon = traffics[0].horizon
-    capacity, first, size = _traffic_layout(_unique(traffics), config.arrival_width)
-    extra = config.num_rows - int(sum(size))
-    size = size[:-1] + (size[-1] + extra,)  # a larger shared config: pad the last block
-    keys = lane_keys(seeds, base_seed)
-    workload = generate_lanes(keys, stack_traffic(traffics), horizon=horizon, capacity=capacity, first=first,
-                              size=size, pad=config.arrival_width + 1)
+    config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies)
+    validate_lanes(srcs, settings, config)
+    horizon = srcs[0].horizon
+    workload = generate_workloads(srcs, seeds, config, base_seed)
     budget = horizon + 3 * config.num_rows + 1
-    # From the traffic's expectation, not the draw: the chunk size (a static argument of
+    # From the sources' expectation, not the draw: the chunk size (a static argument of
     # the compiled call) must not change from one batch of seeds to the next.
-    expected = horizon + int(2 * max(t.expected_requests().sum() for t in _unique(traffics)))
+    expected = horizon + int(2 * max(s.expected_requests() for s in sources.unique(srcs)))
     return run_workloads(workload, settings, [horizon] * len(settings), config=config, shared=False,
                          event_budget=budget, expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
 
 
-__all__ = ["run_traces", "replay", "replay_lanes", "simulate_traffic", "traffic_config", "run_workloads",
-           "check_exact_limits", "drain_horizon", "plan_lanes", "lane_keys", "stack_traffic", "generate_lanes",
-           "ESTIMATORS"]
+def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int],
+                     **kwargs) -> LaneResults:
+    """`simulate_sources` of synthetic traffic (traffic.Traffic per lane)."""
+    return simulate_sources(_traffic_sources(traffics), settings, seeds, **kwargs)
+
+
+__all__ = ["run_traces", "replay", "replay_lanes", "simulate_traffic", "simulate_sources", "traffic_config",
+           "source_config", "run_workloads", "check_exact_limits", "drain_horizon", "plan_lanes", "lane_keys",
+           "generate_workloads", "ESTIMATORS"]

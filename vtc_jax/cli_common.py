@@ -1,0 +1,129 @@
+"""What every command shares: one line and exit status 2 for any failure, 130 for Ctrl-C,
+a closed output pipe that ends quietly in one line, and argparse that reports usage
+errors as one line.
+
+    def main(argv=None) -> int:
+        return guarded("python -m sweeps.NAME", lambda: run(parse(argv)))
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from vtc_jax.errors import InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as an InputError (one line, no usage block)."""
+
+    def error(self, message):
+        raise InputError(message)
+
+
+class CheckFailed(RuntimeError):
+    """--check found a conservation law violated (an engine defect, never bad input): exit 1."""
+
+
+def say_error(prog: str, message: str) -> None:
+    """One line on stderr (newlines in the message are escaped)."""
+    line = str(message).replace("\r", "\\r").replace("\n", "\\n")
+    try:
+        print(f"{prog}: error: {line}", file=sys.stderr, flush=True)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: send further output (and the interpreter's final flush) nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def guarded(prog: str, body: Callable[[], int]) -> int:
+    """Run a command's body; every failure becomes one line on stderr and an exit status:
+    bad input 2, a failed --check 1, Ctrl-C 130, a closed output pipe 2, out of memory 2."""
+    try:
+        return body()
+    except InputError as err:
+        say_error(prog, str(err))
+        return EXIT_BAD_INPUT
+    except CheckFailed as err:
+        say_error(prog, f"check failed: {err}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        say_error(prog, "interrupted (Ctrl-C); no results were written")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        say_error(prog, "output pipe closed; stopped")
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        say_error(prog, "out of memory: use fewer seeds, a smaller --chunk or a shorter horizon")
+        return EXIT_BAD_INPUT
+
+
+def int_arg(minimum: int, maximum: int | None = None):
+    """argparse type: an integer in [minimum, maximum] (plain decimal digits)."""
+    def parse(text: str) -> int:
+        text = text.strip()
+        if len(text) > 12 or not text.lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text[:24]!r}")
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+        return value
+    return parse
+
+
+def number_text(text: str) -> str:
+    """argparse type: an exact number as typed (settings.to_fraction parses it); refuses
+    texts whose exact value would take long to build: 64 characters and a 2-digit exponent
+    always suffice for a usable cost or weight."""
+    import re
+
+    exponent = re.search(r"[eE][+-]?0*(\d*)$", text.strip())
+    if len(text) > 64 or (exponent and len(exponent.group(1)) > 2):
+        shown = text if len(text) <= 24 else text[:24] + "..."
+        raise argparse.ArgumentTypeError(f"number too long or exponent out of range, got {shown!r}")
+    return text
+
+
+def list_arg(item, *, name: str = "values", min_items: int = 1, max_items: int = 4096):
+    """argparse type: comma-separated items parsed by `item` (an argparse type)."""
+    def parse(text: str):
+        parts = [p.strip() for p in text.split(",")]
+        if not text.strip() or any(not p for p in parts):
+            raise argparse.ArgumentTypeError(f"{name} must be comma-separated, got {text[:40]!r}")
+        if not min_items <= len(parts) <= max_items:
+            raise argparse.ArgumentTypeError(f"{name}: {len(parts)} given, need {min_items} to {max_items}")
+        return [item(p) for p in parts]
+    return parse
+
+
+def float_arg(minimum: float | None = None, maximum: float | None = None, *, open_min: bool = False):
+    """argparse type: a finite float in range."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text[:24]!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text[:24]!r}")
+        if minimum is not None and (value < minimum or (open_min and value == minimum)):
+            raise argparse.ArgumentTypeError(f"must be {'>' if open_min else '>='} {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+        return value
+    return parse

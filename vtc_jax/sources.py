@@ -1,0 +1,244 @@
+"""Where a lane's requests come from: generated traffic, a trace, or real tenants.
+
+A `Source` describes one lane's workload, host side; a batch of lanes (seeds x settings)
+is generated on device by `generate_lanes`, lane i from its key alone (the same seed gives
+the same requests in any batch). Three kinds, each a frozen dataclass:
+
+  TrafficSource   synthetic Poisson traffic (traffic.py: rates per phase, length ranges);
+  TraceSource     a fixed trace (a user's log); seed 0 replays it exactly, other seeds
+                  redraw each arrival uniformly inside its own `phase_unit` steps (the
+                  paper's resampling of arrival phases within their second);
+  ServeGenSource  ServeGen's production tenants (servegen.py), at a given load.
+
+Sources of one kind share the engine's static layout: every lane's blocks are sized for
+the largest lane of the batch (`layout`), so a sweep compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax import servegen, traffic as traffic_mod
+from vtc_jax.errors import InputError
+from vtc_jax.workload import (ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Trace, Workload, block_sizes, layout_trace,
+                              padding_rows, requests_per_client)
+
+I32 = jnp.int32
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static blocks of a batch: per client (first, size) rows, and the generator's own
+    static facts (`extra`, hashable)."""
+
+    first: tuple[int, ...]
+    size: tuple[int, ...]
+    extra: tuple = ()
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(self.size))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrafficSource:
+    """Synthetic traffic (traffic.Traffic)."""
+
+    traffic: traffic_mod.Traffic
+    kind = "traffic"
+
+    @property
+    def num_clients(self) -> int:
+        return self.traffic.num_clients
+
+    @property
+    def horizon(self) -> int:
+        return self.traffic.horizon
+
+    def lengths(self) -> tuple[int, int, int]:
+        """(smallest prompt, largest prompt, largest output) any lane can hold."""
+        return self.traffic.min_prompt(), *self.traffic.max_lengths()
+
+    def expected_requests(self) -> float:
+        return float(self.traffic.expected_requests().sum())
+
+    def capacities(self) -> np.ndarray:
+        return traffic_mod.client_capacities(self.traffic)
+
+    def params(self):
+        return jax.tree_util.tree_map(np.asarray, self.traffic.params())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TraceSource:
+    """A fixed trace; `phase_unit` > 1 resamples arrival phases per seed (seed 0: exact)."""
+
+    trace: Trace
+    num_clients: int
+    horizon: int
+    phase_unit: int = 1
+    kind = "trace"
+
+    def __post_init__(self):
+        self.trace.validate(self.num_clients)
+        if self.phase_unit < 1:
+            raise InputError(f"phase unit must be >= 1 step, got {self.phase_unit}")
+
+    def lengths(self) -> tuple[int, int, int]:
+        t = self.trace
+        return int(t.prompt.min()), int(t.prompt.max()), int(t.output.max())
+
+    def expected_requests(self) -> float:
+        return float((self.trace.arrival < self.horizon + self.phase_unit).sum())
+
+    def capacities(self) -> np.ndarray:
+        return requests_per_client(self.trace, self.num_clients)
+
+    def params(self):
+        t = self.trace
+        return {"arrival": t.arrival.astype(np.int32), "client": t.client.astype(np.int32),
+                "prompt": t.prompt.astype(np.int32), "output": t.output.astype(np.int32),
+                "cached": t.cached.astype(np.int32), "unit": np.int32(self.phase_unit)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ServeGenSource:
+    """Real tenants: a servegen.plan (its load, M, horizon and counting rule)."""
+
+    plan: servegen.ServeGenPlan
+    kind = "servegen"
+
+    @property
+    def num_clients(self) -> int:
+        return self.plan.num_clients
+
+    @property
+    def horizon(self) -> int:
+        return self.plan.horizon
+
+    def lengths(self) -> tuple[int, int, int]:
+        p = self.plan.params
+        return int(np.min(np.asarray(p.values))), int(self.plan.max_prompt), int(self.plan.max_output)
+
+    def expected_requests(self) -> float:
+        return float(self.plan.expected_requests.sum())
+
+    def capacities(self) -> np.ndarray:
+        return np.asarray(self.plan.max_requests, np.int64)
+
+    def params(self):
+        return jax.tree_util.tree_map(np.asarray, self.plan.params)
+
+
+Source = TrafficSource | TraceSource | ServeGenSource
+
+
+def check_batch(sources: Sequence[Source]) -> None:
+    kinds = {s.kind for s in sources}
+    if len(kinds) != 1:
+        raise InputError(f"one batch needs one kind of workload, got {sorted(kinds)}")
+    if len({s.num_clients for s in sources}) != 1:
+        raise InputError("every lane of a batch needs the same number of clients")
+    if len({s.horizon for s in sources}) != 1:
+        raise InputError("every lane of a batch needs the same horizon")
+
+
+def unique(sources: Sequence[Source]) -> list[Source]:
+    return list({id(s): s for s in sources}.values())
+
+
+def layout(sources: Sequence[Source], pad: int) -> Layout:
+    """Blocks that fit every lane of `sources`, each ending in `pad` padding rows."""
+    check_batch(sources)
+    uniq = unique(sources)
+    caps = np.max([s.capacities() for s in uniq], axis=0)
+    first, size = block_sizes(caps, pad)
+    extra = ()
+    if uniq[0].kind == "traffic":
+        extra = (max(traffic_mod.stream_capacity(s.traffic) for s in uniq),)
+    elif uniq[0].kind == "servegen":
+        layouts = {s.plan.layout for s in uniq}
+        if len(layouts) != 1:  # one generator program: every plan must share its static layout
+            raise InputError("ServeGen lanes of one batch must share their plan's layout (loads give different "
+                             "capacities): run each load as its own batch")
+        extra = (layouts.pop(),)
+    return Layout(first=tuple(int(x) for x in first), size=tuple(int(x) for x in size), extra=extra)
+
+
+def stack(sources: Sequence[Source]):
+    """Lane-batched params (each distinct source encoded once, gathered on the host)."""
+    uniq = unique(sources)
+    index = {id(s): i for i, s in enumerate(uniq)}
+    encoded = [s.params() for s in uniq]
+    shapes = {repr(jax.tree_util.tree_map(np.shape, e)) for e in encoded}
+    if len(shapes) != 1:
+        raise InputError("lanes' workloads must share clients, phase count and pool size")
+    lanes = np.asarray([index[id(s)] for s in sources])
+    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[lanes]), *encoded)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "horizon", "lay", "pad", "num_clients"))
+def generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
+                   num_clients: int) -> Workload:
+    """Every lane's Workload (leading lane axis), lane i from keys[i] and params lane i."""
+    fn = {"traffic": _traffic_lane, "trace": _trace_lane, "servegen": _servegen_lane}[kind]
+    return jax.vmap(functools.partial(fn, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients))(keys, params)
+
+
+def _traffic_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
+    return traffic_mod.generate(key, params, horizon=horizon, capacity=lay.extra[0], first=lay.first,
+                                size=lay.size, pad=pad)
+
+
+def _trace_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
+    """A trace with arrivals redrawn inside their phase unit (unit 1: unchanged), laid out
+    in blocks sorted by (arrival, number); ORDER = rank in (arrival, number)."""
+    n = params["arrival"].shape[0]
+    unit = params["unit"]
+    offset = jax.random.randint(key, (n,), 0, jnp.maximum(unit, 1), dtype=I32)
+    arrival = jnp.where(unit > 1, params["arrival"] // unit * unit + offset, params["arrival"])
+    number = jnp.arange(n, dtype=I32)
+    fcfs = jnp.lexsort((number, arrival))  # (arrival, number)
+    rank = jnp.zeros(n, I32).at[fcfs].set(jnp.arange(n, dtype=I32))
+    client = params["client"]
+    by_client = jnp.lexsort((number, arrival, client))
+    count = jnp.zeros(num_clients, I32).at[client].add(1)
+    before = jnp.cumsum(count) - count
+    sorted_client = client[by_client]
+    position = jnp.arange(n, dtype=I32) - before[sorted_client]
+    dest = jnp.asarray(lay.first, I32)[sorted_client] + position
+    rows = jnp.stack([arrival, rank, params["prompt"], params["output"], params["cached"]], axis=-1)[by_client]
+    requests = jnp.broadcast_to(jnp.asarray(padding_rows(1)[0]), (lay.num_rows, NUM_FIELDS))
+    requests = requests.at[dest].set(rows)
+    arrives = arrival < horizon
+    return Workload(requests=requests, first=jnp.asarray(lay.first, I32), size=jnp.asarray(lay.size, I32),
+                    num_requests=arrives.sum(dtype=I32), overflow=jnp.zeros((), bool))
+
+
+def _servegen_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
+    """ServeGen rows re-packed from the plan's blocks into the batch's layout."""
+    plan_layout = lay.extra[0]
+    rows, count = servegen.generate(key, params, layout=plan_layout)
+    src_size = np.asarray(plan_layout.sizes)
+    src_first = np.concatenate([[0], np.cumsum(src_size)[:-1]])
+    block = np.repeat(np.arange(num_clients), src_size)
+    dest = jnp.asarray(np.asarray(lay.first)[block] + (np.arange(plan_layout.num_rows) - src_first[block]), I32)
+    requests = jnp.broadcast_to(jnp.asarray(padding_rows(1)[0]), (lay.num_rows, NUM_FIELDS))
+    requests = requests.at[dest].set(rows)
+    return Workload(requests=requests, first=jnp.asarray(lay.first, I32), size=jnp.asarray(lay.size, I32),
+                    num_requests=count, overflow=jnp.zeros((), bool))
+
+
+def trace_layout_host(trace: Trace, num_clients: int, pad: int) -> np.ndarray:
+    """The trace's rows laid out on the host (seed 0 of a TraceSource, for checks)."""
+    return layout_trace(trace, num_clients, pad)
+
+
+__all__ = ["TrafficSource", "TraceSource", "ServeGenSource", "Layout", "layout", "stack", "generate_lanes",
+           "ARRIVAL", "ORDER", "INT32_MAX"]
