@@ -1,113 +1,181 @@
-"""Engine throughput on the two-client overload workload, against the slow reference.
+"""Engine speed: end to end and engine alone, against a plain sequential implementation.
 
-Workload (issue 2): Poisson arrivals, client 0 at 1.0 and client 1 at 0.25 requests per
-step, prompts uniform in [64, 512], outputs uniform in [32, 384], M = 8192, 6000 steps,
-policy vtc. Prints the device, compile time apart, lane-steps per second (median of
-`--repeats` warm runs, each ending in block_until_ready) per lane count, and the ratio to
-the slow literal reference (tests/reference.py) timed in the same process.
+Workload (the seed's first experiment): two clients, Poisson 1.0 and 0.25 requests per
+step, prompts U[64, 512], outputs U[32, 384], M = 8192, 6000 steps, policy vtc, the
+measures of `sweeps.schedulers` (pair drift) unless --measures says otherwise.
 
-    python -m benchmarks.bench_engine                 # 1, 256, 4096 lanes (CPU)
+For each lane count it reports, in lane-steps per second (lanes x 6000 / seconds):
+  end to end, cold  one `simulate_traffic` call in a fresh process state: generation,
+                    compilation, the run and collection of results to the host;
+  end to end, warm  the same call again on other seeds (compiled code reused);
+  engine alone      the compiled runner on pre-generated requests (median of --repeats);
+and beside them, measured in the same run on the same workload:
+  sequential        tests/sequential.py, a plain Python implementation of the same model
+                    (deques, integer counters, O(clients) decode), one lane;
+  reference         tests/reference.py, the slow literal reference (Fractions), one lane.
+
+--dispatch adds the cost of mixing policies in one batch: the engine alone with every lane
+running vtc, against lanes cycling through every registered policy (one compiled program
+that dispatches on each lane's policy id).
+
+    python -m benchmarks.bench_engine                       # 1, 256 and 4096 lanes (CPU)
     python -m benchmarks.bench_engine --lanes 16384 65536   # on a GPU
+    python -m benchmarks.bench_engine --dispatch --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tests import reference as ref
-from vtc_jax.devices import lane_mesh, pad_to, shard
-from vtc_jax.engine import EngineConfig, advance_lanes, init_lanes
+from tests.sequential import simulate_vtc
+from vtc_jax import runner
+from vtc_jax import run as run_mod
+from vtc_jax.cli_common import guarded, int_arg, list_arg
+from vtc_jax.engine import PROGRAM, EngineBatch, LaneInput
 from vtc_jax.measures import MeasureConfig
-from vtc_jax.run import default_chunk, generate_lanes, lane_keys, run_lanes, stack_traffic
+from vtc_jax.policies import registry
 from vtc_jax.settings import Settings, encode_settings
-from vtc_jax.traffic import overload, stream_capacity
+from vtc_jax.traffic import overload
+from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
 
-STEPS, KV_BUDGET = 6000, 8192
-
-
-MEASURES = {"all": MeasureConfig(), "minimal": MeasureConfig(pair_drift=False, latency=False, resource=False)}
+STEPS, KV_BUDGET, RATES = 6000, 8192, (1.0, 0.25)
 
 
-def workload(lanes: int, traffic, mesh=None, measures: str = "all"):
-    capacity = stream_capacity(traffic)
-    keys, params = lane_keys(range(lanes)), stack_traffic([traffic] * lanes)
-    if mesh is not None:
-        keys, params = shard((keys, params), mesh)
-    wl = generate_lanes(keys, params, horizon=STEPS, capacity=capacity, pad=5)
-    config = EngineConfig(num_clients=2, stream_len=capacity + 5, calendar_len=traffic.max_lengths()[1],
-                          measures=MEASURES[measures])
-    return jax.block_until_ready(wl), config
+def measures_of(names: list[str]) -> MeasureConfig:
+    return MeasureConfig.of([n for n in names if n != "none"])
 
 
-def time_engine(lanes: int, traffic, repeats: int, mesh, measures: str = "all") -> dict:
-    lanes = pad_to(lanes, mesh)
-    wl, config = workload(lanes, traffic, mesh, measures)
-    settings = [Settings("vtc", KV_BUDGET)] * lanes
-    params, _ = encode_settings(settings, 2)
-    chunk = default_chunk(STEPS)
-    state0 = init_lanes(np.full(lanes, STEPS, np.int32), config=config)
-    state0, params = shard((state0, params), mesh)
-    t0 = time.perf_counter()
-    advance_lanes.lower(state0, wl, params, config=config, num_events=chunk,
-                        shared_workload=False).compile()
-    compile_s = time.perf_counter() - t0
+def lane_settings(lanes: int, policies: list[str]) -> list[Settings]:
+    out = []
+    for i in range(lanes):
+        p = policies[i % len(policies)]
+        extra = {"rpm_limit": 400, "rpm_window": 2000} if p == "rpm" else {}
+        out.append(Settings(p, KV_BUDGET, **extra))
+    return out
+
+
+def end_to_end(lanes: int, measures: MeasureConfig, seed0: int) -> float:
+    traffic = overload(list(RATES), STEPS)
+    start = time.perf_counter()
+    result = run_mod.simulate_traffic([traffic] * lanes, lane_settings(lanes, ["vtc"]),
+                                      range(seed0, seed0 + lanes), measures=measures)
+    seconds = time.perf_counter() - start
+    if not result.finished.all():
+        raise RuntimeError("a lane did not finish")
+    return seconds
+
+
+def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: list[str]) -> tuple[float, float, int]:
+    """(median seconds, compile-and-first-run seconds, events of the slowest lane)."""
+    traffic = overload(list(RATES), STEPS)
+    settings = lane_settings(lanes, policies)
+    config = run_mod.traffic_config([traffic] * lanes, settings, measures=measures)
+    srcs = run_mod._traffic_sources([traffic] * lanes)
+    workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
+    params, _ = encode_settings(settings, 2, config.policies)
+    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
+    jax.block_until_ready(workload)
+    expected = STEPS + 3 * int(sum(RATES) * STEPS)
 
     def once():
         t = time.perf_counter()
-        state, _, finished = run_lanes(wl, settings, [STEPS] * lanes, config=config, event_budget=10 * STEPS,
-                                       shared_workload=False, chunk=chunk, mesh=mesh)
-        jax.block_until_ready(state)
-        assert finished.all(), "a lane did not finish"
-        return time.perf_counter() - t, int(np.asarray(state.iterations).max())
+        host, done = runner.run(PROGRAM, config, batch, None, event_budget=4 * expected, expected_events=expected)
+        if not np.asarray(done).all():
+            raise RuntimeError("a lane did not finish")
+        return time.perf_counter() - t, int(np.asarray(host.iterations).max())
 
-    first, _ = once()  # fills the jit cache (compiles again: AOT executables are not shared)
-    runs = [once() for _ in range(repeats)]
-    seconds = statistics.median(r[0] for r in runs)
-    return {"lanes": lanes, "compile_s": compile_s, "first_call_s": first, "run_s": seconds,
-            "events": runs[0][1], "lane_steps_per_s": lanes * STEPS / seconds}
+    first, events = once()
+    runs = [once()[0] for _ in range(repeats)]
+    return statistics.median(runs), first, events
 
 
-def time_reference(traffic) -> float:
-    """Steps per second of the literal reference on one lane of the same workload."""
-    wl, _ = workload(1, traffic)
-    rows = np.asarray(wl.requests[0])
-    requests = [ref.Request(int(r[0]), k, int(r[2]), int(r[3]), int(r[4]))
-                for k in range(rows.shape[0]) for r in rows[k] if r[0] < STEPS]
-    t = time.perf_counter()
-    result = ref.simulate(requests, num_clients=2, kv_budget=KV_BUDGET, policy="vtc", steps=STEPS)
-    return result.steps / (time.perf_counter() - t)
+def one_lane_rows(seed: int = 0):
+    """Lane `seed`'s generated requests as trace-order columns (for the host baselines)."""
+    traffic = overload(list(RATES), STEPS)
+    settings = [Settings("vtc", KV_BUDGET)]
+    config = run_mod.traffic_config([traffic], settings, measures=MeasureConfig.of([]))
+    rows = client_rows(run_mod.generate_workloads(run_mod._traffic_sources([traffic]), [seed], config))[0]
+    flat = np.concatenate([np.column_stack([r, np.full(len(r), k)]) for k, r in enumerate(rows)])
+    flat = flat[flat[:, ARRIVAL] < STEPS]
+    return flat[np.argsort(flat[:, ORDER], kind="stable")]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lanes", type=int, nargs="+", default=None,
-                        help="lane counts (default 1 256 4096 on CPU, plus 16384 65536 on GPU)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--devices", type=int, default=None, help="shard lanes over the first N devices (default all)")
-    parser.add_argument("--no-reference", action="store_true", help="skip timing the slow reference")
-    parser.add_argument("--measures", choices=sorted(MEASURES), default="all",
-                        help="all measures (what sweeps use) or minimal (drift, service, counts: the core engine)")
+def sequential_rate(flat) -> float:
+    cols = [list(map(int, flat[:, f])) for f in (ARRIVAL, -1, PROMPT, OUTPUT, CACHED)]
+    start = time.perf_counter()
+    simulate_vtc(*cols, num_clients=2, kv_budget=KV_BUDGET, w_p=1, w_q=2, steps=STEPS)
+    return STEPS / (time.perf_counter() - start)
+
+
+def reference_rate(flat, steps: int) -> float:
+    reqs = [ref.Request(int(r[ARRIVAL]), int(r[-1]), int(r[PROMPT]), int(r[OUTPUT]), int(r[CACHED]))
+            for r in flat if r[ARRIVAL] < steps]
+    start = time.perf_counter()
+    ref.simulate(reqs, num_clients=2, kv_budget=KV_BUDGET, steps=steps)
+    return steps / (time.perf_counter() - start)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[1, 256, 4096])
+    parser.add_argument("--repeats", type=int_arg(1, 20), default=3)
+    parser.add_argument("--measures", type=list_arg(str, name="measures"), default=["pair_drift"],
+                        help="measures kept (default pair_drift, as sweeps.schedulers; 'none' for the core engine)")
+    parser.add_argument("--dispatch", action="store_true", help="also time a batch mixing every registered policy")
+    parser.add_argument("--no-reference", action="store_true", help="skip the slow reference")
+    parser.add_argument("--reference-steps", type=int_arg(100, STEPS), default=2000)
+    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
+    measures = measures_of(args.measures)
     device = jax.devices()[0]
-    mesh = lane_mesh(args.devices)
-    lanes = args.lanes or ([1, 256, 4096] + ([16384, 65536] if device.platform == "gpu" else []))
-    traffic = overload([1.0, 0.25], STEPS)
-    print(f"device: {device.platform} {device.device_kind}, lanes sharded over {mesh.devices.size} of "
-          f"{jax.device_count()} device(s); jax {jax.__version__}; measures: {args.measures}")
-    ref_rate = float("nan") if args.no_reference else time_reference(traffic)
-    print(f"slow reference: {ref_rate:,.0f} steps/s (one lane, pure Python)")
-    print(f"{'lanes':>6} {'compile s':>9} {'1st call s':>10} {'run s':>8} {'events':>7} "
-          f"{'M lane-steps/s':>14} {'x reference':>11}")
-    for n in lanes:
-        r = time_engine(n, traffic, args.repeats, mesh, args.measures)
-        print(f"{n:>6} {r['compile_s']:>9.2f} {r['first_call_s']:>10.2f} {r['run_s']:>8.3f} {r['events']:>7} "
-              f"{r['lane_steps_per_s'] / 1e6:>14.2f} {r['lane_steps_per_s'] / ref_rate:>11.0f}", flush=True)
+    print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}, "
+          f"measures {','.join(args.measures)}")
+    flat = one_lane_rows()
+    seq = sequential_rate(flat)
+    reference = None if args.no_reference else reference_rate(flat, args.reference_steps)
+    print(f"sequential (tests/sequential.py, one lane): {seq:,.0f} steps/s"
+          + ("" if reference is None else f"; slow reference (tests/reference.py): {reference:,.0f} steps/s"))
+    out = {"device": f"{device.platform} {device.device_kind}", "jax": jax.__version__, "measures": args.measures,
+           "sequential_steps_per_s": seq, "reference_steps_per_s": reference, "rows": []}
+    print("| lanes | end to end cold M/s | end to end warm M/s | engine alone M/s | compile+first s | events "
+          "| engine / sequential |")
+    print("|---|---|---|---|---|---|---|")
+    for i, lanes in enumerate(args.lanes):
+        cold = end_to_end(lanes, measures, seed0=10_000 * (i + 1))
+        warm = end_to_end(lanes, measures, seed0=10_000 * (i + 1) + lanes)
+        alone, first, events = engine_alone(lanes, measures, args.repeats, ["vtc"])
+        rate = lambda s: lanes * STEPS / s / 1e6  # noqa: E731
+        row = {"lanes": lanes, "end_to_end_cold": rate(cold), "end_to_end_warm": rate(warm),
+               "engine_alone": rate(alone), "first_call_s": first, "events": events,
+               "engine_over_sequential": lanes * STEPS / alone / seq}
+        out["rows"].append(row)
+        print(f"| {lanes} | {row['end_to_end_cold']:.2f} | {row['end_to_end_warm']:.2f} | {row['engine_alone']:.2f} "
+              f"| {first:.2f} | {events} | {row['engine_over_sequential']:.0f}x |", flush=True)
+    if args.dispatch:
+        lanes = max(args.lanes)
+        single, _, _ = engine_alone(lanes, measures, args.repeats, ["vtc"])
+        mixed, _, _ = engine_alone(lanes, measures, args.repeats, list(registry.names()))
+        out["dispatch"] = {"lanes": lanes, "single_policy": lanes * STEPS / single / 1e6,
+                           "all_policies": lanes * STEPS / mixed / 1e6, "overhead": mixed / single}
+        print(f"dispatch at {lanes} lanes: vtc only {out['dispatch']['single_policy']:.2f} M lane-steps/s, "
+              f"all {len(registry.names())} policies mixed {out['dispatch']['all_policies']:.2f} "
+              f"({mixed / single:.2f}x the time)")
+    if args.json:
+        from vtc_jax.fileio import write_text_atomically
+
+        write_text_atomically(args.json, json.dumps(out, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded("python -m benchmarks.bench_engine", lambda: main(sys.argv[1:])))

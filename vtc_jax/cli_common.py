@@ -68,6 +68,12 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
     except MemoryError:
         say_error(prog, "out of memory: use fewer seeds, a smaller --chunk or a shorter horizon")
         return EXIT_BAD_INPUT
+    except Exception as err:  # a defect, not bad input: still one line (VTC_JAX_TRACEBACK=1 shows it)
+        if os.environ.get("VTC_JAX_TRACEBACK"):
+            raise
+        say_error(prog, f"internal error (a defect, please report it; VTC_JAX_TRACEBACK=1 shows where): "
+                        f"{type(err).__name__}: {err}")
+        return EXIT_FAILED
 
 
 def int_arg(minimum: int, maximum: int | None = None):

@@ -5,17 +5,19 @@ One lane is one simulated server. Its `State` advances by *events*, one per call
 
   * COMPLETE: a request whose completion step has ended is still running: it leaves
               (phase 4, one request per event, in admission order within a step);
-  * ARRIVE  : some request with arrival <= t has not joined its FIFO yet: take up to
-              `arrival_width` more per client (phase 1; the policy's arrival hook, e.g.
-              VTC's lift, runs here);
+  * ARRIVE  : some request with arrival <= t has not joined its FIFO yet: the next
+              `arrival_width` requests of the workload's timeline (all clients, in
+              trace order) that have arrived join (phase 1; the policy's arrival hook,
+              e.g. VTC's lift, runs here);
   * ADMIT   : otherwise, the policy's candidate exists and fits: admit it (phase 2);
   * FINISH  : otherwise, step t ends: decode (phase 3), t += 1 (or, when nothing runs or
               waits, a jump to the next arrival: idle steps cost nothing), then in the
               same event the first completion and the first arrivals of the new step.
 
 A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
-COMPLETE per request and one extra ARRIVE per step whose arrivals exceed the width: at
-most T + 3 * requests events. Lanes that reach their horizon become no-ops (`done`).
+COMPLETE per request and one extra ARRIVE per `arrival_width` arrivals of a step past the
+first width: at most T + 3 * requests events. An arrival event reads W rows, not one per
+client, so a step costs O(K) elementwise work and O(W) gathers whatever K. Lanes that reach their horizon become no-ops (`done`).
 
 Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
 in the workload. Decode is O(K): per client the number of running requests and the sum
@@ -40,7 +42,7 @@ from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, o
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View
 from vtc_jax.settings import Params
-from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, ORDER, OUTPUT, PROMPT, Workload
+from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, TIMELINE_PAD, Workload
 
 I32 = jnp.int32
 
@@ -65,7 +67,8 @@ class EngineConfig:
         planner allows only when it proved every total, counter and tag below 2^30.
       record_every: checkpoint W every this many steps (0: no checkpoints).
       num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
-      arrival_width: arrivals per client taken in one event (any value is exact).
+      arrival_width: arrivals taken in one event, all clients together (any value up to
+        workload.TIMELINE_PAD is exact).
       drain: run until every request completed (the horizon is then a safety bound).
       measures: which optional measures to accumulate.
     """
@@ -99,6 +102,10 @@ class State:
       done: bool[]  reached the horizon (or, drain mode, every request completed).
       head: int32[K]  position in client k's block of its next request to admit.
       arrived: int32[K]  requests of client k that have joined its FIFO.
+      heads: int32[K, 5]  the row at each client's head (cached: kept up to date at every
+        admission and arrival, so an event reads no row per client).
+      head_index: int32[K]  that row's index in the workload.
+      next: int32[]  position in the workload's timeline of the next request to arrive.
       counter: int32[K, 2]  the MODEL.md counter c_k (wide).
       service: int32[K, 2]  W_k in cost units (wide).
       running: int32[K]  running requests of client k.
@@ -120,6 +127,9 @@ class State:
     done: jax.Array
     head: jax.Array
     arrived: jax.Array
+    heads: jax.Array
+    head_index: jax.Array
+    next: jax.Array
     counter: jax.Array
     service: jax.Array
     running: jax.Array
@@ -145,7 +155,7 @@ class LaneInput:
     horizon: jax.Array
 
 
-def init_state(config: EngineConfig, lane: LaneInput) -> State:
+def init_state(config: EngineConfig, lane: LaneInput, workload: Workload) -> State:
     """Empty server at step 0 (step 0's arrivals are taken by the first event)."""
     k, zeros_k = config.num_clients, jnp.zeros(config.num_clients, I32)
     horizon = jnp.asarray(lane.horizon, I32)
@@ -153,6 +163,7 @@ def init_state(config: EngineConfig, lane: LaneInput) -> State:
     shape = Shape(num_clients=k, num_rows=config.num_rows, num=num)
     return State(
         step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
+        heads=workload.requests[workload.first], head_index=workload.first.astype(I32), next=jnp.zeros((), I32),
         counter=num.zeros((k,)), service=num.zeros((k,)), running=zeros_k, context=zeros_k,
         last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k,
         calendar=completions.init(config.calendar_rows, config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
@@ -205,9 +216,13 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         values.append(value)
     value = _dispatch(config, params, values)
     entry = jnp.stack([client, prompt, output, value]).astype(I32)
+    head_index = state.head_index + take
+    next_row = workload.requests[head_index[client]]  # the client's new head (meaningful if backlogged)
     return dataclasses.replace(
         state,
-        head=state.head + take, running=state.running + take, context=state.context + take * prompt,
+        head=state.head + take, head_index=head_index,
+        heads=jnp.where((jnp.arange(k) == client)[:, None] & mask, next_row[None, :], state.heads),
+        running=state.running + take, context=state.context + take * prompt,
         service=view.num.add(state.service, take * prefill),
         counter=view.num.add(state.counter, take * prefill * params.costs.counter_mult),
         admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
@@ -239,7 +254,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     service = view.num.add(state.service, decode)
     counter = view.num.add(state.counter, decode * params.costs.counter_mult)
     idle = (state.running.sum() == 0) & ~view.backlogged.any()
-    target = jnp.minimum(next_arrival.min(), state.horizon)
+    target = jnp.minimum(next_arrival, state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
@@ -271,32 +286,40 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
 
 
 def arrival_window(state: State, workload: Workload, config: EngineConfig):
-    """(index int32[K, W], arrival int32[K, W]): the next `arrival_width` rows of every
-    client's block past its arrived requests, and their arrival steps (blocks end in at
-    least W + 1 padding rows, so the window never leaves its block)."""
-    index = workload.first[:, None] + state.arrived[:, None] + jnp.arange(config.arrival_width, dtype=I32)[None, :]
-    return index, workload.requests[index, ARRIVAL]
+    """(row int32[W], client int32[W], arrival int32[W]): the next `arrival_width` requests
+    to arrive, in (arrival, number) order, from the workload's timeline."""
+    if not 1 <= config.arrival_width <= TIMELINE_PAD:
+        raise ValueError(f"arrival_width must be in [1, {TIMELINE_PAD}] (the timeline's padding)")
+    entries = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, config.arrival_width)
+    return entries[:, 0], entries[:, 1], workload.requests[entries[:, 0], ARRIVAL]
 
 
 def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, window,
                   config: EngineConfig) -> State:
-    """Phase 1 at step t where `mask`: up to `arrival_width` arrivals per client, in trace
-    order; the policies' arrival hooks (VTC's lift) see them as one event. Only a client's
-    first arrival of a step can find it not backlogged, and every client's first arrival is
-    in the step's first event, so later events of the step lift nobody. `window` is
+    """Phase 1 at step t where `mask`: the next `arrival_width` requests of the timeline that
+    arrive at t join their FIFOs, in trace order; the policies' arrival hooks (VTC's lift)
+    see them as one event. Only a client's first arrival of a step can find it not
+    backlogged, and every client's first arrival is in the step's first event (the timeline
+    is in arrival order), so later events of the step lift nobody. `window` is
     `arrival_window` of this state."""
     k, width = config.num_clients, config.arrival_width
-    index, arrival = window
-    joins = mask & (arrival <= state.step)  # sorted: a prefix of each row
-    joining = joins.sum(axis=1, dtype=I32)
+    index, client, arrival = window
+    joins = mask & (arrival <= state.step)  # in arrival order: a prefix of the window
+    mine = (client[:, None] == jnp.arange(k)[None, :]) & joins[:, None]  # [W, K]
+    joining = mine.sum(axis=0, dtype=I32)
     newcomer = ~view.backlogged & (joining > 0)
-    first = jnp.argmin(jnp.where(newcomer, workload.requests[index[:, 0], ORDER], INT32_MAX)).astype(I32)
-    rows = estimates = None
+    opens = mine & (jnp.cumsum(mine, axis=0) == 1) & newcomer[None, :]  # a newcomer's first request
+    first = client[jnp.argmax(opens.any(axis=1))]  # the first newcomer in trace order
+    rows = workload.requests[index]  # [W, 5]
+    new_head = (opens[:, :, None] * rows[:, None, :]).sum(axis=0)  # [K, 5]: the rows that open a FIFO
+    new_index = (opens * index[:, None]).sum(axis=0)
+    estimates = None
     if config.arrival_rows:
-        rows = workload.requests[index]  # [K, W, 5]
-        position = state.arrived[:, None] + jnp.arange(width, dtype=I32)[None, :]
-        estimates = _estimates(state, params, config, jnp.arange(k, dtype=I32)[:, None], rows, position)
-    arrivals = Arrivals(joins=joins, rows=rows, index=index, estimates=estimates, newcomer=newcomer, first=first)
+        before = (jnp.cumsum(mine, axis=0) - mine)[jnp.arange(width), client]  # earlier joins of its client
+        position = state.arrived[client] + before
+        estimates = _estimates(state, params, config, client, rows, position)
+    arrivals = Arrivals(joins=joins, client=client, index=index, rows=rows if config.arrival_rows else None,
+                        estimates=estimates, joining=joining, newcomer=newcomer, first=first)
     policy_states, counters = {}, []
     for name in config.policies:
         policy_states[name], counter = registry.get(name).arrive(state.policy[name], view, arrivals, params.policy[name])
@@ -306,7 +329,8 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     # their states need no select (per-request tables stay O(1) per event).
     return dataclasses.replace(
         state, counter=view.num.where(mask, counter, state.counter), arrived=state.arrived + joining,
-        policy=policy_states)
+        next=state.next + joins.sum(dtype=I32), heads=jnp.where(newcomer[:, None], new_head, state.heads),
+        head_index=jnp.where(newcomer, new_index, state.head_index), policy=policy_states)
 
 
 def select(state: State, view: View, params: Params, config: EngineConfig):
@@ -330,15 +354,13 @@ class _Selected:
 def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineConfig) -> State:
     """One event of one lane (see the module docstring)."""
     params = lane.params
-    requests = workload.requests
     active = ~state.done
-    head_index = workload.first + state.head
-    heads = requests[head_index]
+    head_index, heads = state.head_index, state.heads
     window = arrival_window(state, workload, config)
-    next_arrival = window[1][:, 0]
+    next_arrival = window[2][0]
     in_horizon = state.step < state.horizon
     due = completions.due(state.calendar, state.step)
-    pending = in_horizon & (next_arrival <= state.step).any()
+    pending = in_horizon & (next_arrival <= state.step)
     view = _view(state, params, heads, head_index,
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
                  config)
@@ -354,7 +376,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     completing = active & completions.due(state.calendar, state.step)
     state = complete(state, view, params, completing, config)
     arriving = (active & (state.step < state.horizon) & ~completions.due(state.calendar, state.step)
-                & (next_arrival <= state.step).any())
+                & (next_arrival <= state.step))
     view = _view(state, params, heads, head_index, view.estimates, config)
     state = take_arrivals(state, view, workload, params, arriving, window, config)
     settled = ~completions.due(state.calendar, state.step)
@@ -380,7 +402,7 @@ class EngineBatch:
 
 
 def _program_init(config: EngineConfig, batched: EngineBatch, shared) -> State:
-    return init_state(config, batched.lane)
+    return init_state(config, batched.lane, batched.workload if batched.workload is not None else shared)
 
 
 def _program_step(state: State, batched: EngineBatch, shared, config: EngineConfig) -> State:

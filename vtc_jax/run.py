@@ -28,7 +28,7 @@ from vtc_jax.policies import registry
 from vtc_jax.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.traffic import Traffic
-from vtc_jax.workload import Trace, Workload, block_sizes, make_workload, requests_per_client
+from vtc_jax.workload import Trace, Workload, add_timeline, block_sizes, make_workload, requests_per_client
 
 MAX_HORIZON = INT32_MAX // 2
 
@@ -119,6 +119,15 @@ def _reject(workload: Workload, limit, window, horizon, active, *, shared: bool)
     return fn(workload, limit, window, horizon, active)
 
 
+def with_timeline(workload: Workload, *, batched: bool) -> Workload:
+    """`workload` with its arrival timeline (built on the device when missing; a batched
+    workload has a leading lane axis)."""
+    if workload.timeline is not None:
+        return workload
+    build = jax.vmap(add_timeline) if batched else add_timeline
+    return jax.jit(build)(workload)
+
+
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
                   config: EngineConfig, shared: bool, event_budget: int, expected_events: int | None = None,
                   chunk: int | None = None, mesh: Mesh | None = None,
@@ -137,6 +146,8 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
         lane_workload, rejected = _reject(workload, limit, window, jnp.asarray(horizons, jnp.int32),
                                           jnp.asarray(rejecting), shared=shared)
         rejected, shared = np.asarray(rejected, np.int64), False
+        lane_workload = dataclasses.replace(lane_workload, timeline=None)  # rows moved: rebuild it
+    lane_workload = with_timeline(lane_workload, batched=not shared)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
                         workload=None if shared else lane_workload)
     host, done = runner.run(PROGRAM, config, batch, lane_workload if shared else None, event_budget=event_budget,

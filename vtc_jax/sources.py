@@ -139,6 +139,14 @@ class ServeGenSource:
 Source = TrafficSource | TraceSource | ServeGenSource
 
 
+def signature(source: Source) -> tuple:
+    """What lanes batched together must share: kind, clients, horizon and the shapes of
+    the generator's params (phases, pool, trace length, ServeGen layout)."""
+    shapes = tuple(np.shape(x) for x in jax.tree_util.tree_leaves(source.params()))
+    extra = (source.plan.layout,) if source.kind == "servegen" else ()
+    return (source.kind, source.num_clients, source.horizon, shapes) + extra
+
+
 def check_batch(sources: Sequence[Source]) -> None:
     kinds = {s.kind for s in sources}
     if len(kinds) != 1:

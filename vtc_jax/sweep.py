@@ -82,6 +82,10 @@ class Plot:
     kind "scatter": metric `x` against metric `y`, one labelled point per row, CI bars.
     kind "series": time series `y` (mean and 2.5-97.5% band over seeds) per row; a series
       with a client axis draws one line per client (every client, labelled).
+    kind "clients": per-client values (means over seeds, `client_values` names) `y` against
+      `x`, one panel per row, one point per client, the diagonal y = x dashed.
+    kind "client_cdf": the distribution over clients of the per-client value `x`, one line
+      per row (clients with no value are left out).
     """
 
     kind: str
@@ -93,6 +97,7 @@ class Plot:
     xlog: bool = False
     ylog: bool | None = None
     ylabel: str | None = None
+    where: tuple = ()  # ((setting key, value), ...): draw only the rows that match
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,11 +173,7 @@ class ModelEngine:
 
     @staticmethod
     def group_key(row: Row):
-        src = row.source
-        key = (src.kind, src.num_clients, src.horizon)
-        if src.kind == "servegen":
-            key += (src.plan.layout,)
-        return key
+        return sources_mod.signature(row.source)
 
     @staticmethod
     def config(rows: Sequence[Row], record_every: int, measures: MeasureConfig):
@@ -354,6 +355,7 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
           f"({total * steps:.3g} lane-steps) on {mesh.devices.size} {jax.devices()[0].platform} device(s)",
           file=log, flush=True)
     progress = Progress(sweep.name, stop - start, steps, log)
+    max_clients = max(getattr(r.source, "num_clients", 0) for r in rows)
     collected: list[tuple[np.ndarray, dict]] = []
     series_steps, used_chunk = None, 0
     for key, idx in groups.items():
@@ -374,7 +376,9 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
             values = {"metrics": sweep.metrics(results, chunk_rows), "finished": results.finished}
             if getattr(results, "offered", None) is not None:
                 values["metrics"].update(load_metrics(results))
-                values["clients"] = client_values(results)
+                # NaN-padded to the sweep's most clients: groups may differ in K
+                values["clients"] = {k: np.pad(v, ((0, 0), (0, max_clients - v.shape[1])), constant_values=np.nan)
+                                     for k, v in client_values(results).items()}
             if sweep.series is not None:
                 values["series"] = sweep.series(results, chunk_rows)
                 series_steps = np.asarray(results.checkpoint_steps)
@@ -412,9 +416,10 @@ def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, lo
         entry = {"setting": row.setting, "label": row.label,
                  "metrics": {k: summarize(v[lanes][ok]) for k, v in values.metrics.items()}}
         if values.clients:
+            k_row = getattr(row.source, "num_clients", 0)
             with np.errstate(all="ignore"), _quiet():
                 entry["clients"] = {k: [None if not np.isfinite(x) else float(x)
-                                        for x in np.nanmean(v[lanes][ok], axis=0)] if ok.any() else []
+                                        for x in np.nanmean(v[lanes][ok], axis=0)[:k_row]] if ok.any() else []
                                     for k, v in values.clients.items()}
         if not ok.all():
             entry["unfinished_lanes"] = int((~ok).sum())
@@ -582,8 +587,14 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    match = [all(r["setting"].get(k) == v for k, v in plot.where) for r in result["rows"]]
+    if plot.kind == "clients":
+        _draw_client_panels(plt, [r for r, ok in zip(result["rows"], match) if ok], plot, path)
+        return
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    rows = [r for r in result["rows"] if plot.kind == "series" or plot.y in r["metrics"] or plot.kind == "scatter"]
+    series_rows = [s for s, ok in zip(result.get("series", {}).get("rows", []), match) if ok]
+    rows = [r for r, ok in zip(result["rows"], match)
+            if ok and (plot.kind == "series" or plot.y in r["metrics"] or plot.kind == "scatter")]
     if plot.kind == "metric":
         xs = [r["setting"].get(plot.x, r["label"]) for r in rows]
         mean = np.asarray([r["metrics"][plot.y]["mean"] if r["metrics"][plot.y]["mean"] is not None else np.nan
@@ -630,7 +641,7 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
         ax.set_xlabel(plot.x)
     elif plot.kind == "series":
         steps = result["series"]["steps"]
-        for r, s in zip(rows, result["series"]["rows"]):
+        for r, s in zip(rows, series_rows):
             band = s.get(plot.y)
             if not band:
                 continue
@@ -643,6 +654,15 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
                 ax.fill_between(steps, lo, hi, alpha=0.2)
         ax.set_xlabel("step")
         ax.legend(fontsize=7, ncol=2)
+    elif plot.kind == "client_cdf":
+        for r in rows:
+            v = np.asarray([x for x in r.get("clients", {}).get(plot.x, []) if x is not None], float)
+            if len(v):
+                ax.step(np.sort(v), np.arange(1, len(v) + 1) / len(v), where="post", label=r["label"])
+        if plot.xlog:
+            ax.set_xscale("symlog")
+        ax.set_xlabel(plot.x)
+        ax.legend(fontsize=7, ncol=2)
     else:
         raise ValueError(f"unknown plot kind {plot.kind!r}")
     if plot.xlog and plot.kind == "metric":
@@ -650,6 +670,37 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
     ax.set_ylabel(plot.ylabel or plot.y)
     ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with open(path, "wb") as fh:
+        fig.savefig(fh, format="png")
+    plt.close(fig)
+
+
+def _draw_client_panels(plt, rows: list, plot: Plot, path: Path) -> None:
+    """`Plot` kind "clients": one log-log panel per row, a point per client."""
+    n = max(1, len(rows))
+    cols = min(4, n)
+    grid = -(-n // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(3.2 * cols, 3.0 * grid), dpi=110, squeeze=False, sharex=True,
+                             sharey=True)
+    values = [(np.asarray([np.nan if v is None else v for v in r.get("clients", {}).get(plot.x, [])], float),
+               np.asarray([np.nan if v is None else v for v in r.get("clients", {}).get(plot.y, [])], float))
+              for r in rows]
+    positive = np.concatenate([np.concatenate([x[x > 0], y[y > 0]]) for x, y in values] or [np.ones(1)])
+    lo, hi = (positive.min(), positive.max()) if len(positive) else (1.0, 10.0)
+    for ax, r, (x, y) in zip(axes.flat, rows, values):
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        ax.loglog(x[ok], y[ok], "o", markersize=3, alpha=0.7)
+        ax.loglog([lo, hi], [lo, hi], "k--", linewidth=0.8)
+        ax.set_title(r["label"], fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(plot.x, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(plot.ylabel or plot.y, fontsize=8)
+    fig.suptitle(plot.title, fontsize=10)
     fig.tight_layout()
     with open(path, "wb") as fh:
         fig.savefig(fh, format="png")

@@ -191,6 +191,9 @@ class Workload:
         all of them to complete).
       overflow: bool[]  a generated block had more arrivals than rows: the lane is flagged
         as not finished (never silently shortened).
+      timeline: int32[R + P, 2]  (row, client) of every row in (arrival, ORDER) order,
+        padding last, then P more padding entries: the order in which requests arrive, so
+        that an arrival event reads a few rows, not one per client (`add_timeline` fills it).
     """
 
     requests: jax.Array
@@ -198,6 +201,10 @@ class Workload:
     size: jax.Array
     num_requests: jax.Array
     overflow: jax.Array
+    timeline: jax.Array | None = None
+
+
+TIMELINE_PAD = 64  # entries past the end of a timeline: the widest arrival window
 
 
 def padding_rows(count: int) -> np.ndarray:
@@ -245,14 +252,35 @@ def requests_per_client(trace: Trace, num_clients: int) -> np.ndarray:
 
 def make_workload(trace: Trace, num_clients: int, pad: int, horizon: int | None,
                   sizes: np.ndarray | None = None) -> Workload:
-    """Device layout of one trace. `horizon=None` counts every request (drain mode)."""
+    """Device layout of one trace, timeline included. `horizon=None` counts every request
+    (drain mode)."""
     counts = requests_per_client(trace, num_clients)
     sizes = counts + pad if sizes is None else np.asarray(sizes)
     first, size = block_sizes(sizes - pad, pad)
     arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
-    return Workload(requests=jnp.asarray(layout_trace(trace, num_clients, pad, sizes)), first=jnp.asarray(first),
-                    size=jnp.asarray(size), num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32),
-                    overflow=jnp.asarray(False))
+    rows = layout_trace(trace, num_clients, pad, sizes)
+    return Workload(requests=jnp.asarray(rows), first=jnp.asarray(first), size=jnp.asarray(size),
+                    num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32), overflow=jnp.asarray(False),
+                    timeline=jnp.asarray(timeline_host(rows, first)))
+
+
+def timeline_host(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """numpy `timeline` of request rows int32[R, 5] in blocks starting at `first`."""
+    order = np.argsort(rows[:, ORDER], kind="stable")
+    block = np.searchsorted(first, order, side="right") - 1
+    out = np.stack([order, block], axis=1).astype(np.int32)
+    return np.concatenate([out, np.repeat(out[-1:], TIMELINE_PAD, axis=0)])
+
+
+def add_timeline(workload: Workload) -> Workload:
+    """`workload` with its timeline (one stable sort by ORDER; jittable, one lane)."""
+    rows, first = workload.requests, workload.first
+    r = rows.shape[0]
+    order, = jax.lax.sort((rows[:, ORDER], jnp.arange(r, dtype=jnp.int32)), num_keys=1, is_stable=True)[1:]
+    block = (jnp.searchsorted(first, order, side="right") - 1).astype(jnp.int32)
+    timeline = jnp.stack([order, block], axis=1)
+    timeline = jnp.concatenate([timeline, jnp.broadcast_to(timeline[-1:], (TIMELINE_PAD, 2))])
+    return dataclasses.replace(workload, timeline=timeline)
 
 
 def client_rows(workload: Workload) -> np.ndarray:

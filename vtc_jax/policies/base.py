@@ -84,21 +84,24 @@ class View(NamedTuple):
 
 
 class Arrivals(NamedTuple):
-    """One arrival event: up to W requests per client join their FIFO, in trace order.
-    The hook is called on every event: `joins` is all False when nothing joins, and the
-    hook must then leave its state unchanged (the engine does not mask its result).
+    """One arrival event: the next W requests to arrive (in trace order, any clients);
+    those with `joins` join their FIFO now. The hook is called on every event: `joins` is
+    all False when nothing joins, and the hook must then leave its state unchanged (the
+    engine does not mask its result).
 
-    joins: bool[K, W]; index: int32[K, W] their workload rows; rows: int32[K, W, 5] the
-    rows and estimates: int32[K, W] output predictions at arrival (both only for policies
-    with `arrival_rows`, else None: gathering them costs every event); newcomer: bool[K] the client
-    was not backlogged before (only its first joining request can find it so);
-    first: int32[] the newcomer whose first request comes first in trace order (valid if
-    newcomer.any())."""
+    joins: bool[W]; client: int32[W]; index: int32[W] their workload rows; rows:
+    int32[W, 5] and estimates: int32[W] output predictions at arrival (both only for
+    policies with `arrival_rows`, else None); joining: int32[K] requests joining per
+    client; newcomer: bool[K] the client was not backlogged before (only its first joining
+    request can find it so); first: int32[] the newcomer whose first request comes first
+    in trace order (valid if newcomer.any())."""
 
     joins: jax.Array
-    rows: jax.Array
+    client: jax.Array
     index: jax.Array
-    estimates: jax.Array
+    rows: jax.Array | None
+    estimates: jax.Array | None
+    joining: jax.Array
     newcomer: jax.Array
     first: jax.Array
 

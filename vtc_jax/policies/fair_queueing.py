@@ -35,22 +35,23 @@ def init(params, shape):
 
 
 def on_arrival(state, view, arrivals, params):
-    k, width = arrivals.joins.shape
-    cost = estimated_cost(view.costs, arrivals.rows, arrivals.estimates) * view.costs.counter_mult[:, None]
-    cost = jnp.where(arrivals.joins, cost, 0)
-    upto = jnp.cumsum(cost, axis=1)  # [K, W] cost through each joining request
+    joins, client = arrivals.joins, arrivals.client  # [W]
+    k = state["f_tail"].shape[0]
+    cost = estimated_cost(view.costs, arrivals.rows, arrivals.estimates) * view.costs.counter_mult[client]
+    cost = jnp.where(joins, cost, 0)
+    same = (client[:, None] == client[None, :]) & joins[None, :]  # [W, W]: entry j joins i's client
+    upto = jnp.where(jnp.tril(same), cost[None, :], 0).sum(axis=1)  # cost through entry i, its client's chain
     num = view.num
-    first = num.expand(num.maximum(num.broadcast(state["v"], (k,)), state["f_tail"]), 1)  # [K, 1]
-    finish = num.add(first, upto)
-    start = num.add(first, upto - cost)
+    base = num.maximum(num.broadcast(state["v"], client.shape), state["f_tail"][client])
+    finish = num.add(base, upto)
+    start = num.add(base, upto - cost)
     rows = state["start"].shape[0]
-    index = jnp.where(arrivals.joins, arrivals.index, rows).reshape(-1)
-    joined = arrivals.joins.any(axis=1)
-    flat = (k * width,) + finish.shape[2:]
+    index = jnp.where(joins, arrivals.index, rows)
+    last = joins & ~jnp.triu(same, 1).any(axis=1)  # no later joining entry of the same client
     return dict(state,
-                start=state["start"].at[index].set(start.reshape(flat), mode="drop"),
-                finish=state["finish"].at[index].set(finish.reshape(flat), mode="drop"),
-                f_tail=num.where(joined, finish[:, -1], state["f_tail"])), view.counter
+                start=state["start"].at[index].set(start, mode="drop"),
+                finish=state["finish"].at[index].set(finish, mode="drop"),
+                f_tail=state["f_tail"].at[jnp.where(last, client, k)].set(finish, mode="drop")), view.counter
 
 
 def _select(tag: str):

@@ -83,7 +83,7 @@ def select(state, view, eligible, params) -> Choice:
 
 
 def on_arrival(state, view, arrivals, params):
-    joined = arrivals.joins.any(axis=1)
+    joined = arrivals.joining > 0
     return dict(state, last_event=jnp.where(joined, view.step, state["last_event"])), view.counter
 
 
