@@ -79,6 +79,8 @@ def settings_for(policy: str, kv_budget: int, *, capacity: float, num_clients: i
     (default exact; vtc_gateway: llm-d's fixed guess of 128 tokens); rpm gets each client's
     fair share of `capacity` (requests per step) per RPM_WINDOW steps."""
     spec = registry.get(policy)
+    if estimator != "noisy" and estimate_error not in ("0", 0):
+        raise InputError("--estimate-error applies to --estimator noisy only")
     extra = {}
     if spec.uses_estimator:
         if estimator:

@@ -60,7 +60,7 @@ def build(args) -> Sweep:
                                  prompt=args.prompt, output=args.output)
     window = (args.return_at, min(args.return_at + args.window, args.steps))
     source = workload_source(args, traffic)
-    rows = [Row(make_settings(args, p, share_window=window), source, p) for p in POLICIES]
+    rows = [Row(make_settings(args, p, share_window=window, baseline=True), source, p) for p in POLICIES]
     config = dict(workload_config(args), quiet_rate=args.quiet_rate, quiet_until=args.quiet_until,
                   return_at=args.return_at, window=list(window))
     default = (workload_is_default(args, RATES) and args.quiet_rate == 0.02 and args.quiet_until == 2000

@@ -38,10 +38,10 @@ def add_arguments(parser):
 def build(args) -> Sweep:
     source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
     limit = dict(rpm_window=args.rpm_window, rpm_mode=args.rpm_mode)
-    rows = [Row(make_settings(args, "rpm", rpm_limit=r, **limit), source, f"rpm {r}") for r in args.limits]
+    rows = [Row(make_settings(args, "rpm", rpm_limit=r, baseline=True, **limit), source, f"rpm {r}") for r in args.limits]
     if args.with_vtc:
         rows += [Row(make_settings(args, "vtc", rpm_limit=r, **limit), source, f"vtc + rpm {r}") for r in args.limits]
-    rows.append(Row(make_settings(args, "fcfs"), source, "rpm unlimited"))
+    rows.append(Row(make_settings(args, "fcfs", baseline=True), source, "rpm unlimited"))
     rows.append(Row(make_settings(args, "vtc"), source, "vtc"))
     default = workload_is_default(args, RATES) and args.rpm_window == 2000 and args.rpm_mode == "delay"
     return Sweep(

@@ -34,7 +34,7 @@ def build(args) -> Sweep:
     if not 1 <= args.record_every <= args.steps:
         raise InputError("--record-every must be in [1, --steps]")
     source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
-    rows = [Row(make_settings(args, p), source, p) for p in POLICIES]
+    rows = [Row(make_settings(args, p, baseline=True), source, p) for p in POLICIES]
     return Sweep(
         name="schedulers", config=workload_config(args), rows=rows, metrics=base_metrics,
         columns=("max_drift", "drift_over_2u", "throughput", "backlogged_drift"), measures=("pair_drift",),

@@ -19,6 +19,7 @@ import json
 import math
 import re
 import sys
+from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
@@ -99,40 +100,50 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, kv_budget_required: 
                         help="load policies defined in your own file (a POLICY or POLICIES attribute)")
 
 
-def settings_from_args(args, policy: str, share_window=(0, 0)) -> Settings:
-    """Settings from the scheduler flags; flags the policy would ignore are refused."""
+def ignored_flags(args, policy: str) -> list[str]:
+    """The flags given that `policy` would ignore, each with why (one line each)."""
     spec = registry.get(policy)
+    out = []
     if args.weights is not None and "weights" not in spec.reads:
-        raise InputError(f"--weights: policy {policy} ignores client weights ({spec.summary}); "
-                         "choose a weighted policy (lcf, vtc, drr, wfq, sfq, las, vtc_predict, vtc_gateway)")
+        out.append(f"--weights: policy {policy} ignores client weights ({spec.summary}); "
+                   "choose a weighted policy (lcf, vtc, drr, wfq, sfq, las, vtc_predict, vtc_gateway)")
     estimator_flags = [f for f, v in (("--estimator", args.estimator), ("--estimate-guess", args.estimate_guess),
                                       ("--estimate-error", args.estimate_error),
                                       ("--estimate-seed", args.estimate_seed)) if v is not None]
     if estimator_flags and not spec.uses_estimator:
-        raise InputError(f"{estimator_flags[0]}: policy {policy} does not predict outputs (only "
-                         f"{', '.join(n for n in registry.names() if registry.get(n).uses_estimator)} do)")
+        out.append(f"{estimator_flags[0]}: policy {policy} does not predict outputs (only "
+                   f"{', '.join(n for n in registry.names() if registry.get(n).uses_estimator)} do)")
     if args.no_last_left and "lift_last_left" not in spec.reads:
-        raise InputError(f"--no-last-left: policy {policy} has no lift with a last_left clause")
+        out.append(f"--no-last-left: policy {policy} has no lift with a last_left clause")
     if args.option and not spec.options:
-        raise InputError(f"--option: policy {policy} has no options")
+        out.append(f"--option: policy {policy} has no options")
+    return out
+
+
+def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool = False) -> Settings:
+    """Settings from the scheduler flags. Flags the policy would ignore are refused, or,
+    when `lenient` (a comparison of several policies), left out for this policy."""
+    ignored = ignored_flags(args, policy)
+    if ignored and not lenient:
+        raise InputError(ignored[0])
+    drop = {line.split(":")[0] for line in ignored}
     if args.rpm_mode != "delay" and args.rpm is None:
         raise InputError("--rpm-mode needs --rpm")
     if args.rpm is None and policy == "rpm":
         raise InputError("policy rpm needs an rpm limit (--rpm R)")
     estimator = {}
-    if args.estimator is not None:
-        estimator["estimator"] = args.estimator
-    if args.estimate_guess is not None:
-        estimator["estimate_guess"] = args.estimate_guess
-    if args.estimate_error is not None:
-        estimator["estimate_error"] = args.estimate_error
-    if args.estimate_seed is not None:
-        estimator["estimate_seed"] = args.estimate_seed
+    if not drop & {"--estimator", "--estimate-guess", "--estimate-error", "--estimate-seed"}:
+        for flag, key in (("estimator", "estimator"), ("estimate_guess", "estimate_guess"),
+                          ("estimate_error", "estimate_error"), ("estimate_seed", "estimate_seed")):
+            if getattr(args, flag) is not None:
+                estimator[key] = getattr(args, flag)
+    weights = tuple(args.weights) if args.weights and "--weights" not in drop else None
     return Settings(policy=policy, kv_budget=args.kv_budget, w_p=args.w_p, w_q=args.w_q, beta=args.beta,
-                    weights=tuple(args.weights) if args.weights else None, rpm_limit=args.rpm,
-                    rpm_window=args.rpm_window, rpm_mode=args.rpm_mode, kv_cap=args.kv_cap,
-                    bands=tuple(args.bands) if args.bands else None, lift_last_left=not args.no_last_left,
-                    options=tuple(args.option), share_window=share_window, **estimator)
+                    weights=weights, rpm_limit=args.rpm, rpm_window=args.rpm_window, rpm_mode=args.rpm_mode,
+                    kv_cap=args.kv_cap, bands=tuple(args.bands) if args.bands else None,
+                    lift_last_left=not (args.no_last_left and "--no-last-left" not in drop),
+                    options=tuple(args.option) if "--option" not in drop else (), share_window=share_window,
+                    **estimator)
 
 
 def preload_policy_modules(argv) -> None:
@@ -414,13 +425,14 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
             if len(row) != len(header):
                 raise InputError(f"{path}: line {line_no}: {len(row)} fields, header has {len(header)}")
             cell = dict(zip(header, (c.strip() for c in row)))
-            try:
-                t = float(cell["timestamp"])
-            except ValueError:
+            try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
+                t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
+            except InvalidOperation:
                 raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
                                  f"got {cell['timestamp'][:24]!r}") from None
-            if not math.isfinite(t) or t < 0:
-                raise InputError(f"{path}: line {line_no}: timestamp must be finite and >= 0, got {cell['timestamp']!r}")
+            if not t.is_finite() or t < 0 or t.adjusted() > 12:
+                raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
+                                 f"[0, 1e13), got {cell['timestamp'][:24]!r}")
             tenant = cell["tenant"]
             if not tenant:
                 raise InputError(f"{path}: line {line_no}: empty tenant name")
@@ -438,8 +450,8 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
         raise InputError(f"{path}: malformed CSV ({err})") from None
     if not rows:
         raise InputError(f"{path}: no requests (header only)")
-    times = np.asarray([r[0] for r in rows])
-    steps = np.floor((times - times.min()) / step_seconds).astype(np.int64)
+    t0, step = min(r[0] for r in rows), Decimal(repr(step_seconds))
+    steps = np.asarray([min(int((r[0] - t0) // step), 1 << 31) for r in rows], np.int64)
     if steps.max() > (1 << 30):
         raise InputError(f"{path}: the log spans {steps.max():,} steps of {step_seconds} s, over the limit of "
                          f"{1 << 30:,}: use a larger --step-seconds")
@@ -468,7 +480,15 @@ def _compare(args) -> int:
         raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "
                          f"({', '.join(names[:8])}{'...' if k > 8 else ''})")
     rows = []
-    settings = [settings_from_args(args, p) for p in args.policies]
+    ignored = {p: ignored_flags(args, p) for p in args.policies}
+    for line in ignored[args.policies[0]]:  # a flag no listed policy reads is refused
+        flag = line.split(":")[0]
+        if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in args.policies):
+            raise InputError(line)
+    for p, lines in ignored.items():
+        for line in lines:
+            print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
+    settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
     horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
     unit = args.phase_unit or per_second
     source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit)

@@ -66,7 +66,8 @@ def enable_compilation_cache(directory: str | os.PathLike | None = DEFAULT_CACHE
         return
     Path(directory).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # every compile, however short: what a run writes must not depend on the machine's load
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def init_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None) -> None:

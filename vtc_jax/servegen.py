@@ -244,10 +244,13 @@ def _read_text(path: str, what: str) -> str:
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise InputError(f"{path}, line {line}: not UTF-8 text") from None
+    if "\x00" in text:
+        raise InputError(f"{path}: not a text {what} (contains NUL bytes)")
+    return text
 
 
 def _number(text: str, path: str, line: int, name: str) -> float:

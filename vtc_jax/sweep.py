@@ -880,12 +880,21 @@ def workload_config(args: argparse.Namespace) -> dict:
     return out
 
 
-def make_settings(args, policy: str, **kwargs) -> Settings:
-    """Settings of a sweep row from the workload flags (weights refused for a policy that
-    does not read them)."""
+def make_settings(args, policy: str, *, baseline: bool = False, **kwargs) -> Settings:
+    """Settings of a sweep row from the workload flags. --weights is refused for a policy
+    that does not read them, except for a `baseline` row (FCFS or RPM beside weighted
+    policies), which then runs unweighted and says so once on stderr."""
     weights = tuple(args.weights) if args.weights else None
     if weights is not None and "weights" not in registry.get(policy).reads:
-        raise InputError(f"--weights: policy {policy} ignores client weights (it orders by "
-                         f"{registry.get(policy).summary.split(':')[0]}); drop --weights or choose a weighted policy")
+        why = registry.get(policy).summary.split(":")[0]
+        if not baseline:
+            raise InputError(f"--weights: policy {policy} ignores client weights (it orders by {why}); "
+                             "drop --weights or choose a weighted policy")
+        noted = vars(args).setdefault("_weights_noted", set())
+        if policy not in noted:
+            noted.add(policy)
+            print(f"note: {policy} ignores --weights (it orders by {why}); it runs unweighted as a baseline",
+                  file=sys.stderr)
+        weights = None
     return Settings(policy, kwargs.pop("kv_budget", getattr(args, "kv_budget", None)), w_p=args.w_p, w_q=args.w_q,
                     weights=weights, **kwargs)
