@@ -58,3 +58,28 @@ def test_matches_reference_every_step(num_clients, mode):
         assert result.max_drift_step[lane] == drifts.index(max(drifts)), context
         assert result.throughput[lane] == pytest.approx(float(ref.throughput(expect)), rel=1e-12)
         assert result.conservation[lane] == [], context
+
+
+@pytest.mark.parametrize("num_clients", [2, 3])
+def test_sparse_traces_jump_idle_stretches_exactly(num_clients):
+    """A few requests spread over thousands of steps: the engine jumps over the idle
+    stretches (its event count stays near the number of requests, not the steps) and still
+    agrees with the reference, which steps through every one of them."""
+    rng = random.Random(77 + num_clients)
+    traces, settings, requests = [], [], []
+    for _ in range(8):
+        reqs, k, m = ref.random_trace(rng, num_clients=num_clients, max_arrival=3000,
+                                      num_requests=rng.randint(1, 6), max_output=6)
+        for policy in POLICIES:
+            traces.append(to_trace(reqs))
+            settings.append(random_settings(rng, policy, k, m))
+            requests.append(reqs)
+    result = run_traces(traces, settings, num_clients=num_clients, steps=3000, record_every=1)
+    assert result.finished.all()
+    assert result.events.max() < 200  # versus 3000 steps: idle steps cost no event
+    for lane, (reqs, s) in enumerate(zip(requests, settings)):
+        expect = run_reference(reqs, num_clients, s, 3000)
+        context = f"lane {lane}: {s}"
+        np.testing.assert_array_equal(result.checkpoints[lane][:3000], service_matrix(expect), err_msg=context)
+        assert list(result.counters_exact[lane]) == expect.counters[-1], context
+        assert list(result.completed[lane]) == expect.completed, context

@@ -67,6 +67,7 @@ class LaneResults:
         computed when read).
       conservation: list[list[str]] per lane: violated conservation laws (empty: all
         hold); None when the token ledger was not measured (check=False).
+      events: int64[B] engine events the lane took (steps jumped over while idle cost none).
     """
 
     steps: np.ndarray
@@ -107,6 +108,7 @@ class LaneResults:
     resource_max_drift: np.ndarray
     resource_share_service: np.ndarray
     conservation: list | None
+    events: np.ndarray = None
     service_units: np.ndarray = dataclasses.field(repr=False, default=None)
     counter_units: np.ndarray = dataclasses.field(repr=False, default=None)
     drift_units: np.ndarray = dataclasses.field(repr=False, default=None)
@@ -382,7 +384,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
             wait_mean = done_mean = _nan(shape_bk)
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
     results = LaneResults(
-        steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
+        events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],

@@ -28,7 +28,8 @@ ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED = range(5)
 NUM_FIELDS = 5
 REQUIRED_COLUMNS = ("arrival", "client", "prompt", "output")
 OPTIONAL_COLUMNS = ("cached",)
-MAX_LENGTH = INT32_MAX // 4  # largest arrival, prompt or output a trace may hold
+MAX_LENGTH = INT32_MAX // 4  # largest prompt or output a trace may hold
+MAX_ARRIVAL = INT32_MAX // 2  # largest arrival step: the longest horizon (completion steps stay < 2^31)
 _INT_RE = re.compile(r"^[+]?\d+$")
 
 
@@ -84,8 +85,9 @@ class Trace:
         ]
         if num_clients is not None:
             checks.append((self.client >= num_clients, f"client id outside --clients {num_clients}"))
-        for col, name in ((self.arrival, "arrival"), (self.prompt, "prompt"), (self.output, "output")):
-            checks.append((col > MAX_LENGTH, f"{name} too large (limit {MAX_LENGTH})"))
+        for col, name, limit in ((self.arrival, "arrival", MAX_ARRIVAL), (self.prompt, "prompt", MAX_LENGTH),
+                                 (self.output, "output", MAX_LENGTH)):
+            checks.append((col > limit, f"{name} too large (limit {limit})"))
         for bad, message in checks:
             if bad.any():
                 self.fail(int(np.argmax(bad)), message)
