@@ -32,7 +32,6 @@ Metrics (per lane; mean and 95% CI over seeds). "Demand" is the full weighted co
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,14 +126,14 @@ def build(args) -> Sweep:
                              estimator=args.estimator, estimate_error=args.estimate_error)
             rows.append(Row(s, source, f"load {load:g} {p}", {"load": load}))
     first = plans[args.load[0]]
-    print(first.summary(), file=sys.stderr)
+    notes = [first.summary()]
     if first.output_clipped.max() > 0 or first.prompt_clipped.max() > 0:
-        print(f"lengths clipped: prompts at M = {first.max_prompt} (largest clipped mass of a tenant "
-              f"{first.prompt_clipped.max():.3g}), outputs at {first.max_output} "
-              f"({first.output_clipped.max():.3g})", file=sys.stderr)
+        notes.append(f"lengths clipped: prompts at M = {first.max_prompt} (largest clipped mass of a tenant "
+                     f"{first.prompt_clipped.max():.3g}), outputs at {first.max_output} "
+                     f"({first.output_clipped.max():.3g})")
     if first.substituted.any():
-        print(f"{int(first.substituted.sum())} tenants have no length data: they use the pooled distribution "
-              "of the others", file=sys.stderr)
+        notes.append(f"{int(first.substituted.sum())} tenants have no length data: they use the pooled "
+                     "distribution of the others")
     plots = []
     for load in args.load:
         plots.append(Plot("clients", f"service_vs_demand_load{load:g}.png",
@@ -152,7 +151,7 @@ def build(args) -> Sweep:
                  columns=("throughput", "jain", "small_tenant_p99_wait", "heavy_share", "heavy_demand",
                           "max_slowdown"),
                  measures=("demand", "latency"), record_every=max(1, args.steps // 40), plots=tuple(plots),
-                 clients=False)
+                 clients=False, notes=tuple(notes))
 
 
 def main(argv=None) -> int:

@@ -97,7 +97,8 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
       chunk: events per compiled call (default: from `expected_events`).
       mesh: devices to shard the lanes over (default: every local device). Lanes are
         padded to a multiple of its size with repeats whose results are dropped.
-      progress: called as progress(events spent, event budget, seconds) after each chunk.
+      progress: called as progress(events spent, events expected in all, seconds) after each
+        chunk (the expected count, when given, else the budget; never below what was spent).
 
     Returns (carry with B lanes, on the host as numpy, and done: bool[B]).
     """
@@ -107,7 +108,8 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
     batched = shard(pad_lanes(batched, lanes, target), mesh)
     if shared is not None:
         shared = shard(shared, mesh, batched=False)
-    carry = init(batched, shared, program=program, config=config)
+    # the carry enters `advance` with the sharding it leaves it with: one compile per shape
+    carry = shard(init(batched, shared, program=program, config=config), mesh)
     step = advance if jax.default_backend() == "cpu" else advance_donating
     chunk = chunk or default_chunk(expected_events or event_budget)
     spent, started = 0, time.perf_counter()
@@ -115,6 +117,6 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
         carry = step(carry, batched, shared, program=program, config=config, num_events=chunk)
         spent += chunk
         if progress is not None:
-            progress(spent, event_budget, time.perf_counter() - started)
+            progress(spent, min(event_budget, max(expected_events or event_budget, spent)), time.perf_counter() - started)
     host = jax.tree_util.tree_map(lambda x: np.asarray(x)[:lanes], jax.device_get(carry))
     return host, np.asarray(jax.vmap(program.done)(carry))[:lanes]

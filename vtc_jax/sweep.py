@@ -120,6 +120,7 @@ class Sweep:
       engine: the engine adapter (default: the MODEL.md engine).
       post: optional hook result -> result (extra aggregation, overlays) before writing.
       clients: report per-client tables (default: when K <= 8).
+      notes: lines printed on stderr before the run starts (after every check passed).
     """
 
     name: str
@@ -136,6 +137,7 @@ class Sweep:
     engine: Any = None
     post: Callable[[dict], dict] | None = None
     clients: bool | None = None
+    notes: Sequence[str] = ()
 
 
 def settings_keys(s) -> dict:
@@ -291,8 +293,8 @@ def base_metrics(results, rows: Sequence[Row]) -> dict:
 class Progress:
     """Progress on stderr at least every few seconds: lanes done, rate and time left."""
 
-    def __init__(self, name: str, total_lanes: int, steps: int, log=sys.stderr):
-        self.name, self.total, self.steps, self.log = name, total_lanes, steps, log
+    def __init__(self, name: str, total_lanes: int, steps: int, log=None):
+        self.name, self.total, self.steps, self.log = name, total_lanes, steps, log or sys.stderr
         self.started = time.perf_counter()
         self.last = self.started
         self.done = 0
@@ -323,12 +325,13 @@ class Progress:
 
 
 def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: int | None = None,
-             devices: int | None = None, measures: MeasureConfig | None = None, log=sys.stderr) -> LaneValues:
+             devices: int | None = None, measures: MeasureConfig | None = None, log=None) -> LaneValues:
     """Run every (row, seed) lane in equal chunks, one static config per row group.
 
     Lanes are sharded over `devices` local devices (default all); with several processes
     (jax.distributed), each runs a contiguous share and every process gets all results.
     """
+    log = log or sys.stderr  # looked up now: tests and callers may have replaced it
     seeds = list(seeds)
     rows = list(sweep.rows)
     if len(seeds) < 1:
@@ -405,10 +408,11 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
     return LaneValues(metrics, series, clients, finished, series_steps, used_chunk)
 
 
-def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, log=sys.stderr):
+def aggregate(name: str, rows: Sequence[Row], values: LaneValues, seeds: int, log=None):
     """Per row: every metric summarized over its finished seeds (unfinished lanes are
     excluded and counted, with a warning), per-client means, and every series as mean and
     2.5-97.5% band."""
+    log = log or sys.stderr
     rows_out, series_out = [], []
     for i, row in enumerate(rows):
         lanes = slice(i * seeds, (i + 1) * seeds)
@@ -448,7 +452,7 @@ class _quiet:
 
 
 def run_sweep(sweep: Sweep, seeds: int, *, base_seed: int = 0, chunk: int | None = None,
-              devices: int | None = None, measures: MeasureConfig | None = None, log=sys.stderr) -> dict:
+              devices: int | None = None, measures: MeasureConfig | None = None, log=None) -> dict:
     """Run every (row, seed) lane; returns {"sweep", "config", "rows"[, "series"]}."""
     if seeds < 1:
         raise InputError(f"--seeds must be >= 1, got {seeds}")
@@ -781,6 +785,12 @@ def _main(name, description, add_arguments, build, argv) -> int:
     measures = measure_config(sweep, args)
     if jax.process_index() == 0:
         fileio.check_writable_dir(args.out)
+    try:
+        lane_mesh(args.devices)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    for note in list(getattr(args, "notes", [])) + list(sweep.notes):
+        print(note, file=sys.stderr)
     result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
                        measures=measures)
     if jax.process_index() != 0:  # process 0 reports and writes
@@ -890,11 +900,10 @@ def make_settings(args, policy: str, *, baseline: bool = False, **kwargs) -> Set
         if not baseline:
             raise InputError(f"--weights: policy {policy} ignores client weights (it orders by {why}); "
                              "drop --weights or choose a weighted policy")
-        noted = vars(args).setdefault("_weights_noted", set())
-        if policy not in noted:
-            noted.add(policy)
-            print(f"note: {policy} ignores --weights (it orders by {why}); it runs unweighted as a baseline",
-                  file=sys.stderr)
+        note = f"note: {policy} ignores --weights (it orders by {why}); it runs unweighted as a baseline"
+        notes = vars(args).setdefault("notes", [])  # printed by `main` once every flag is validated
+        if note not in notes:
+            notes.append(note)
         weights = None
     return Settings(policy, kwargs.pop("kv_budget", getattr(args, "kv_budget", None)), w_p=args.w_p, w_q=args.w_q,
                     weights=weights, **kwargs)

@@ -1,0 +1,292 @@
+"""Hostile input across every command: one line naming the problem, the exit status, and
+no files left behind.
+
+Each case runs a command in-process (its `main(argv)`) on a prepared directory and
+asserts: the exit status (2 for bad input), stderr is exactly one line that names the
+problem (the expected words), no traceback, and no output file was written. The CSV
+reader of `replay` has its own cases in test_cli.py; the closed pipe and Ctrl-C run real
+processes at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FILES = {
+    "ok.csv": "arrival,client,prompt,output\n0,0,10,5\n1,1,20,3\n",
+    "big_prompt.csv": "arrival,client,prompt,output\n0,0,5000,5\n",
+    "neg.csv": "arrival,client,prompt,output\n-1,0,10,5\n",
+    "header_only.csv": "arrival,client,prompt,output\n",
+    "empty.csv": "",
+    "log.csv": "timestamp,tenant,prompt,output\n0.0,a,10,5\n0.5,b,20,3\n",
+    "bad_log.csv": "timestamp,tenant,prompt,output\n0.0,a,10,5\nsoon,b,20,3\n",
+    "bad_policy.py": "def broken(:\n",
+    "no_policy.py": "x = 1\n",
+    "raises_policy.py": "raise RuntimeError('boom')\n",
+}
+BINARY = {"junk.bin": bytes(range(256)) * 8, "nul.csv": b"arrival,client,prompt,output\n0,0,\x00,5\n"}
+
+CLI = "vtc_jax.cli"
+# (id, module, argv, exit status, words of the one line). {d} is the case directory.
+CASES = [
+    # ---- replay --------------------------------------------------------------------
+    ("replay-missing-file", CLI, ["replay", "{d}/nope.csv", "--policy", "vtc", "--kv-budget", "100"], 2, "nope.csv"),
+    ("replay-directory", CLI, ["replay", "{d}", "--policy", "vtc", "--kv-budget", "100"], 2, "is a directory"),
+    ("replay-binary", CLI, ["replay", "{d}/junk.bin", "--policy", "vtc", "--kv-budget", "100"], 2, "UTF-8"),
+    ("replay-nul", CLI, ["replay", "{d}/nul.csv", "--policy", "vtc", "--kv-budget", "100"], 2, "NUL"),
+    ("replay-dev-zero", CLI, ["replay", "/dev/zero", "--policy", "vtc", "--kv-budget", "100"], 2, "NUL"),
+    ("replay-empty", CLI, ["replay", "{d}/empty.csv", "--policy", "vtc", "--kv-budget", "100"], 2, "empty"),
+    ("replay-header-only", CLI, ["replay", "{d}/header_only.csv", "--policy", "vtc", "--kv-budget", "100"], 2,
+     "no requests"),
+    ("replay-negative-arrival", CLI, ["replay", "{d}/neg.csv", "--policy", "vtc", "--kv-budget", "100"], 2,
+     "line 2: arrival must be a non-negative integer"),
+    ("replay-prompt-over-m", CLI, ["replay", "{d}/big_prompt.csv", "--policy", "vtc", "--kv-budget", "100"], 2,
+     "larger than the KV budget"),
+    ("replay-unknown-policy", CLI, ["replay", "{d}/ok.csv", "--policy", "nope", "--kv-budget", "100"], 2,
+     "invalid choice"),
+    ("replay-no-budget", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc"], 2, "--kv-budget"),
+    ("replay-zero-budget", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "0"], 2, "must be >= 1"),
+    ("replay-huge-budget", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "99999999999"], 2,
+     "--kv-budget"),
+    ("replay-w-p-division", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--w-p", "1/0"],
+     2, "w_p"),
+    ("replay-w-q-negative", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--w-q", "-2"], 2,
+     "w_q"),
+    ("replay-beta-nan", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--beta", "nan"], 2,
+     "beta"),
+    ("replay-weights-zero", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--weights", "1,0"],
+     2, "weight"),
+    ("replay-weights-count", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--weights",
+                                   "1,2,3"], 2, "weights"),
+    ("replay-weights-fcfs", CLI, ["replay", "{d}/ok.csv", "--policy", "fcfs", "--kv-budget", "100", "--weights", "1,2"],
+     2, "ignores client weights"),
+    ("replay-rpm-without-limit", CLI, ["replay", "{d}/ok.csv", "--policy", "rpm", "--kv-budget", "100"], 2, "--rpm"),
+    ("replay-rpm-zero", CLI, ["replay", "{d}/ok.csv", "--policy", "rpm", "--kv-budget", "100", "--rpm", "0"], 2,
+     "must be >= 1"),
+    ("replay-rpm-mode-alone", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--rpm-mode",
+                                    "reject"], 2, "--rpm-mode needs --rpm"),
+    ("replay-estimator-vtc", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--estimator",
+                                   "fixed"], 2, "does not predict outputs"),
+    ("replay-option-vtc", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--option", "x=1"],
+     2, "no options"),
+    ("replay-option-unknown", CLI, ["replay", "{d}/ok.csv", "--policy", "drr", "--kv-budget", "100", "--option",
+                                    "speed=1"], 2, "speed"),
+    ("replay-no-last-left-fcfs", CLI, ["replay", "{d}/ok.csv", "--policy", "fcfs", "--kv-budget", "100",
+                                       "--no-last-left"], 2, "no lift"),
+    ("replay-steps-zero", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--steps", "0"], 2,
+     "must be >= 1"),
+    ("replay-steps-2-31", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--steps",
+                                "2147483647"], 2, "--steps"),
+    ("replay-record-every-tiny", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--steps",
+                                       "1000000000", "--record-every", "1"], 2, "--record-every"),
+    ("replay-clients-too-few", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--clients",
+                                     "1"], 2, "client id outside --clients 1"),
+    ("replay-share-window-bad", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100",
+                                      "--share-window", "5,2"], 2, "--share-window"),
+    ("replay-json-in-missing-dir", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--json",
+                                         "{d}/no/such/dir/out.json"], 2, "cannot write"),
+    ("replay-json-is-dir", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--json", "{d}"],
+     2, "cannot write"),
+    ("replay-policy-module-missing", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100",
+                                           "--policy-module", "{d}/none.py"], 2, "no such file"),
+    ("replay-policy-module-syntax", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100",
+                                          "--policy-module", "{d}/bad_policy.py"], 2, "SyntaxError"),
+    ("replay-policy-module-raises", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100",
+                                          "--policy-module", "{d}/raises_policy.py"], 2, "boom"),
+    ("replay-unknown-flag", CLI, ["replay", "{d}/ok.csv", "--policy", "vtc", "--kv-budget", "100", "--fast"], 2,
+     "unrecognized arguments"),
+    ("no-command", CLI, [], 2, "command"),
+    ("unknown-command", CLI, ["frobnicate"], 2, "invalid choice"),
+    # ---- compare -------------------------------------------------------------------
+    ("compare-missing", CLI, ["compare", "{d}/nope.csv", "--kv-budget", "100", "--out", "{d}/out"], 2, "nope.csv"),
+    ("compare-bad-log", CLI, ["compare", "{d}/bad_log.csv", "--kv-budget", "100", "--out", "{d}/out"], 2,
+     "line 3: timestamp"),
+    ("compare-unknown-policy", CLI, ["compare", "{d}/ok.csv", "--policies", "vtc,nope", "--kv-budget", "100",
+                                     "--out", "{d}/out"], 2, "unknown policy 'nope'"),
+    ("compare-duplicate-policy", CLI, ["compare", "{d}/ok.csv", "--policies", "vtc,vtc", "--kv-budget", "100",
+                                       "--out", "{d}/out"], 2, "twice"),
+    ("compare-weights-count", CLI, ["compare", "{d}/log.csv", "--policies", "vtc", "--kv-budget", "100",
+                                    "--weights", "1,2,3", "--out", "{d}/out"], 2, "3 weights for the log's 2 tenants"),
+    ("compare-weights-unread", CLI, ["compare", "{d}/ok.csv", "--policies", "fcfs,rpm", "--rpm", "5",
+                                     "--kv-budget", "100", "--weights", "1,2", "--out", "{d}/out"], 2,
+     "ignores client weights"),
+    ("compare-step-seconds-zero", CLI, ["compare", "{d}/log.csv", "--kv-budget", "100", "--step-seconds", "0",
+                                        "--out", "{d}/out"], 2, "--step-seconds"),
+    ("compare-seeds-zero", CLI, ["compare", "{d}/log.csv", "--kv-budget", "100", "--seeds", "0", "--out",
+                                 "{d}/out"], 2, "--seeds"),
+    ("compare-prompt-over-m", CLI, ["compare", "{d}/big_prompt.csv", "--kv-budget", "100", "--out", "{d}/out"], 2,
+     "larger than the KV budget"),
+    ("compare-out-is-file", CLI, ["compare", "{d}/ok.csv", "--kv-budget", "100", "--out", "{d}/ok.csv"], 2,
+     "cannot write"),
+    ("compare-dev-zero", CLI, ["compare", "/dev/zero", "--kv-budget", "100", "--out", "{d}/out"], 2, "NUL"),
+    # ---- gen -----------------------------------------------------------------------
+    ("gen-no-tenant", CLI, ["gen", "--out", "{d}/g.csv"], 2, "--tenant"),
+    ("gen-no-rate", CLI, ["gen", "--out", "{d}/g.csv", "--tenant", "prompt=1:2"], 2, "rate=R"),
+    ("gen-negative-rate", CLI, ["gen", "--out", "{d}/g.csv", "--tenant", "rate=-1"], 2, "bad rate"),
+    ("gen-bad-pattern", CLI, ["gen", "--out", "{d}/g.csv", "--tenant", "rate=1,pattern=wave"], 2, "bad pattern"),
+    ("gen-too-many-requests", CLI, ["gen", "--out", "{d}/g.csv", "--steps", "60000000", "--tenant", "rate=1000"], 2,
+     "over the limit"),
+    ("gen-out-in-missing-dir", CLI, ["gen", "--out", "{d}/no/dir/g.csv", "--tenant", "rate=1"], 2, "cannot write"),
+    ("gen-steps-zero", CLI, ["gen", "--out", "{d}/g.csv", "--tenant", "rate=1", "--steps", "0"], 2, "must be >= 1"),
+    ("gen-on-off-period", CLI, ["gen", "--out", "{d}/g.csv", "--tenant", "rate=1,pattern=on_off:0"], 2,
+     "on_off period"),
+    ("policies-extra-argument", CLI, ["policies", "vtc"], 2, "unrecognized arguments"),
+]
+
+SWEEP_COMMON = [  # (suffix, argv, words): flags every sweep shares
+    ("seeds-zero", ["--seeds", "0"], "--seeds"),
+    ("seeds-text", ["--seeds", "many"], "must be an integer"),
+    ("seeds-1e12", ["--seeds", "1000000000000"], "--seeds"),
+    ("chunk-zero", ["--chunk", "0"], "--chunk"),
+    ("base-seed-negative", ["--base-seed", "-1"], "--base-seed"),
+    ("devices-zero", ["--devices", "0"], "--devices"),
+    ("devices-too-many", ["--seeds", "2", "--devices", "4096"], "--devices"),
+    ("measures-unknown", ["--seeds", "2", "--measures", "speed"], "unknown measure"),
+    ("out-under-file", ["--seeds", "2", "--out", "{d}/ok.csv/out"], "cannot write"),
+    ("out-is-file", ["--seeds", "2", "--out", "{d}/ok.csv"], "cannot write"),
+    ("cache-dir-under-file", ["--seeds", "2", "--cache-dir", "{d}/ok.csv/cache"], "compilation cache"),
+    ("policy-module-missing", ["--seeds", "2", "--policy-module", "{d}/none.py"], "no such file"),
+    ("policy-module-empty", ["--seeds", "2", "--policy-module", "{d}/no_policy.py"], "defines no POLICY"),
+    ("unknown-flag", ["--seeds", "2", "--turbo"], "unrecognized arguments"),
+]
+SWEEPS = ["schedulers", "return_after_silence", "kv_budget", "rpm", "kv_cap", "prefix_cache", "context_cost",
+          "beta_tune", "policies", "tenants"]
+for _name in SWEEPS:
+    for _suffix, _argv, _words in SWEEP_COMMON:
+        CASES.append((f"{_name}-{_suffix}", f"sweeps.{_name}", _argv + ["--out", "{d}/out"] * ("--out" not in _argv),
+                      2, _words))
+
+WORKLOAD = [  # the seed workload's flags (sweeps with add_workload_arguments)
+    ("rates-negative", ["--rates", "-1,1"], "--rates"),
+    ("rates-nan", ["--rates", "nan,1"], "finite"),
+    ("rates-empty-item", ["--rates", "1,,2"], "comma-separated"),
+    ("steps-2-31", ["--steps", "2147483648"], "--steps"),
+    ("prompt-reversed", ["--prompt", "512,64"], "LOW <= HIGH"),
+    ("output-zero", ["--output", "0,3"], "LOW <= HIGH"),
+    ("w-p-division", ["--seeds", "1", "--w-p", "1/0"], "w_p"),
+    ("w-q-huge-exponent", ["--w-q", "1e999"], "exponent"),
+    ("weights-zero", ["--seeds", "1", "--weights", "1,0"], "weight"),
+    ("trace-missing", ["--seeds", "1", "--trace", "{d}/none.csv"], "none.csv"),
+    ("trace-binary", ["--seeds", "1", "--trace", "{d}/junk.bin"], "UTF-8"),
+    ("trace-dev-zero", ["--seeds", "1", "--trace", "/dev/zero"], "NUL"),
+]
+for _name in ("schedulers", "kv_budget", "rpm", "kv_cap", "context_cost"):
+    for _suffix, _argv, _words in WORKLOAD:
+        if _name == "context_cost" and _suffix.startswith("trace"):
+            continue
+        CASES.append((f"{_name}-{_suffix}", f"sweeps.{_name}", _argv + ["--out", "{d}/out"], 2, _words))
+
+CASES += [
+    ("return-one-rate", "sweeps.return_after_silence", ["--rates", "1", "--out", "{d}/out"], 2, "two rates"),
+    ("kv-budget-zero-budget", "sweeps.kv_budget", ["--budgets", "0,1024", "--out", "{d}/out"], 2, "--budgets"),
+    ("kv-budget-has-no-kv-budget", "sweeps.kv_budget", ["--kv-budget", "100", "--out", "{d}/out"], 2,
+     "unrecognized arguments"),
+    ("rpm-limit-zero", "sweeps.rpm", ["--limits", "0", "--out", "{d}/out"], 2, "--limits"),
+    ("rpm-mode-unknown", "sweeps.rpm", ["--rpm-mode", "drop", "--out", "{d}/out"], 2, "--rpm-mode"),
+    ("kv-cap-zero", "sweeps.kv_cap", ["--caps", "0", "--out", "{d}/out"], 2, "--caps"),
+    ("prefix-cache-fraction", "sweeps.prefix_cache", ["--cached", "2", "--out", "{d}/out"], 2, "--cached"),
+    ("context-cost-trace-refused", "sweeps.context_cost", ["--trace", "{d}/ok.csv", "--out", "{d}/out"], 2,
+     "--trace does not apply"),
+    ("context-cost-beta-division", "sweeps.context_cost", ["--seeds", "1", "--betas", "1/0", "--out", "{d}/out"], 2,
+     "beta"),
+    ("context-cost-beta-negative", "sweeps.context_cost", ["--seeds", "1", "--betas", "-1", "--out", "{d}/out"], 2,
+     "beta"),
+    ("policies-unknown-policy", "sweeps.policies", ["--policy", "nope", "--out", "{d}/out"], 2, "unknown policy"),
+    ("policies-unknown-workload", "sweeps.policies", ["--workloads", "storm", "--out", "{d}/out"], 2,
+     "unknown workload"),
+    ("policies-steps-stride", "sweeps.policies", ["--steps", "1001", "--out", "{d}/out"], 2, "multiple of 300"),
+    ("policies-error-without-noisy", "sweeps.policies", ["--estimate-error", "1/2", "--out", "{d}/out"], 2,
+     "--estimator noisy"),
+    ("tenants-no-data", "sweeps.tenants", ["--data", "{d}/none", "--out", "{d}/out"], 2, "not a directory"),
+    ("tenants-empty-data", "sweeps.tenants", ["--data", "{d}/emptydir", "--out", "{d}/out"], 2, "emptydir"),
+    ("tenants-load-zero", "sweeps.tenants", ["--load", "0", "--out", "{d}/out"], 2, "--load"),
+    ("tenants-load-nan", "sweeps.tenants", ["--load", "nan", "--out", "{d}/out"], 2, "finite"),
+    ("tenants-unknown-policy", "sweeps.tenants", ["--policy", "nope", "--out", "{d}/out"], 2, "unknown policy"),
+]
+
+
+@pytest.fixture
+def case_dir(tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    for name, data in BINARY.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "emptydir").mkdir()
+    return tmp_path
+
+
+def _listing(root: Path) -> set:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def run_main(module: str, argv: list[str]) -> int:
+    main = importlib.import_module(module).main
+    try:
+        return main(argv)
+    except SystemExit as exit_:  # argparse (our Parser exits through here)
+        return exit_.code
+
+
+@pytest.mark.parametrize("name, module, argv, status, words", CASES, ids=[c[0] for c in CASES])
+def test_hostile_input(case_dir, capsys, name, module, argv, status, words):
+    before = _listing(case_dir)
+    argv = [a.replace("{d}", str(case_dir)) for a in argv]
+    assert run_main(module, argv) == status
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert words in err[0], err[0]
+    assert "Traceback" not in err[0]
+    left = _listing(case_dir) - before
+    assert not [p for p in left if Path(p).suffix in (".json", ".csv", ".png")], left
+
+
+def test_at_least_a_hundred_cases():
+    assert len(CASES) >= 100 and len({c[0] for c in CASES}) == len(CASES)
+
+
+# ---- real processes: a closed pipe and Ctrl-C --------------------------------------------
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+
+
+def test_closed_pipe_is_one_line_not_a_traceback(tmp_path):
+    """`replay ... | head -1` on 1,000 clients (a line each): the reader leaves after one."""
+    trace = tmp_path / "wide.csv"
+    trace.write_text("arrival,client,prompt,output\n" + "".join(f"0,{k},10,2\n" for k in range(1000)))
+    proc = subprocess.Popen([sys.executable, "-m", "vtc_jax", "replay", str(trace), "--policy", "vtc",
+                             "--kv-budget", "100000", "--no-cache"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline().decode()
+    proc.stdout.close()  # like `head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 2
+    assert first.startswith("vtc: 2 steps, 1000 clients")
+    assert err.strip().splitlines() == ["vtc_jax: error: output pipe closed; stopped"], err
+
+
+def test_ctrl_c_is_one_line_and_no_results(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps.schedulers", "--seeds", "4096", "--out", str(out),
+                             "--no-cache"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stderr.readline().decode()  # the run's first line: it has started
+    assert "lanes" in first
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read().decode()
+    status = proc.wait(timeout=120)
+    assert status == 130
+    lines = [line for line in rest.splitlines() if line.strip() and not line.startswith("[schedulers]")]
+    assert len(lines) == 1 and "interrupted" in lines[0], rest
+    assert "Traceback" not in rest
+    assert not (out / "results.json").exists()
