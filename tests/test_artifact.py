@@ -1,9 +1,15 @@
-"""The artifact engine profile (vtc_jax/artifact.py) against a slow pure-Python reference
-written from shared/ENGINE_ARTIFACT.md, hand-worked timelines, and plain numpy measures."""
+"""The artifact profile (vtc_jax/artifact.py) against a slow pure-Python reference written
+from the artifact's router loop, hand-worked timelines, plain numpy measures, the
+artifact's own traces, and its command lines (sweeps.paper, sweeps.calibrate).
+
+Every engine run here shares one static config and one batch shape (`run_engine`), so the
+file compiles the engine a few times only."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections import deque
 
 import numpy as np
@@ -11,6 +17,11 @@ import pytest
 
 from vtc_jax import artifact as A
 from vtc_jax import artifact_suites as S
+from vtc_jax.errors import InputError
+
+CONFIG = A.Config(num_requests=64, num_clients=4, slots=32)
+LANES = 6  # every run_engine batch is padded to this many lanes (one compile)
+CHUNK = 256
 
 
 # ------------------------------------------------------------------ pure-Python reference
@@ -18,12 +29,13 @@ from vtc_jax import artifact_suites as S
 def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rpm_limit=None, weights=None,
               oracle=None, log=None):
     """The router loop of manager.py `_step`, request by request, in integer microseconds;
-    each step's duration is a sum of float32 terms, each rounded to a microsecond, as the engine. Clients must be
-    numbered by first arrival. Returns per request: status, first token and finish (us)."""
+    each step's duration is a sum of float32 terms, each rounded to a microsecond, as the
+    engine. Clients must be numbered by first arrival. Returns per request: status, first
+    token and finish (us)."""
     n = len(arrival_s)
     k = max(client) + 1
     w = weights or [1.0] * k
-    tc = np.asarray(A.make_params("fcfs", k, profile).time_coef)  # float32, as the engine
+    tc = profile.step_time.coefficients_us()  # float32, as the engine
 
     def duration(*terms):  # each float32 term rounded half to even, as the engine
         return sum(int(np.round(np.float32(t))) for t in terms)
@@ -105,7 +117,7 @@ def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rp
         for r in batch:
             if profile.extra_finish_charge and gen[r] > pred[r]:
                 counter[client[r]] += profile.w_q / w[client[r]]
-        for r in done:
+        for r in sorted(done):
             c = client[r]
             if output[r] < pred[r]:
                 counter[c] -= profile.w_q * (pred[r] - output[r]) / w[c]
@@ -143,28 +155,32 @@ def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rp
         if nxt >= n:
             break
         poll = int(round(profile.poll_s * 1e6))
-        now += poll * max(1, math.ceil((arr_us[order[nxt]] - now) / poll))
+        gap = arr_us[order[nxt]] - now
+        now += gap if profile.idle == "jump" else poll * max(1, math.ceil(gap / poll))
     return status, first, finish
 
 
 def run_engine(arrival_s, client, prompt, output, policies, profile=A.Profile(), rpm_limits=None, weights=None,
-               oracle_r=0.0):
+               oracle_r=0.0, config=CONFIG):
+    """Every policy as one lane of a LANES-lane batch (padded with repeats) on CONFIG."""
     k = max(client) + 1
-    trace, new_id = A.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra, num_clients=k,
-                                 oracle_r=oracle_r, seed=3)
-    assert (new_id == np.arange(k)).all(), "tests number clients by first arrival"
-    params = [A.make_params(p, k, profile, rpm_limit=(rpm_limits or {}).get(p), weights=weights) for p in policies]
-    config = A.Config(len(arrival_s), k, track_prediction="vtc_predict" in policies)
-    state = A.run_lanes(A.stack([trace] * len(policies)), A.stack(params), config)
-    return trace, state
+    lane = A.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra,
+                        num_requests=config.num_requests, num_clients=config.num_clients, oracle_r=oracle_r, seed=3)
+    assert (lane.new_id[:k] == np.arange(k)).all(), "tests number clients by first arrival"
+    w = None if weights is None else list(weights) + [1.0] * (config.num_clients - len(weights))
+    params = [A.make_params(p, config.num_clients, profile, rpm_limit=(rpm_limits or {}).get(p), weights=w)
+              for p in policies]
+    pad = LANES - len(params)
+    state, done = A.run([lane] * LANES, params + params[-1:] * pad, config, profiles=profile, chunk=CHUNK)
+    assert done.all()
+    return lane, state
 
 
 def random_trace(seed, n=40, k=3, horizon=6.0, max_prompt=300, max_output=60):
     rng = np.random.default_rng(seed)
     arrival = np.sort(rng.uniform(0, horizon, n))
     client = rng.integers(0, k, n)
-    # renumber by first arrival
-    seen = {}
+    seen = {}  # renumber by first arrival
     for c in client:
         seen.setdefault(int(c), len(seen))
     client = np.array([seen[int(c)] for c in client])
@@ -173,54 +189,95 @@ def random_trace(seed, n=40, k=3, horizon=6.0, max_prompt=300, max_output=60):
 
 
 SMALL = A.Profile(kv_pool=1500, prefill_cap=600, running_cap=12, cadence=3)
-STATUS = {A.WAITING: "waiting", A.RUNNING: "running", A.DONE: "done", A.REJECTED: "rejected", A.FUTURE: "future"}
+STATUS = {A.DONE: "done", A.REJECTED: "rejected", A.NONE: "unfinished"}
+POLICIES = ["fcfs", "lcf", "vtc", "vtc_predict", "vtc_oracle", "rpm"]
+
+
+def check_against_reference(cols, policies, profile, rpm=4, weights=None, oracle_r=0.0):
+    lane, state = run_engine(*cols, policies, profile, rpm_limits={"rpm": rpm}, weights=weights, oracle_r=oracle_r)
+    n = len(cols[0])
+    order = np.lexsort((np.arange(n), np.round(np.asarray(cols[0]) * 1e6)))
+    oracle = np.empty(n, np.float32)
+    oracle[order] = lane.trace.rows[:n, A.ORACLE].view(np.float32)
+    for i, policy in enumerate(policies):
+        status, first, finish = reference(*cols, policy, profile, rpm_limit=rpm if policy == "rpm" else None,
+                                          weights=weights, oracle=oracle.tolist())
+        lane_state = A.lane_index(state, i)
+        assert [STATUS[int(s)] for s in A.outcome(lane_state)[:n]] == [status[j] for j in order], policy
+        done = A.outcome(lane_state)[:n] == A.DONE
+        assert A.first_us(lane_state)[:n][done].tolist() == [first[j] for j in order[done]], policy
+        assert A.finish_us(lane_state)[:n][done].tolist() == [finish[j] for j in order[done]], policy
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_engine_matches_reference(seed):
-    cols = random_trace(seed)
-    policies = ["fcfs", "lcf", "vtc", "vtc_predict", "vtc_oracle", "rpm"]
-    trace, state = run_engine(*cols, policies, SMALL, rpm_limits={"rpm": 4})
-    order = np.lexsort((np.arange(len(cols[0])), np.round(np.asarray(cols[0]) * 1e6)))
-    for lane, policy in enumerate(policies):
-        status, first, finish = reference(*cols, policy, SMALL, rpm_limit=4 if policy == "rpm" else None)
-        got_status = [STATUS[int(s)] for s in np.asarray(state.status[lane])]
-        assert got_status == [status[i] for i in order], policy
-        assert np.asarray(state.first_token_us[lane]).tolist() == [first[i] for i in order], policy
-        assert np.asarray(state.finish_us[lane]).tolist() == [finish[i] for i in order], policy
+    check_against_reference(random_trace(seed), POLICIES, SMALL)
 
 
 def test_engine_matches_reference_weighted_and_oracle_range():
     cols = random_trace(7, n=30, k=4)
-    weights = [1.0, 2.0, 3.0, 4.0]
-    trace, state = run_engine(*cols, ["vtc", "vtc_oracle"], SMALL, weights=weights, oracle_r=0.5)
-    order = np.lexsort((np.arange(len(cols[0])), np.round(np.asarray(cols[0]) * 1e6)))
-    oracle = np.empty(len(order), np.float32)
-    oracle[order] = np.asarray(trace.oracle)
-    for lane, policy in enumerate(["vtc", "vtc_oracle"]):
-        _, first, finish = reference(*cols, policy, SMALL, weights=weights, oracle=oracle.tolist())
-        assert np.asarray(state.first_token_us[lane]).tolist() == [first[i] for i in order], policy
-        assert np.asarray(state.finish_us[lane]).tolist() == [finish[i] for i in order], policy
+    check_against_reference(cols, ["vtc", "vtc_oracle"], SMALL, weights=[1.0, 2.0, 3.0, 4.0], oracle_r=0.5)
+
+
+def test_engine_matches_reference_idle_jump():
+    """The `jump` idle rule: after an idle gap the server starts at the arrival itself."""
+    cols = random_trace(5, n=24, k=3, horizon=20.0)
+    check_against_reference(cols, POLICIES, SMALL.replace(idle="jump"))
+
+
+def test_slot_tiers_rerun_the_lanes_that_overflow_exactly():
+    """With a first try of 6 slots, lanes that hold KV for more requests stop and are rerun
+    with the bound: every result equals a run with the bound from the start."""
+    cols = random_trace(1)
+    lane = A.make_trace(*cols, input_extra=SMALL.input_extra, num_requests=CONFIG.num_requests,
+                        num_clients=CONFIG.num_clients)
+    params = [A.make_params(p, CONFIG.num_clients, SMALL, rpm_limit=4 if p == "rpm" else None) for p in POLICIES]
+    full, done_full = A.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK)
+    tiered, done_tiered = A.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK, first_slots=6)
+    peaks = np.asarray(full.peak)
+    assert (peaks > 6).any() and (peaks <= 6).any() and done_full.all() and done_tiered.all()
+    for name in ("result", "counter", "client_pred", "steps", "prefills", "peak"):
+        assert np.array_equal(np.asarray(getattr(full, name)), np.asarray(getattr(tiered, name))), name
 
 
 # ------------------------------------------------------------------ KV check
 
 def test_kv_need_against_direct_computation():
+    """The sorted view's need with a candidate, and its insertion, against the definition
+    (sort by tokens to come, max over k of k * left_k + held of the first k)."""
     rng = np.random.default_rng(5)
     for _ in range(200):
-        n = int(rng.integers(1, 30))
-        held = rng.integers(1, 500, n)
-        left = rng.integers(0, 400, n)
-        member = rng.random(n) < 0.7
-        items = sorted(zip(held[member], left[member]), key=lambda x: -x[1])
-        direct = max([j * l + sum(h for h, _ in items[:j]) for j, (_, l) in enumerate(items, 1)], default=0)
-        assert int(A.kv_need(held, left, member)) == direct
+        m = int(rng.integers(0, 20))
+        held = rng.integers(1, 500, m + 1)
+        left = rng.integers(0, 400, m + 1)
+        lo, v = A.sorted_view(held[:m], left[:m])
+        slots = 24
+        pad = lambda x: np.concatenate([x, np.zeros(slots - x.size, np.int64)]).astype(np.int32)  # noqa: E731
+        need, place, v_new, v_shift = (np.asarray(x) for x in A.kv_need_with(
+            pad(lo), pad(v), np.int32(m), np.int32(held[m]), np.int32(left[m])))
+        items = sorted(zip(held, left), key=lambda x: -x[1])
+        direct = max(j * l + sum(h for h, _ in items[:j]) for j, (_, l) in enumerate(items, 1))
+        assert int(need) == direct
+        inserted = np.concatenate([v[:place], [v_new], v_shift[:m][place:]])
+        assert inserted.tolist() == A.sorted_view(held, left)[1].tolist()
+
+
+def test_sorted_view_invariant_under_a_decode_step():
+    """A decode step (left - 1, held + 1 for every member) leaves every V unchanged."""
+    rng = np.random.default_rng(2)
+    held, left = rng.integers(1, 300, 12), rng.integers(1, 200, 12)
+    assert A.sorted_view(held, left)[1].tolist() == A.sorted_view(held + 1, left - 1)[1].tolist()
 
 
 # ------------------------------------------------------------------ hand-worked timelines
 
 ONE_TOKEN = A.StepTime(prefill_base=0.0, prefill_per_token=1e-3, decode_base=10e-3, decode_per_request=0.0,
                        decode_per_context_token=0.0, overhead=1.0)
+
+
+def times(state, lane=0, n=None):
+    s = A.lane_index(state, lane)
+    return A.first_us(s)[:n].tolist(), A.finish_us(s)[:n].tolist()
 
 
 def test_cadence_and_stall_timeline():
@@ -230,9 +287,8 @@ def test_cadence_and_stall_timeline():
     Before the 4th decode: admission -> prefill of 1 (20 ms, decoding stalls) -> 60 ms.
     Then 3 decode steps: 70 (0 has 5 tokens, 1 has 2 -> 1 finishes), 80 (0 finishes)."""
     prof = A.Profile(cadence=3, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
-    trace, state = run_engine([0.0, 0.001], [0, 1], [10, 20], [6, 2], ["fcfs"], prof)
-    assert np.asarray(state.first_token_us[0]).tolist() == [10_000, 60_000]
-    assert np.asarray(state.finish_us[0]).tolist() == [80_000, 70_000]
+    _, state = run_engine([0.0, 0.001], [0, 1], [10, 20], [6, 2], ["fcfs"], prof)
+    assert times(state, n=2) == ([10_000, 60_000], [80_000, 70_000])
     assert int(state.prefills[0]) == 2 and int(state.steps[0]) == 2 + 3 + 2
 
 
@@ -240,24 +296,43 @@ def test_idle_poll_and_stall_of_running_batch():
     """Nothing runs until the poll after the first arrival (10 ms grid); a prefill admitted
     while a request runs delays that request's next token by the prefill's duration."""
     prof = A.Profile(cadence=0, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
-    trace, state = run_engine([0.025, 0.041], [0, 1], [5, 30], [4, 1], ["fcfs"], prof)
+    _, state = run_engine([0.025, 0.041], [0, 1], [5, 30], [4, 1], ["fcfs"], prof)
     # poll at 30 ms: prefill 5 ms -> 35; decode -> 45; admission sees request 1 (41 ms):
     # prefill 30 ms -> 75 (1 finishes at its prefill); decodes -> 85, 95 (0 finishes).
-    assert np.asarray(state.first_token_us[0]).tolist() == [35_000, 75_000]
-    assert np.asarray(state.finish_us[0]).tolist() == [95_000, 75_000]
+    assert times(state, n=2) == ([35_000, 75_000], [95_000, 75_000])
+
+
+def test_idle_jump_starts_at_the_arrival():
+    """Same trace, idle = "jump": the prefill starts at 25 ms itself -> 30; decodes -> 40
+    (request 1 arrives at 41 ms: not yet), 50; then request 1's prefill (30 ms) -> 80 (it
+    finishes there) and the last decode of request 0 -> 90."""
+    prof = A.Profile(cadence=0, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, idle="jump")
+    _, state = run_engine([0.025, 0.041], [0, 1], [5, 30], [4, 1], ["fcfs"], prof)
+    assert times(state, n=2) == ([30_000, 80_000], [90_000, 80_000])
+
+
+def test_clock_is_two_words_past_2_to_31_microseconds():
+    """Arrivals and steps past 2^31 us (35.8 minutes) and 2^32 us keep exact times: a
+    request at 3,000 s and one at 5,000 s (idle polls across both word boundaries)."""
+    prof = A.Profile(cadence=0, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
+    arrivals = [0.0, 3000.0005, 5000.000123]
+    _, state = run_engine(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 1], ["fcfs"], prof)
+    status, first, finish = reference(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 1], "fcfs", prof)
+    assert times(state, n=3) == (first, finish)
+    assert first[1] > 2**31 and finish[2] > 2**32
 
 
 # ------------------------------------------------------------------ RPM sliding window
 
 def test_rpm_window_boundary_is_inclusive():
     """Limit 2: arrivals 0, 1, 60 (0 is exactly 60 s before: still in the window ->
-    rejected), 60.000001 (only 1 and 60... window [0.000001, 60.000001] holds 1: accepted)."""
+    rejected), 60.000001 (the window [0.000001, 60.000001] holds 1 only: accepted)."""
     arrivals = [0.0, 1.0, 60.0, 60.000001, 61.000002]
-    trace, state = run_engine(arrivals, [0] * 5, [5] * 5, [1] * 5, ["rpm"], rpm_limits={"rpm": 2})
-    got = [STATUS[int(s)] for s in np.asarray(state.status[0])]
+    lane, state = run_engine(arrivals, [0] * 5, [5] * 5, [1] * 5, ["rpm"], rpm_limits={"rpm": 2})
+    got = [STATUS[int(s)] for s in A.outcome(A.lane_index(state, 0))[:5]]
     assert got == ["done", "done", "rejected", "done", "done"]
-    m = A.lane_measures(trace, A.lane_index(state, 0), 1)
-    assert m["rejected"] == 1 and m["rejected_per_client"].tolist() == [1]
+    m = A.lane_measures(lane, A.lane_index(state, 0), 4)
+    assert m["rejected"] == 1 and m["rejected_per_client"].tolist() == [1, 0, 0, 0]
 
 
 # ------------------------------------------------------------------ prediction charges
@@ -265,9 +340,9 @@ def test_rpm_window_boundary_is_inclusive():
 def _counter_after(policy, outputs, oracle_r=0.0, profile=None):
     prof = profile or A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
     n = len(outputs)
-    trace, state = run_engine([0.05 * i for i in range(n)], [0] * n, [10] * n, outputs, [policy], prof,
-                              oracle_r=oracle_r)
-    return float(state.counter[0, 0]), trace, state
+    lane, state = run_engine([0.05 * i for i in range(n)], [0] * n, [10] * n, outputs, [policy], prof,
+                             oracle_r=oracle_r)
+    return float(state.counter[0, 0]), lane, state
 
 
 def test_oracle_exact_charges_input_plus_twice_output_once():
@@ -283,8 +358,9 @@ def test_vtc_charges_decode_steps_plus_extra_at_finish():
 
 def test_oracle_range_refunds_and_charges_beyond():
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
-    c, trace, _ = _counter_after("vtc_oracle", [8], oracle_r=0.9, profile=prof)
-    p = float(trace.oracle[0])
+    c, lane, state = _counter_after("vtc_oracle", [8], oracle_r=0.9, profile=prof)
+    p = float(A.charged(A.lane_index(state, 0))[0])
+    assert p == float(np.float32(lane.trace.rows[0, A.ORACLE].view(np.float32)))
     # charged 10 + 2p; decode steps before which generated (1..7) exceeds p: charged 2 each;
     # refund 2 (p - 8) if p > 8
     beyond = sum(1 for g in range(1, 8) if g > np.float32(p))
@@ -296,14 +372,39 @@ def test_predict_moving_average():
     """First request: prediction 0 (charged like vtc); after it, prediction = 6; after
     the second (output 11): (4 * 6 + 11) / 5 = 7."""
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
-    n_out = [6, 11, 3]
-    _, trace, state = _counter_after("vtc_predict", n_out, profile=prof)
+    _, lane, state = _counter_after("vtc_predict", [6, 11, 3], profile=prof)
     assert float(state.client_pred[0, 0]) == pytest.approx((4 * 7 + 3) / 5)
-    assert np.asarray(state.charged_pred[0]).tolist() == pytest.approx([0, 6, 7])
+    assert A.charged(A.lane_index(state, 0))[:3].tolist() == pytest.approx([0, 6, 7])
     # counter: r0: 10 + 2*5 decode; r1: 10 + 2*6 prepaid, beyond: g in 7..10 -> 4 steps;
     # r2: 10 + 2*7, refund 2*(7-3)
     expected = (10 + 10) + (10 + 12 + 8) + (10 + 14 - 8)
     assert float(state.counter[0, 0]) == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------ settings
+
+def test_step_time_accepts_only_finite_non_negative_coefficients():
+    for bad in (float("nan"), float("inf"), -1e-3, "x"):
+        with pytest.raises(InputError):
+            A.StepTime(decode_base=bad)
+    with pytest.raises(InputError, match="unknown key"):
+        A.StepTime.from_dict({"decode_bse": 0.02})
+    assert A.StepTime(prefill_base=0).prefill_base == 0.0
+    with pytest.raises(InputError):
+        A.Profile(idle="sleep")
+    with pytest.raises(InputError):
+        A.Profile(input_extra=1 << 30)
+
+
+def test_limits_are_refused_up_front():
+    with pytest.raises(InputError, match="arrivals"):
+        A.make_trace([0.0, 2.0e12], [0, 0], [1, 1], [1, 1])
+    with pytest.raises(InputError, match="prompt"):
+        A.make_trace([0.0], [0], [1 << 21], [1])
+    cols = {"arrival_s": np.array([0.0]), "client": np.array([0]), "prompt": np.array([10]), "output": np.array([5])}
+    slow = A.Profile(step_time=A.StepTime(prefill_per_token=1.0))  # 3,072 s per full prefill
+    with pytest.raises(InputError, match="per step"):
+        A.check_limits(A.Workload.fixed("slow", cols), slow, 32)
 
 
 # ------------------------------------------------------------------ suites
@@ -312,23 +413,34 @@ def test_predict_moving_average():
 def test_suite_rates_and_lengths(name):
     spec = S.SUITES[name]
     t = S.generate(name, seed=1)
-    dur = spec.duration
-    assert t["arrival_s"].min() >= 0 and t["arrival_s"].max() < dur
+    assert t["arrival_s"].min() >= 0 and t["arrival_s"].size <= spec.max_requests()
     assert (np.diff(t["arrival_s"]) >= 0).all()
+    assert t["arrival_s"].max() < spec.duration + 60  # not cut at the duration, but near it
     for c in range(spec.num_clients):
         mine = t["client"] == c
         expected, tol = S.expected_requests(name, c)
         assert abs(mine.sum() - expected) <= tol, (c, mine.sum(), expected)
-        lo, hi = spec.prompt[c]
-        assert t["prompt"][mine].min() >= lo and t["prompt"][mine].max() <= max(lo, hi - 1)
-        lo, hi = spec.output[c]
-        assert t["output"][mine].min() >= lo and t["output"][mine].max() <= max(lo, hi - 1)
+        (plo, phi), (olo, ohi) = spec.lengths(c)
+        assert plo <= t["prompt"][mine].min() and t["prompt"][mine].max() <= phi
+        assert olo <= t["output"][mine].min() and t["output"][mine].max() <= ohi
 
 
 def test_on_off_silences_client_zero_in_odd_minutes():
     t = S.generate("on_off_less", seed=0)
     a = t["arrival_s"][t["client"] == 0]
     assert ((a // 60) % 2 == 0).all()
+
+
+def test_suite_seed_42_is_the_artifacts_trace():
+    """The artifact's committed dist_shift runs (fair_bench/VTC/all_results_dist_shift.jsonl)
+    served 1,889 requests, the first at 0.9753571532049581 s (client 1), then
+    2.749080237694725 s (client 0), the last at 900.3120372808849 s (client 0)."""
+    t = S.generate("dist_shift")
+    assert t["arrival_s"].size == 1889
+    assert t["arrival_s"][:5].tolist() == [0.9753571532049581, 1.475357153204958, 1.975357153204958,
+                                           2.475357153204958, 2.749080237694725]
+    assert t["client"][:5].tolist() == [1, 1, 1, 1, 0]
+    assert t["arrival_s"][-1] == 900.3120372808849 and t["client"][-1] == 0
 
 
 # ------------------------------------------------------------------ measures vs numpy
@@ -348,7 +460,7 @@ def numpy_measures(arrival, client, prompt, output, first, end, served, k, ticks
     present = sorted(set(client))
     diff = [sum(min(max(rate[j, t] for j in present) - rate[j, t], abs(demand[j, t] - rate[j, t]))
                 for j in present) for t in range(lo.size)]
-    thr = sum(prompt[i] + output[i] for i in range(len(arrival)) if served[i]) / (max(end[served]) - min(arrival))
+    thr = sum(prompt[i] + output[i] for i in range(len(arrival)) if served[i]) / max(end[served])  # from t = 0
     ttft = [first[i] - arrival[i] for i in range(len(arrival)) if served[i]]
     return np.array(diff), rate, demand, thr, float(np.median(ttft))
 
@@ -356,16 +468,16 @@ def numpy_measures(arrival, client, prompt, output, first, end, served, k, ticks
 @pytest.mark.parametrize("policy", ["vtc", "fcfs", "rpm"])
 def test_measures_against_numpy(policy):
     cols = random_trace(11, n=60, k=4, horizon=30.0, max_output=200)
-    trace, state = run_engine(*cols, [policy], A.Profile(kv_pool=3000), rpm_limits={"rpm": 6})
+    lane, state = run_engine(*cols, [policy], A.Profile(kv_pool=3000), rpm_limits={"rpm": 6})
     ticks = A.Ticks(spacing=3.0, count=8, window=6.0)
-    lane = A.lane_index(state, 0)
-    m = A.lane_measures(trace, lane, 4, ticks)
-    arrival = np.asarray(trace.arrival_us) / 1e6
-    served = np.asarray(lane.status) == A.DONE
-    first = np.asarray(lane.first_token_us) / 1e6
-    end = np.asarray(lane.finish_us) / 1e6
-    diff, rate, demand, thr, med = numpy_measures(arrival, np.asarray(trace.client), np.asarray(trace.prompt),
-                                                   np.asarray(trace.output), first, end, served, 4, ticks)
+    s = A.lane_index(state, 0)
+    m = A.lane_measures(lane, s, 4, ticks)
+    n = lane.prompt.size
+    served = A.outcome(s)[:n] == A.DONE
+    arrival = np.round(lane.arrival_s * 1e6) / 1e6
+    first, end = A.first_us(s)[:n] / 1e6, A.finish_us(s)[:n] / 1e6
+    diff, rate, demand, thr, med = numpy_measures(arrival, lane.client, lane.prompt, lane.output, first, end,
+                                                   served, 4, ticks)
     np.testing.assert_allclose(m["rate"], rate, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(m["demand"], demand, rtol=1e-5, atol=1e-3)
     np.testing.assert_allclose(m["diff"], diff, rtol=1e-4, atol=1e-2)
@@ -373,7 +485,35 @@ def test_measures_against_numpy(policy):
     assert m["max_diff"] == pytest.approx(diff.max(), rel=1e-4, abs=1e-2)
     assert m["throughput"] == pytest.approx(thr, rel=1e-9)
     assert m["ttft_median"] == pytest.approx(med, rel=1e-9)
-    assert m["rejected"] == float((np.asarray(lane.status) == A.REJECTED).sum())
+    assert m["rejected"] == float((A.outcome(s)[:n] == A.REJECTED).sum())
+
+
+def test_revision_ticks():
+    assert A.Ticks.for_duration(360).bounds()[0][:2].tolist() == [28.5, 57.0]  # the artifact used T = 600
+    assert A.Ticks.for_duration(600) == A.Ticks()
+    assert A.Ticks.for_duration(900).spacing == 43.5
+
+
+# ------------------------------------------------------------------ reading traces
+
+def test_trace_csv_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "t.csv"
+    for body, needle in (("", "empty file"), ("arrival_s,client,prompt\n0,0,1\n", "missing column 'output'"),
+                         ("arrival_s,client,prompt,output\n", "no requests"),
+                         ("arrival_s,client,prompt,output\n0,0,1,1\n1,0,2#3,1\n", "line 3: prompt"),
+                         ("arrival_s,client,prompt,output\nnan,0,1,1\n", "line 2: arrival_s"),
+                         ("arrival_s,client,prompt,output\n0,0,1,1,9\n", "line 2: 5 fields"),
+                         ("arrival_s,client,prompt,output,x\n", "unexpected column")):
+        path.write_text(body)
+        with pytest.raises(InputError, match=needle) as err:
+            A.read_trace_csv(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+    path.write_text("client,arrival_s,prompt,output\n3,0.5,10,#2\n")  # '#' is no comment marker
+    with pytest.raises(InputError, match="line 2: output"):
+        A.read_trace_csv(path)
+    path.write_text("client,arrival_s,prompt,output\n3,0.5,10,2\n\n1,0.25,4,1\n")
+    cols = A.read_trace_csv(path)
+    assert cols["arrival_s"].tolist() == [0.5, 0.25] and cols["client"].tolist() == [3, 1]
 
 
 # ------------------------------------------------------------------ calibration
@@ -400,46 +540,125 @@ def test_calibration_recovers_coefficients():
     assert got.decode_per_context_token == pytest.approx(true.decode_per_context_token, rel=0.1)
 
 
-def test_calibrate_cli(tmp_path, capsys):
-    from sweeps.calibrate import main
-
+def _profile_rows():
     rows = ["batch_size,context_tokens,prompt_tokens,step_time_s"]
     for b, ctx, p in [(0, 0, 100), (0, 0, 2000), (4, 400, 0), (8, 3000, 0), (30, 6000, 0), (60, 9000, 0)]:
         t = 0.214e-3 * p if p else 19.7e-3 + 0.215e-3 * b + 1.71e-6 * ctx
         rows.append(f"{b},{ctx},{p},{t}")
+    return rows
+
+
+def test_calibrate_cli(tmp_path, capsys):
+    from sweeps.calibrate import main
+
     path = tmp_path / "profile.csv"
-    path.write_text("\n".join(rows) + "\n")
+    path.write_text("\n".join(_profile_rows()) + "\n")
     out = tmp_path / "st.json"
     assert main([str(path), "--out", str(out)]) == 0
-    import json
-
     got = json.loads(out.read_text())
     assert got["decode_base"] == pytest.approx(19.7e-3, rel=1e-6)
     assert got["prefill_per_token"] == pytest.approx(0.214e-3, rel=1e-6)
-    bad = tmp_path / "bad.csv"
-    bad.write_text("a,b\n1,2\n")
-    assert main([str(bad)]) == 2
+    assert A.StepTime.from_dict(got).decode_base == got["decode_base"]
+    assert [p.name for p in tmp_path.iterdir()] and not any(p.name.startswith(".st.json") for p in tmp_path.iterdir())
 
 
-def test_paper_rejects_unknown_part():
+@pytest.mark.parametrize("body, needle", [
+    ("", "empty file"),
+    ("a,b\n1,2\n", "unexpected column"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n", "no rows"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n1,2,0,nan\n", "line 2: step_time_s"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n1,2,0,inf\n", "line 2: step_time_s"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n-1,2,0,0.1\n", "line 2: batch_size"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n1,2#3,0,0.1\n", "line 2: context_tokens"),
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n1,2,0,0.1\n", "need >= 3 decode rows"),
+    # decode time falling with the batch: a negative coefficient, never written
+    ("batch_size,context_tokens,prompt_tokens,step_time_s\n0,0,100,0.02\n1,10,0,0.05\n2,10,0,0.04\n"
+     "3,10,0,0.03\n4,20,0,0.02\n", "< 0"),
+])
+def test_calibrate_bad_input_is_one_line_and_exit_2(tmp_path, capsys, body, needle):
+    from sweeps.calibrate import main
+
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    out = tmp_path / "st.json"
+    assert main([str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and err.startswith("python -m sweeps.calibrate: error:")
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ the paper sweep
+
+@pytest.mark.parametrize("args, needle", [
+    (["--parts", "nope"], "--parts"),
+    (["--parts", "real", "--input-extra", "99999999999"], "--input-extra"),
+    (["--parts", "real", "--step-time", "MISSING.json"], "MISSING.json"),
+    (["--parts", "real", "--idle", "sleep"], "--idle"),
+    (["--parts", "suites", "--check"], "--check"),
+])
+def test_paper_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, args, needle):
     from sweeps.paper import main
 
-    with pytest.raises(SystemExit) as err:
-        main(["--parts", "nope"])
-    assert err.value.code == 2
+    assert main(args + ["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
 
 
-def test_paper_pipeline_on_a_small_trace(tmp_path):
-    """paper.run/group/write on a 40-request trace: every policy name the tables use."""
+def test_paper_bad_trace_and_step_time_are_one_line(tmp_path, capsys):
+    from sweeps.paper import main
+
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_s,client,prompt,output\n0.5,0,10,-3\n")
+    assert main(["--parts", "real", "--trace", str(trace), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{trace}: line 2: output" in err and err.count("\n") == 1
+    st = tmp_path / "st.json"
+    st.write_text(json.dumps({**{f: 1e-3 for f in ("prefill_base", "prefill_per_token", "decode_base",
+                                                    "decode_per_request", "decode_per_context_token")},
+                              "overhead": float("nan")}))
+    assert main(["--parts", "real", "--step-time", str(st), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "overhead" in err and err.count("\n") == 1
+
+
+def test_paper_on_another_trace_labels_rows_with_its_name(tmp_path, capsys):
+    """Every policy name the tables use, on a 40-request trace of one's own: rows carry
+    the file's name, no paper values are shown or stored, the outputs are one set."""
+    from sweeps.paper import main
+
+    cols = random_trace(4, n=40, k=4)
+    trace = tmp_path / "my_trace.csv"
+    trace.write_text("arrival_s,client,prompt,output\n" + "\n".join(",".join(map(str, r)) for r in zip(*cols)) + "\n")
+    out = tmp_path / "out"
+    assert main(["--parts", "real,rpm", "--trace", str(trace), "--seeds", "1", "--out", str(out), "--no-plots",
+                 "--no-cache"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "results.json").read_text())
+    labels = [r["label"] for r in result["rows"]]
+    assert labels[:5] == [f"my_trace {p}" for p in ("vtc", "fcfs", "lcf", "vtc_oracle", "vtc_predict")]
+    assert "my_trace rpm R=5" in labels and not any(l.startswith("real") for l in labels)
+    assert not any("paper" in r for r in result["rows"]) and "(paper)" not in printed and "(779" not in printed
+    assert all(r["metrics"]["unfinished"]["max"] == 0 for r in result["rows"])
+    assert result["rows"][0]["service_rate"]["ticks_s"][0] == 28.5
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.json"]
+
+
+def test_paper_weighted_rows_through_the_driver():
+    """Weighted VTC, oracle, predict and RPM rows through the driver on one small workload:
+    weights follow the workload's own client ids, RPM rejects, every lane finishes."""
     from sweeps import paper
+    from vtc_jax.sweep import run_sweep
 
-    cols = dict(zip(("arrival_s", "client", "prompt", "output"), map(np.asarray, random_trace(4, n=40, k=4))))
-    lanes = [paper.Lane("overload-weighted", p, None, 0, cols, (1.0, 2.0, 3.0, 4.0) if p == "vtc_weighted" else None)
-             for p in ("vtc_weighted", "vtc", "vtc_oracle", "vtc_predict")]
-    lanes.append(paper.Lane("overload-weighted", "rpm", 2, 0, cols))
-    measures = paper.run(lanes, A.Profile(), 0.0, chunk=2)
-    rows = paper.group(lanes, measures)
-    assert [r["setting"]["policy"] for r in rows] == ["vtc_weighted", "vtc", "vtc_oracle", "vtc_predict", "rpm"]
-    assert all(r["metrics"]["unfinished"]["max"] == 0 for r in rows)
-    assert rows[-1]["metrics"]["rejected"]["mean"] > 0
-    assert "overload-weighted" in paper.format_rows(rows)
+    cols = dict(zip(A.TRACE_COLUMNS, map(np.asarray, random_trace(4, n=40, k=4))))
+    wl = A.Workload.fixed("tiny", cols)
+    prof = A.Profile()
+    rows = [paper._row(wl, p, prof, 0.0) for p in ("vtc", "vtc_oracle", "vtc_predict")]
+    rows.append(paper._row(wl, "rpm", prof, 0.0, rpm=2))
+    sched = A.Scheduler("vtc", name="vtc_weighted", weights=(1.0, 2.0, 3.0, 4.0), profile=prof)
+    rows.insert(0, paper.Row(sched, wl, "tiny vtc_weighted", {"workload": "tiny"}))
+    result = run_sweep(paper.declare("paper", rows, {}, False), 1, log=sys.stderr)
+    assert [r["setting"]["policy"] for r in result["rows"]] == ["vtc_weighted", "vtc", "vtc_oracle", "vtc_predict",
+                                                                  "rpm"]
+    assert all(r["metrics"]["unfinished"]["max"] == 0 for r in result["rows"])
+    assert result["rows"][-1]["metrics"]["rejected"]["mean"] > 0
+    assert sum(result["rows"][-1]["rejected_per_client"]) == result["rows"][-1]["metrics"]["rejected"]["mean"]

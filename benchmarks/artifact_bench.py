@@ -1,0 +1,103 @@
+"""Speed of the artifact profile (vtc_jax/artifact.py) on the VTC paper's real trace.
+
+Replays the real trace (data/vtc_real_trace.csv: 1,500 requests, 27 clients, 600 s) as
+batches of B lanes (the paper's schedulers, repeated), compiles once per batch size
+(timed apart), then times `--repeat` runs and reports, per batch size: wall seconds per
+lane, CPU seconds per lane (process time: every thread of this process), lanes/s and
+events/s. Every lane's results are checked against the first run's (same numbers).
+
+  python -m benchmarks.artifact_bench                 # B = 1, 5, 10
+  python -m benchmarks.artifact_bench --lanes 1,10,40 --repeat 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from vtc_jax import artifact as A
+from vtc_jax.cli_common import guarded, int_arg, list_arg, Parser
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "vtc_real_trace.csv"
+POLICIES = ("vtc", "fcfs", "lcf", "vtc_oracle", "vtc_predict")
+
+
+def batch(num_lanes: int, cols: dict, profile: A.Profile, config: A.Config):
+    lanes, params = [], []
+    for i in range(num_lanes):
+        policy = POLICIES[i % len(POLICIES)]
+        lanes.append(A.make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
+                                  input_extra=profile.input_extra, num_requests=config.num_requests,
+                                  num_clients=config.num_clients))
+        params.append(A.make_params(policy, config.num_clients, profile))
+    return lanes, params
+
+
+def measure(num_lanes: int, repeat: int, cols: dict, profile: A.Profile, config: A.Config) -> dict:
+    lanes, params = batch(num_lanes, cols, profile, config)
+    t0, c0 = time.perf_counter(), time.process_time()
+    state, done = A.run(lanes, params, config, profiles=profile)  # compiles, then runs
+    first_wall, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+    reference = A.finish_us(state)
+    walls, cpus = [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        state, done = A.run(lanes, params, config, profiles=profile)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        if not (done.all() and np.array_equal(A.finish_us(state), reference)):
+            raise SystemExit("artifact_bench: a repeated run gave different results")
+    wall, cpu = min(walls), min(cpus)
+    events = int(np.asarray(state.events).sum())
+    return {"lanes": num_lanes, "compile_s": round(max(first_wall - wall, 0.0), 2), "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3), "wall_s_per_lane": round(wall / num_lanes, 3),
+            "cpu_s_per_lane": round(cpu / num_lanes, 3), "lanes_per_s": round(num_lanes / wall, 2),
+            "events_per_lane": events // num_lanes, "events_per_s": round(events / wall)}
+
+
+def main(argv=None) -> int:
+    parser = Parser(prog="python -m benchmarks.artifact_bench", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lanes", type=list_arg(int_arg(1, 4096), name="lanes"), default=[1, 5, 10],
+                        help="batch sizes (default 1,5,10)")
+    parser.add_argument("--repeat", type=int_arg(1, 100), default=2, help="timed runs per batch size (best kept)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        cols = A.read_trace_csv(TRACE)
+        profile = A.Profile()
+        workload = A.Workload.fixed("real", cols)
+        config = A.ARTIFACT_ENGINE.config([_row(workload, profile)])
+        cpu = platform.processor() or platform.machine()
+        print(f"device {jax.devices()[0].platform} ({cpu}), jax {jax.__version__}, config {config}", flush=True)
+        rows = []
+        for b in args.lanes:
+            row = measure(b, args.repeat, cols, profile, config)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.json:
+            from vtc_jax.fileio import write_text_atomically
+
+            write_text_atomically(args.json, json.dumps({"jax": jax.__version__, "config": str(config), "rows": rows},
+                                                        indent=1))
+        return 0
+
+    return guarded("python -m benchmarks.artifact_bench", body)
+
+
+def _row(workload, profile):
+    from vtc_jax.sweep import Row
+
+    return Row(A.Scheduler("vtc", profile=profile), workload, "real vtc")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
