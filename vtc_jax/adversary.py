@@ -12,7 +12,7 @@ means its waiting FIFO is not empty after the arrivals of step t (phase 1), befo
 admission (MODEL.md). It is in weighted tokens, exact (an integer / Q, Q the lane's cost
 scale; an integer for integer costs). The VTC paper (Sheng et al., OSDI '24, Thm 4.4)
 bounds it by 2U, U = max(w_p * L_input, w_q * M), L_input the largest prompt of the
-trace; `bound_2u` computes it for a witness.
+trace (`bound_u`).
 
 Parametrisation. A candidate has exactly N requests per client (K clients), and each
 request (k, j) three real genes z = (z_arrival, z_prompt, z_output), `genes`
@@ -31,22 +31,29 @@ order in which same-step newcomers are lifted), so it replays to the same intege
 
 Evaluation. A population's genes are decoded and laid out in bulk (numpy, no per-
 candidate `Trace`): every candidate has the same block sizes (N + pad rows per client),
-so the whole population is one batched `Workload` [B, K * (N + pad), 5], run to the
-horizon T in ONE vmapped engine call (`run.run_workloads`, one static `EngineConfig` per
-(policy, K, M, limits): one compile per search).
+so the whole population is one batched `Workload` [B, K * (N + pad), 5] (its arrival
+timeline included), run to the horizon T in ONE vmapped engine call (`run.run_workloads`,
+one static `EngineConfig` per (policy, K, M, limits): one compile per search).
 
-Search. Evolution strategies with random restarts and elitism, each generation one call:
-  * R parallel ES streams ("restarts"), each a mean in gene space with antithetic
-    Gaussian samples mean +- sigma * eps; its search gradient is estimated from
-    tie-averaged centered ranks of the drift and fed to an optax optimiser (Adam) that
-    moves the mean. A stream whose best has not improved for `patience` generations is
-    restarted from a fresh random mean (a random restart);
-  * the rest of the population mutates the best candidate ever seen (elitism): each
-    mutant perturbs a random subset of its genes (a fraction log-uniform in [1/D, 1])
-    by a Gaussian of a scale log-uniform in `elite_sigma`, so single-request moves and
-    whole-trace moves are both tried;
-  * generation 0 is pure random sampling (the random baseline); the best candidate ever
-    seen is kept and returned with its drift, and the best per generation is recorded.
+Search (`search`). Evolution strategies on R islands with random restarts and elitism;
+each generation is one engine call over the whole population:
+  * every island holds an ES mean in gene space: antithetic samples mean +- sigma * eps,
+    a search gradient from tie-averaged centered ranks of their drift, and an optax
+    optimiser (Adam) that moves the mean;
+  * every island keeps an archive of its best distinct candidates; the rest of its
+    share of the population are mutants of archive members (rank-biased): a Gaussian
+    move of a random subset of genes (fraction log-uniform in [1/D, 1], scale
+    log-uniform), a jump of a subset to the ends of their ranges, copies of one request
+    over others, crossover with another member, or a fresh request shape over a subset;
+  * an island whose best has not improved for `patience` generations restarts from a
+    fresh random mean and an empty archive (a random restart);
+  * random draws (generation 0, restarts) are half unstructured genes and half a
+    structured prior (`structured_genes`: each client's requests copies of 1-3 random
+    request shapes with genes at the ends of their ranges a third of the time), because
+    worst cases are bursts of identical requests at the limits, which unstructured
+    sampling almost never draws; generation 0 is the random baseline;
+  * the best candidate ever seen is kept (elitism) and returned with its drift; the best
+    per generation is recorded.
 
 About the bound (what the search finds, see docs/results/adversary/README.md). The
 paper's argument bounds the counter gap of backlogged clients by the charges a client can
@@ -56,18 +63,23 @@ M tokens. MODEL.md admits a request when its *prompt* fits M and lets running re
 grow past M (no preemption, no reservation of the output), so the decode still owed to a
 client's running requests is up to (running requests) x (longest output) tokens, not M;
 while the least-counter client's head does not fit, admission stops (head-of-line) and
-the other client keeps being charged. Within a jointly backlogged interval the lift never
-acts (it only touches a client that is not backlogged), so the lift rule and its
-`last_left` clause matter only for the gap an interval starts with.
+the other client keeps being charged. The lift only touches a client whose FIFO is
+empty, so it cannot act while both FIFOs stay non-empty; but the measure samples the
+backlog once per step (after phase 1), and a FIFO emptied by admission in step t - 1 and
+refilled in step t counts as backlogged at both steps although the lift acted in between.
+Without MODEL.md's `last_left` clause (Settings.lift_last_left=False) a client returning
+when nobody is backlogged keeps a stale counter, and the gap it then opens grows with the
+time it was away, as under LCF.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import optax
@@ -76,15 +88,14 @@ from vtc_jax.errors import InputError
 from vtc_jax.measures import MeasureConfig
 from vtc_jax.run import check_exact_limits, engine_config, replay, run_workloads, running_slots
 from vtc_jax.settings import Settings
-from vtc_jax.workload import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT, INT32_MAX, Trace, Workload, \
-    padding_rows
+from vtc_jax.workload import (ARRIVAL, CACHED, INT32_MAX, NUM_FIELDS, ORDER, OUTPUT, PROMPT, TIMELINE_PAD, Trace,
+                              Workload, padding_rows)
 
-ARRIVAL_GENE, PROMPT_GENE, OUTPUT_GENE = range(3)
-NUM_GENES = 3
+NUM_GENES = 3  # per request: arrival, prompt, output
 MEASURES = MeasureConfig.of(["pair_drift"])
 MAX_CLIENTS = 4
 MAX_HORIZON = 1 << 20
-EXTREME = 8.0  # a gene this far out maps to the end of any range below 2^10 values (sigmoid(8) = 1 - 3.4e-4)
+EXTREME = 16.0  # +-16 maps to the ends of any range of up to 8.8M values (1 - sigmoid(16) = 1.1e-7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +151,9 @@ class Limits:
                              "they could never be admitted")
         if settings.rpm_limit is not None:
             raise InputError("the adversary does not search under an rpm limit")
+        if min(settings.client_caps(self.clients)) < self.prompt[1] + self.output[1]:
+            raise InputError(f"a request of up to {self.prompt[1] + self.output[1]} KV tokens (prompt + output) "
+                             f"could never fit the KV cap {min(settings.client_caps(self.clients))}")
         check_exact_limits(settings, self.clients, min_prompt=self.prompt[0], max_prompt=self.prompt[1],
                            max_output=self.output[1], horizon=self.horizon,
                            max_requests=self.clients * self.requests)
@@ -192,6 +206,57 @@ def random_genes(rng: np.random.Generator, count: int, limits: Limits, scale: fl
     return (rng.standard_normal((count,) + limits.shape) * scale).astype(np.float32)
 
 
+def random_shapes(rng: np.random.Generator, size: tuple, scale: float) -> np.ndarray:
+    """float64[*size, 3] genes of random request shapes: each gene at the low end of its
+    range (-EXTREME), at the high end (+EXTREME) or N(0, scale^2), probability 1/3 each."""
+    genes = rng.standard_normal(size + (NUM_GENES,)) * scale
+    pick = rng.integers(0, 3, size + (NUM_GENES,))
+    return np.where(pick == 0, -EXTREME, np.where(pick == 1, EXTREME, genes))
+
+
+def structured_genes(rng: np.random.Generator, count: int, limits: Limits, scale: float = 1.5,
+                     templates: int = 3) -> np.ndarray:
+    """float32[count, K, N, 3] random *structured* candidates: per candidate and client,
+    1..`templates` request shapes, each gene of a shape at the low end of its range, at
+    the high end (+-EXTREME) or N(0, scale^2) with probability 1/3 each; every request of
+    the client is a copy of one of its shapes. Worst cases are of this kind (same-step
+    bursts of identical requests at the limits of the ranges), which unstructured
+    sampling almost never draws, so half of every random draw of the search is this prior."""
+    k, n, _ = limits.shape
+    shapes = random_shapes(rng, (count, k, templates), scale)
+    used = rng.integers(1, templates + 1, (count, k, 1))
+    which = rng.integers(0, 1 << 30, (count, k, n)) % used  # each request: one of its client's shapes
+    return np.take_along_axis(shapes, which[..., None], axis=2).astype(np.float32)
+
+
+def initial_genes(rng: np.random.Generator, count: int, limits: Limits, scale: float = 1.5) -> np.ndarray:
+    """float32[count, K, N, 3] the search's random draw: half `structured_genes`, half
+    `random_genes` (interleaved)."""
+    out = random_genes(rng, count, limits, scale)
+    out[::2] = structured_genes(rng, len(out[::2]), limits, scale)
+    return out
+
+
+def blocked_decode(limits: Limits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A hand-made candidate (arrival, prompt, output) int64[K, N], the search's seed:
+    client 0 sends N - 1 requests of the smallest prompt and the longest output and one of
+    the largest prompt and the shortest output at step 0; every other client sends N
+    requests of the largest prompt and longest output at step 1 (step 0 if T = 1). Client
+    0's short prompts run; the clients' large heads do not fit while they run, so
+    admission stops (head-of-line) and client 0 is charged w_q per running request per
+    step for an output's length while everyone waits: about w_q * (N - 1) * (longest
+    output - 1) within a jointly backlogged interval when (N - 1) * prompt_lo + prompt_hi
+    > M, whatever the ordering policy (e.g. 1,890 = 1.85 x 2U at the default limits)."""
+    k, n = limits.clients, limits.requests
+    (p_lo, p_hi), (o_lo, o_hi) = limits.prompt, limits.output
+    arrival = np.full((k, n), min(1, limits.horizon - 1), np.int64)
+    arrival[0] = 0
+    prompt = np.full((k, n), p_hi, np.int64)
+    output = np.full((k, n), o_hi, np.int64)
+    prompt[0, : n - 1], output[0, n - 1] = p_lo, o_lo
+    return arrival, prompt, output
+
+
 # ---------------------------------------------------------------------------------
 # candidates -> workloads and traces
 # ---------------------------------------------------------------------------------
@@ -210,10 +275,11 @@ def layout_candidates(arrival, prompt, output, pad: int) -> Workload:
       arrival, prompt, output: int[B, K, N] (values within a `Limits`; every arrival < T).
       pad: padding rows per block (the engine's arrival_width + 1).
 
-    Returns a Workload with requests int32[B, K * (N + pad), 5] (client k's block holds its
-    N requests sorted by (arrival, number), ORDER = the rank in (arrival, number) order
-    over all clients, then `pad` rows that never arrive), first/size int32[B, K],
-    num_requests int32[B] (= K * N: every request arrives before T), overflow bool[B].
+    Returns a Workload with requests int32[B, R, 5], R = K * (N + pad) (client k's block
+    holds its N requests sorted by (arrival, number), ORDER = the rank in (arrival, number)
+    order over all clients, then `pad` rows that never arrive), first/size int32[B, K],
+    num_requests int32[B] (= K * N: every request arrives before T), overflow bool[B] and
+    timeline int32[B, R + TIMELINE_PAD, 2].
     """
     arrival, prompt, output = (np.asarray(x, np.int64) for x in (arrival, prompt, output))
     b, k, n = arrival.shape
@@ -225,10 +291,16 @@ def layout_candidates(arrival, prompt, output, pad: int) -> Workload:
     for field, column in ((ARRIVAL, arrival), (ORDER, rank), (PROMPT, prompt), (OUTPUT, output)):
         rows[:, :, :n, field] = np.take_along_axis(column, order, axis=2)
     rows[:, :, :n, CACHED] = 0
+    rows = rows.reshape(b, k * (n + pad), NUM_FIELDS)
     first = np.broadcast_to(np.arange(k, dtype=np.int32) * (n + pad), (b, k)).copy()
-    return Workload(requests=rows.reshape(b, k * (n + pad), NUM_FIELDS), first=first,
-                    size=np.full((b, k), n + pad, np.int32), num_requests=np.full(b, k * n, np.int32),
-                    overflow=np.zeros(b, bool))
+    # The arrival timeline (workload.timeline_host, vectorized): rows by ORDER, padding
+    # rows last in row order, each with its block; built here so that the engine does not
+    # build (and compile) it on every call.
+    order = np.argsort(rows[:, :, ORDER], axis=1, kind="stable")
+    timeline = np.stack([order, order // (n + pad)], axis=-1).astype(np.int32)
+    timeline = np.concatenate([timeline, np.repeat(timeline[:, -1:], TIMELINE_PAD, axis=1)], axis=1)
+    return Workload(requests=rows, first=first, size=np.full((b, k), n + pad, np.int32),
+                    num_requests=np.full(b, k * n, np.int32), overflow=np.zeros(b, bool), timeline=timeline)
 
 
 def candidate_trace(arrival, prompt, output) -> Trace:
@@ -272,7 +344,9 @@ class Objective:
     def pad(self) -> int:
         return self.arrival_width + 1
 
+    @functools.cached_property
     def config(self):
+        """The static EngineConfig every call runs under."""
         lim, s = self.limits, self.settings
         k, requests = lim.clients, lim.clients * lim.requests
         wide = check_exact_limits(s, k, min_prompt=lim.prompt[0], max_prompt=lim.prompt[1], max_output=lim.output[1],
@@ -285,13 +359,11 @@ class Objective:
         """float64[B] backlogged drift of candidates given as int[B, K, N] values.
         Raises RuntimeError if a lane did not finish (it never should: the budget is
         the engine's proven bound)."""
-        import jax
-
         b = np.asarray(arrival).shape[0]
         lim = self.limits
-        workload = jax.tree_util.tree_map(np.asarray, layout_candidates(arrival, prompt, output, self.pad))
+        workload = layout_candidates(arrival, prompt, output, self.pad)
         requests = lim.clients * lim.requests
-        results = run_workloads(workload, [self.settings] * b, [lim.horizon] * b, config=self.config(), shared=False,
+        results = run_workloads(workload, [self.settings] * b, [lim.horizon] * b, config=self.config, shared=False,
                                 event_budget=lim.horizon + 3 * requests + 1,
                                 expected_events=lim.horizon + 2 * requests)
         if not results.finished.all():
@@ -314,12 +386,14 @@ def lower_bound(settings: Settings) -> Fraction:
     return settings.w_q * settings.kv_budget
 
 
-def replay_drift(trace: Trace, settings: Settings, horizon: int) -> float:
-    """The backlogged drift of one trace through the public replay path (a new lane)."""
-    result = replay(trace, settings, num_clients=int(trace.client.max()) + 1, steps=horizon, measures=MEASURES)
+def replay_drift(trace: Trace, settings: Settings, horizon: int, num_clients: int | None = None) -> Fraction:
+    """The exact backlogged drift of one trace through the public replay path (a fresh
+    single-lane run, independent of the batched search)."""
+    k = int(trace.client.max()) + 1 if num_clients is None else num_clients
+    result = replay(trace, settings, num_clients=k, steps=horizon, measures=MEASURES)
     if not result.finished[0]:
         raise RuntimeError("the replay did not reach its horizon")
-    return float(result.backlogged_drift[0])
+    return Fraction(result.backlogged_drift_exact[0])
 
 
 # ---------------------------------------------------------------------------------
@@ -331,16 +405,17 @@ class SearchConfig:
     """Optimiser settings.
 
     Attributes:
-      population: candidates per generation (one engine call).
+      population: candidates per generation, one engine call (rounded down to a multiple
+        of `restarts`: each island takes an equal share).
       generations: engine calls.
-      restarts: R parallel ES streams (each restarted from a random mean on stagnation).
+      restarts: R islands, each restarted from random when it stalls.
       sigma: ES sample scale in gene space.
-      learning_rate: Adam's step on each stream's mean.
-      elite_fraction: share of the population that mutates the best candidate ever seen.
-      elite_sigma: (low, high) of the log-uniform mutation scale of elite mutants.
-      patience: generations without improvement after which a stream restarts.
-      init_scale: standard deviation of a fresh random mean / of generation 0.
-      archive: distinct best candidates kept as parents of the elite mutants.
+      learning_rate: Adam's step on each island's mean.
+      elite_fraction: share of an island's candidates that are mutants of its archive.
+      elite_sigma: (low, high) of the log-uniform scale of Gaussian mutation moves.
+      patience: generations without improvement after which an island restarts.
+      init_scale: standard deviation of random genes (generation 0, restarts).
+      archive: distinct best candidates an island keeps as parents of its mutants.
       seed: numpy seed of every random draw.
     """
 
@@ -349,7 +424,7 @@ class SearchConfig:
     restarts: int = 4
     sigma: float = 0.6
     learning_rate: float = 0.15
-    elite_fraction: float = 0.25
+    elite_fraction: float = 0.5
     elite_sigma: tuple[float, float] = (0.05, 3.0)
     patience: int = 8
     init_scale: float = 1.5
@@ -377,8 +452,9 @@ class SearchResult:
     """best_drift: the worst drift found; best_genes float32[K, N, 3] and best_values
     (arrival, prompt, output) int64[K, N] its candidate; trace: its witness Trace;
     progress float64[G]: best ever after each generation; generation_best float64[G]:
-    best of each generation; random_best: best of generation 0 (random candidates);
-    candidates: evaluated; seconds: wall time; restarts: streams restarted on stagnation."""
+    best of each generation; random_best: best of the random candidates of generation 0
+    (all but the seed); initial_drift: the seed's drift (None without `initial`);
+    candidates: evaluated; seconds: wall time; restarts: islands restarted on stagnation."""
 
     best_drift: float
     best_genes: np.ndarray
@@ -387,6 +463,7 @@ class SearchResult:
     progress: np.ndarray
     generation_best: np.ndarray
     random_best: float
+    initial_drift: float | None
     candidates: int
     seconds: float
     restarts: int
@@ -396,7 +473,7 @@ def centered_ranks(values: np.ndarray) -> np.ndarray:
     """float64[n] ranks scaled to [-0.5, 0.5], ties sharing their average rank (a plateau
     of equal drift gives no spurious direction)."""
     values = np.asarray(values, np.float64)
-    uniq, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
     upper = np.cumsum(counts)
     average = upper - (counts + 1) / 2.0  # mean 0-based rank of each distinct value
     return average[inverse] / max(len(values) - 1, 1) - 0.5
@@ -411,22 +488,20 @@ def search(objective: Callable[[np.ndarray], np.ndarray] | Objective, limits: Li
       objective: float[B, K, N, 3] genes -> float64[B] drift (an `Objective`).
       limits: the candidate space (its `shape` is the genes' trailing shape).
       config: population, generations, restarts, ... (SearchConfig).
-      initial: optional float[K, N, 3] genes of a known candidate: the starting elite of
-        every island (for example a hand-made trace through `to_genes`).
+      initial: optional float[K, N, 3] genes of a known candidate, evaluated in every
+        island's share of generation 0 (so its archive, and the result, start from it),
+        for example `to_genes(*blocked_decode(limits), limits)`.
       log: called with one line per generation.
     """
     rng = np.random.default_rng(config.seed)
     shape, dim = limits.shape, limits.dimension
     pairs, elites = config.split()
+    size = 2 * pairs + elites  # one island's share of a generation
     optimizer = optax.adam(config.learning_rate)
-    seed_archive = Archive.empty(config.archive, limits)
-    if initial is not None:
-        initial = np.asarray(initial, np.float32).reshape((1,) + shape)
-        seed_archive = seed_archive.merge(initial, np.asarray(objective(initial), np.float64), limits)
-    islands = [Island.fresh(rng, limits, config, optimizer, seed_archive) for _ in range(config.restarts)]
-    best = seed_archive
+    islands = [Island.fresh(rng, limits, config, optimizer) for _ in range(config.restarts)]
+    best = Archive.empty(1, limits)
     progress, generation_best = [], []
-    random_best, candidates, restarted = -np.inf, 0, 0
+    random_best, initial_drift, candidates, restarted = -np.inf, None, 0, 0
     started = time.perf_counter()
     for gen in range(config.generations):
         parts, noise = [], []
@@ -434,22 +509,26 @@ def search(objective: Callable[[np.ndarray], np.ndarray] | Objective, limits: Li
             eps = rng.standard_normal((pairs,) + shape)
             noise.append(eps)
             parts += [island.mean + config.sigma * eps, island.mean - config.sigma * eps]
-            parts.append(random_genes(rng, elites, limits, config.init_scale) if island.archive.size == 0
+            parts.append(initial_genes(rng, elites, limits, config.init_scale) if island.archive.size == 0
                          else _mutate(rng, island.archive, elites, config, dim))
         population = np.concatenate(parts).astype(np.float32)
+        seeded = np.zeros(len(population), bool)
+        if gen == 0 and initial is not None:  # the seed joins every island's first share
+            seeded[2 * pairs:: size] = True
+            population[seeded] = np.asarray(initial, np.float32).reshape(shape)
         values = np.asarray(objective(population), np.float64)
         candidates += len(population)
         if gen == 0:
-            random_best = float(values.max())
+            random_best = float(values[~seeded].max())  # the random baseline
+            initial_drift = float(values[seeded][0]) if initial is not None else None
         best = best.merge(population, values, limits, capacity=1)
         generation_best.append(float(values.max()))
         progress.append(float(best.values[0]))
-        size = 2 * pairs + elites
         for r, island in enumerate(islands):
             own = slice(r * size, (r + 1) * size)
             island = island.update(population[own], values[own], noise[r], config, optimizer, limits)
             if island.stale >= config.patience:  # a random restart of this island
-                island = Island.fresh(rng, limits, config, optimizer, Archive.empty(config.archive, limits))
+                island = Island.fresh(rng, limits, config, optimizer)
                 restarted += 1
             islands[r] = island
         if log is not None:
@@ -460,7 +539,8 @@ def search(objective: Callable[[np.ndarray], np.ndarray] | Objective, limits: Li
     return SearchResult(best_drift=float(best.values[0]), best_genes=best_genes, best_values=best_values,
                         trace=candidate_trace(*best_values), progress=np.asarray(progress),
                         generation_best=np.asarray(generation_best), random_best=random_best,
-                        candidates=candidates, seconds=time.perf_counter() - started, restarts=restarted)
+                        initial_drift=initial_drift, candidates=candidates, seconds=time.perf_counter() - started,
+                        restarts=restarted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,10 +556,10 @@ class Island:
     stale: int
 
     @classmethod
-    def fresh(cls, rng, limits: Limits, config: SearchConfig, optimizer, archive: "Archive") -> "Island":
-        mean = random_genes(rng, 1, limits, config.init_scale)[0].astype(np.float64)
-        best = float(archive.values[0]) if archive.size else -np.inf
-        return cls(mean, optimizer.init(mean), archive, best, 0)
+    def fresh(cls, rng, limits: Limits, config: SearchConfig, optimizer) -> "Island":
+        """A random mean (structured or not, even odds) and an empty archive."""
+        mean = initial_genes(rng, 2, limits, config.init_scale)[rng.integers(2)].astype(np.float64)
+        return cls(mean, optimizer.init(mean), Archive.empty(config.archive, limits), -np.inf, 0)
 
     def update(self, genes, values, eps, config: SearchConfig, optimizer, limits: Limits) -> "Island":
         """After a generation: the ES step on the mean from its 2H antithetic samples
@@ -547,7 +627,9 @@ def _mutate(rng: np.random.Generator, archive: Archive, count: int, config: Sear
         because worst cases sit at the limits (same-step bursts, the largest prompt);
       * copy: one request's genes are copied onto a random subset of the requests
         (worst cases repeat one request shape many times);
-      * crossover: a random subset of requests comes from a second archive member.
+      * crossover: a random subset of requests comes from a second archive member;
+      * reshape: a random subset of requests becomes copies of a fresh random shape (as
+        in `structured_genes`).
 
     The first mutant is the best candidate itself (re-evaluated: the elite stays in the
     population)."""
@@ -562,28 +644,31 @@ def _mutate(rng: np.random.Generator, archive: Archive, count: int, config: Sear
     share = expand(np.exp(rng.uniform(math.log(1.0 / dim), 0.0, count)))
     gene_mask = rng.random((count,) + shape) < share
     row_mask = rng.random((count,) + shape[:2] + (1,)) < share
-    kind = expand(rng.integers(0, 4, count))
+    kind = expand(rng.integers(0, 5, count))
     perturbed = parents + np.where(gene_mask, rng.standard_normal((count,) + shape) * scale, 0.0)
     extreme = np.where(gene_mask, np.where(rng.random((count,) + shape) < 0.5, -EXTREME, EXTREME), parents)
     flat = parents.reshape(count, requests, NUM_GENES)
     source = flat[np.arange(count), rng.integers(0, requests, count)]  # [count, 3]
     copied = np.where(row_mask, source[:, None, None, :], parents)
     crossed = np.where(row_mask, partners, parents)
-    out = np.select([kind == 0, kind == 1, kind == 2], [perturbed, extreme, copied], crossed)
+    reshaped = np.where(row_mask, random_shapes(rng, (count,), config.init_scale)[:, None, None, :], parents)
+    out = np.select([kind == 0, kind == 1, kind == 2, kind == 3], [perturbed, extreme, copied, crossed], reshaped)
     out[0] = archive.genes[0]
     return out.astype(np.float32)
 
 
 def random_search(objective: Callable[[np.ndarray], np.ndarray], limits: Limits, candidates: int, *,
                   batch: int = 2048, seed: int = 0, scale: float = 1.5) -> float:
-    """The best drift among `candidates` random candidates (the baseline)."""
+    """The best drift among `candidates` random candidates drawn as the search's
+    generation 0 (`initial_genes`): the baseline."""
     rng = np.random.default_rng(seed)
     best = -np.inf
     for start in range(0, candidates, batch):
-        best = max(best, float(np.max(objective(random_genes(rng, min(batch, candidates - start), limits, scale)))))
+        best = max(best, float(np.max(objective(initial_genes(rng, min(batch, candidates - start), limits, scale)))))
     return best
 
 
-__all__ = ["Limits", "Objective", "SearchConfig", "SearchResult", "search", "random_search", "decode", "to_genes",
-           "squash", "unsquash", "random_genes", "layout_candidates", "candidate_trace", "write_witness_csv",
-           "bound_u", "lower_bound", "replay_drift", "centered_ranks", "MEASURES"]
+__all__ = ["Limits", "Objective", "SearchConfig", "SearchResult", "Archive", "search", "random_search", "decode",
+           "to_genes", "squash", "unsquash", "random_genes", "random_shapes", "structured_genes", "initial_genes",
+           "blocked_decode", "layout_candidates", "candidate_trace", "write_witness_csv", "bound_u", "lower_bound", "replay_drift",
+           "centered_ranks", "MEASURES"]

@@ -124,8 +124,12 @@ def with_timeline(workload: Workload, *, batched: bool) -> Workload:
     workload has a leading lane axis)."""
     if workload.timeline is not None:
         return workload
-    build = jax.vmap(add_timeline) if batched else add_timeline
-    return jax.jit(build)(workload)
+    return (_timeline_many if batched else _timeline_one)(workload)
+
+
+# Module-level so that every call with the same shapes reuses one compile.
+_timeline_one = jax.jit(add_timeline)
+_timeline_many = jax.jit(jax.vmap(add_timeline))
 
 
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,

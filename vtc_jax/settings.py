@@ -322,8 +322,12 @@ def encode_settings(settings: Sequence[Settings], num_clients: int,
     missing = {s.policy for s in settings} - set(policies)
     if missing:
         raise InputError(f"policy {sorted(missing)[0]} is not in the engine's policy set {policies}")
+    # Sweeps repeat one setting over thousands of seeds: encode each distinct one once.
+    distinct = list(dict.fromkeys(settings))
+    where = {s: i for i, s in enumerate(distinct)}
+    take = np.asarray([where[s] for s in settings], np.int64)
     rows, cost_scales, counter_scales = [], [], []
-    for s in settings:
+    for s in distinct:
         q, d, mult, scaled = lane_scales(s, num_clients)
         ctx = policy_base.EncodeContext(num_clients=num_clients, cost_scale=q, weights=s.client_weights(num_clients),
                                         counter_mult=tuple(mult), counter_scale=d)
@@ -341,8 +345,8 @@ def encode_settings(settings: Sequence[Settings], num_clients: int,
             share_window=policy_base.i32(s.share_window), resource=np.asarray(s.resource, np.float32)))
         cost_scales.append(q)
         counter_scales.append(d)
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *rows)
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[take]), *rows)
     params = Params(**stacked)
-    scales = Scales(cost_scale=np.asarray(cost_scales, dtype=object),
-                    counter_scale=np.asarray(counter_scales, dtype=object))
+    scales = Scales(cost_scale=np.asarray(cost_scales, dtype=object)[take],
+                    counter_scale=np.asarray(counter_scales, dtype=object)[take])
     return params, scales

@@ -181,8 +181,10 @@ class ModelEngine:
     def config(rows: Sequence[Row], record_every: int, measures: MeasureConfig):
         names = registry.names()
         present = tuple(n for n in names if n in {r.settings.policy for r in rows})
-        return run.source_config([r.source for r in rows], [r.settings for r in rows], record_every,
-                                 measures=measures, policies=present)
+        config = run.source_config([r.source for r in rows], [r.settings for r in rows], record_every,
+                                   measures=measures, policies=present)
+        run.validate_lanes([r.source for r in rows], [r.settings for r in rows], config)  # before any output
+        return config
 
     @staticmethod
     def run(rows: Sequence[Row], seeds: Sequence[int], config, base_seed: int, mesh, progress):
