@@ -126,3 +126,20 @@ def test_wide_and_narrow_number_formats_agree():
     for lane in (0, 5, len(settings) - 1):
         np.testing.assert_array_equal(wide.checkpoints[lane], service_matrix(
             run_reference(requests[lane], 3, settings[lane], 40)))
+
+
+def test_context_sums_alone_decide_wide_numbers_at_large_budgets():
+    """M = 32768 over 6000 steps: only the summed context (the ledger, the occupancy
+    measure) can pass 2^30, so the planner keeps NARROW numbers unless one of those is kept
+    (that both formats give the same integers is the test above)."""
+    from vtc_jax.measures import MeasureConfig
+    from vtc_jax.run import check_exact_limits, traffic_config
+    from vtc_jax.traffic import overload
+
+    s = Settings("vtc", 32768)
+    limits = dict(min_prompt=64, max_prompt=512, max_output=384, horizon=6000, max_requests=9000)
+    assert not check_exact_limits(s, 2, **limits, context_totals=False)
+    assert check_exact_limits(s, 2, **limits, context_totals=True)
+    traffic = overload([1.0, 0.25], 6000)
+    for kept, wide in ((["pair_drift", "latency"], False), (["ledger"], True), (["occupancy"], True)):
+        assert traffic_config([traffic], [s], measures=MeasureConfig.of(kept)).wide == wide, kept

@@ -34,7 +34,8 @@ MAX_HORIZON = INT32_MAX // 2
 
 
 def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int, max_prompt: int,
-                       max_output: int, horizon: int, max_requests: int, arrival_width: int = 4) -> bool:
+                       max_output: int, horizon: int, max_requests: int, arrival_width: int = 4,
+                       context_totals: bool = True) -> bool:
     """Refuse up front a lane whose exact integer arithmetic could overflow; return whether
     it needs the WIDE number format (False: every total, counter and tag of the lane is
     proved below 2^30, so plain int32 is exact; wide.py).
@@ -45,6 +46,8 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
     M / min_prompt (their prompts fit M together) and their context at most M + that many
     times (max_output - 1). Policies that charge or tag a request's whole estimated cost
     at once need it, times the weight scales, below MAX_ADD / arrival_width.
+    `context_totals`: the run sums the context over steps (the ledger's decoded context, the
+    occupancy measure); without them horizon x context is no total of the run.
     """
     q, d, mult, scaled = lane_scales(settings, num_clients)
     a_p, a_q, b = scaled
@@ -59,7 +62,7 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
          (a_q * running + b * context) * mult, 1),
         ("the run's total service", horizon * per_step >> wide.LOW_BITS, 1),
     ]
-    totals = [horizon * per_step, horizon * context, max_requests * horizon]
+    totals = [horizon * per_step, max_requests * horizon] + ([horizon * context] if context_totals else [])
     policy = registry.get(settings.policy)
     if policy.uses_estimator:
         e = max_output
@@ -158,10 +161,12 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
                             chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
                             progress=progress)
     steps = np.asarray(host.step, np.int64)
-    arrived_streams, _, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
     buckets = config.num_checkpoints if config.measures.demand else 0
-    _, offered, max_prompt, demand = lane_workload_stats(workload, steps, params, given_shared, config.num_clients,
-                                                         buckets, config.record_every)
+    arrived_offered, offered, max_prompt, demand = lane_workload_stats(workload, steps, params, given_shared,
+                                                                       config.num_clients, buckets, config.record_every)
+    arrived_streams = arrived_offered  # without RPM rejection every offered request is in the stream
+    if rejecting.any():
+        arrived_streams, _, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
     return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand)
 
@@ -221,7 +226,8 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))
         needs_wide |= check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()),
                                          max_prompt=int(trace.prompt.max()), max_output=int(trace.output.max()),
-                                         horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width)
+                                         horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width,
+                                         context_totals=measures.ledger or measures.occupancy)
     longest = max(horizons)
     if longest > MAX_HORIZON:
         raise InputError(f"the run would need {longest} steps, past the limit {MAX_HORIZON}")
@@ -334,7 +340,8 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     max_prompt = max(s.lengths()[1] for s in srcs)
     max_output = max(s.lengths()[2] for s in srcs)
     needs_wide = any(check_exact_limits(s, k, min_prompt=min_prompt, max_prompt=max_prompt, max_output=max_output,
-                                        horizon=horizon, max_requests=lay.num_rows, arrival_width=arrival_width)
+                                        horizon=horizon, max_requests=lay.num_rows, arrival_width=arrival_width,
+                                        context_totals=measures.ledger or measures.occupancy)
                      for s in set(settings))
     return engine_config(settings, num_clients=k, num_rows=lay.num_rows, max_output=max_output,
                          slots=running_slots(settings, min_prompt, lay.num_rows), wide_numbers=needs_wide,
@@ -388,6 +395,27 @@ def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], con
                                   num_clients=config.num_clients)
 
 
+def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
+                     base_seed: int = 0) -> Workload:
+    """`generate_workloads` with its timeline, each distinct (source, seed) generated once
+    and gathered into every lane that uses it (a sweep's settings share their seeds'
+    requests: generation is paid once per seed, not once per setting)."""
+    pairs = [(id(src), int(seed)) for src, seed in zip(srcs, seeds)]
+    distinct = list(dict.fromkeys(pairs))
+    if len(distinct) == len(pairs):
+        return with_timeline(generate_workloads(srcs, seeds, config, base_seed), batched=True)
+    source_of = dict(zip(pairs, srcs))
+    where = {pair: i for i, pair in enumerate(distinct)}
+    made = with_timeline(generate_workloads([source_of[p] for p in distinct], [p[1] for p in distinct], config,
+                                            base_seed), batched=True)
+    return _take_lanes(made, jnp.asarray([where[p] for p in pairs], jnp.int32))
+
+
+@jax.jit
+def _take_lanes(workload: Workload, index: jax.Array) -> Workload:
+    return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0), workload)
+
+
 def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings], seeds: Sequence[int], *,
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None, arrival_width: int = 4,
                      config: EngineConfig | None = None, mesh: Mesh | None = None, measures: MeasureConfig = ALL,
@@ -412,7 +440,7 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
     config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies)
     validate_lanes(srcs, settings, config)
     horizon = srcs[0].horizon
-    workload = generate_workloads(srcs, seeds, config, base_seed)
+    workload = shared_workloads(srcs, seeds, config, base_seed)
     budget = horizon + 3 * config.num_rows + 1
     # From the sources' expectation, not the draw: the chunk size (a static argument of
     # the compiled call) must not change from one batch of seeds to the next.
