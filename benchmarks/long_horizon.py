@@ -19,34 +19,35 @@ import time
 import jax
 import numpy as np
 
-from vtc_jax.results import collect
-from vtc_jax.run import generate_lanes, lane_keys, run_lanes, stack_traffic, traffic_config
+from vtc_jax import run as run_mod
+from vtc_jax.cli_common import int_arg
+from vtc_jax.measures import ALL
 from vtc_jax.settings import Settings
+from vtc_jax.sources import TrafficSource
 from vtc_jax.traffic import overload
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10_000_000)
-    parser.add_argument("--prefix", type=int, default=100_000)
-    parser.add_argument("--record-every", type=int, default=10_000)
+    parser.add_argument("--steps", type=int_arg(2, 100_000_000), default=10_000_000)
+    parser.add_argument("--prefix", type=int_arg(1, 100_000_000), default=100_000)
+    parser.add_argument("--record-every", type=int_arg(1, 100_000_000), default=10_000)
     args = parser.parse_args(argv)
+    if not args.prefix < args.steps:
+        parser.error("--prefix must be below --steps")
     traffic = overload([1.0, 0.25], args.steps)
     settings = [Settings("vtc", 32768)]
-    config = traffic_config([traffic], args.record_every)
-    pad = config.arrival_width + 1
+    srcs = [TrafficSource(traffic)]
+    config = run_mod.source_config(srcs, settings, args.record_every, measures=ALL)
     t0 = time.perf_counter()
-    workload = jax.block_until_ready(generate_lanes(lane_keys([0]), stack_traffic([traffic]), horizon=args.steps,
-                                                    capacity=config.stream_len - pad, pad=pad))
+    workload = jax.block_until_ready(run_mod.shared_workloads(srcs, [0], config))
     generated = time.perf_counter() - t0
 
-    def run(horizon):
+    def run(horizon):  # the same requests, cut at `horizon`
         start = time.perf_counter()
-        state, scales, finished = run_lanes(workload, settings, [horizon], config=config,
-                                            event_budget=horizon + 2 * config.stream_len * 2 + 1,
-                                            shared_workload=False, chunk=65536)
-        jax.block_until_ready(state)
-        return collect(state, scales, finished, config, settings, workload), time.perf_counter() - start
+        result = run_mod.run_workloads(workload, settings, [horizon], config=config, shared=False,
+                                       event_budget=horizon + 3 * config.num_rows + 1)
+        return result, time.perf_counter() - start
 
     long, long_s = run(args.steps)
     short, short_s = run(args.prefix)

@@ -89,8 +89,15 @@ def test_replay_reports_load_and_overload(tmp_path, capsys):
     assert f"{waiting} requests still waiting" in out and waiting > 20
     assert d["load"]["offered_over_served"] > 1.05
     assert abs(sum(d["share_of_service"]) - 1) < 1e-9 and abs(sum(d["share_of_demand"]) - 1) < 1e-9
-    # drained: nothing waits, no warning
+    # drained: nothing waits, but the burst (one step of arrivals, ~320 steps to serve) is
+    # offered over its arrival span: still an overload
     assert cli.main(["replay", str(trace), "--policy", "vtc", "--kv-budget", "1000", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "OVERLOAD" in out and "0 requests still waiting" in out
+    # the same requests spread one per 50 steps are served as they come: no warning
+    spread = _write(tmp_path / "s.csv", "arrival,client,prompt,output\n"
+                    + "".join(f"{50 * i},{i % 2},200,40\n" for i in range(40)))
+    assert cli.main(["replay", str(spread), "--policy", "vtc", "--kv-budget", "1000", "--no-cache"]) == 0
     out = capsys.readouterr().out
     assert "OVERLOAD" not in out and "0 requests still waiting" in out
 
@@ -155,3 +162,24 @@ def test_gen_refuses_bad_tenants(tmp_path, capsys, spec, words):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]
     assert not out.exists()
+
+
+def test_compare_drains_like_replay(tmp_path, capsys):
+    """compare without --steps runs each lane until its log has completed: its throughput
+    and load line are replay's (not diluted over the drain bound), and a log served 3x
+    slower than it arrives is flagged."""
+    rows = "".join(f"{3 * i},{i % 3},300,60\n" for i in range(60))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    details = tmp_path / "d.json"
+    assert cli.main(["replay", str(trace), "--policy", "vtc", "--kv-budget", "1000", "--details", str(details),
+                     "--no-cache"]) == 0
+    replayed = json.loads(details.read_text())["load"]
+    capsys.readouterr()
+    out_dir = tmp_path / "cmp"
+    assert cli.main(["compare", str(trace), "--policies", "vtc", "--kv-budget", "1000", "--out", str(out_dir),
+                     "--no-plots", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads((out_dir / "results.json").read_text())["rows"][0]["metrics"]
+    assert metrics["served_per_step"]["mean"] == pytest.approx(replayed["served_per_step"], rel=1e-12)
+    assert metrics["offered_per_step"]["mean"] == pytest.approx(replayed["offered_per_step"], rel=1e-12)
+    assert replayed["offered_over_served"] > 1.05 and "OVERLOAD" in out

@@ -322,9 +322,8 @@ def client_report(result, lane: int) -> dict:
     def floats(x):
         return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64)]
 
-    steps = max(int(result.steps[lane]), 1)
-    offered = float(result.offered[lane].sum()) / steps
-    served = float(result.service[lane].sum()) / steps
+    offered = float(result.offered[lane].sum()) / max(int(result.offered_steps[lane]), 1)  # drain: arrival span
+    served = float(result.service[lane].sum()) / max(int(result.steps[lane]), 1)
     return {
         "share_of_service": floats(result.served_share[lane]),
         "share_of_demand": floats(result.offered_share[lane]),
@@ -354,7 +353,7 @@ def load_line(load: dict) -> str:
     line = (f"load: offered {load['offered_per_step']:.4g} vs served {load['served_per_step']:.4g} weighted "
             f"tokens/step; {load['waiting_at_end']} requests still waiting")
     if ratio is not None and ratio > 1.05:
-        line += (f"\nOVERLOAD: {ratio:.2f}x the served work was offered: queues grow for as long as the run lasts, "
+        line += (f"\nOVERLOAD: {ratio:.2f}x the served work was offered: queues grow as long as requests arrive, "
                  "so drift and shares describe a backlog, not a steady state")
     return line
 
@@ -495,7 +494,8 @@ def _compare(args) -> int:
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
     horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
     unit = args.phase_unit or per_second
-    source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit)
+    source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit,
+                         drain=args.steps is None)
     for s in settings:
         sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)
         rows.append(sweep_mod.Row(s, source, s.policy))

@@ -42,6 +42,9 @@ class LaneResults:
       waiting, running: int64[B, K] requests waiting / running at the horizon.
       offered: float64[B, K] full cost (weighted tokens) of the requests that arrived
         (rejected ones included): the demand beside `service`.
+      offered_steps: int64[B] the steps the offered rate is measured over: `steps`, or in
+        drain mode the arrival span (last arrival + 1), so that a log whose queue takes 3x
+        its span to drain reads as 3x overloaded.
       max_drift: float64[B] max over steps of max_k W_k - min_k W_k; max_drift_step: int64[B].
       pair_drift: float64[B, K, K] max over jointly backlogged intervals of
         |W_f(t1..t2) - W_g(t1..t2)| (None: not measured).
@@ -82,6 +85,7 @@ class LaneResults:
     waiting: np.ndarray
     running: np.ndarray
     offered: np.ndarray
+    offered_steps: np.ndarray
     max_drift: np.ndarray
     max_drift_step: np.ndarray
     pair_drift: np.ndarray | None
@@ -307,26 +311,27 @@ def workload_stats(requests, first, steps, prefill, decode, context, charge_cach
     bucket = jnp.where(arrives, arrival // max(every, 1), buckets)
     demand = jnp.zeros((buckets + 1, num_clients), jnp.float32).at[jnp.minimum(bucket, buckets), block].add(
         jnp.where(arrives, cost, 0.0))[:buckets]
-    return count, offered, jnp.where(arrives, requests[:, PROMPT], 0).max(), demand
+    return count, offered, jnp.where(arrives, requests[:, PROMPT], 0).max(), demand, jnp.where(arrives, arrival, -1).max()
 
 
 def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, num_clients: int,
                         buckets: int = 0, every: int = 0):
     """numpy (arrived int64[B, K], offered cost units float64[B, K], max prompt int64[B],
-    demand per bucket in cost units float64[B, buckets, K])."""
+    demand per bucket in cost units float64[B, buckets, K], last arrival step int64[B]
+    (-1: none))."""
     steps = jnp.asarray(np.minimum(steps, np.iinfo(np.int32).max).astype(np.int32))
     fn = functools.partial(workload_stats, num_clients=num_clients, buckets=buckets, every=every)
     axes = (None if shared else 0,) * 2 + (0,) * 5
     c = params.costs
-    count, offered, max_prompt, demand = jax.vmap(fn, in_axes=axes)(
+    count, offered, max_prompt, demand, last = jax.vmap(fn, in_axes=axes)(
         workload.requests, workload.first, steps, c.prefill, c.decode, c.context, c.charge_cached)
     return (np.asarray(count, np.int64), np.asarray(offered, np.float64), np.asarray(max_prompt, np.int64),
-            np.asarray(demand, np.float64))
+            np.asarray(demand, np.float64), np.asarray(last, np.int64))
 
 
 def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales: Scales, arrived_streams: np.ndarray,
             offered_units: np.ndarray, max_prompt: np.ndarray, rejected: np.ndarray,
-            demand_units: np.ndarray) -> LaneResults:
+            demand_units: np.ndarray, last_arrival: np.ndarray | None = None) -> LaneResults:
     """Host-side results from a final batched state (numpy leaves, B lanes).
 
     arrived_streams: int64[B, K] requests with arrival < steps counted from the streams
@@ -388,6 +393,8 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],
+        offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps)
+                       if config.drain and last_arrival is not None else steps),
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
         pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),

@@ -162,13 +162,14 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
                             progress=progress)
     steps = np.asarray(host.step, np.int64)
     buckets = config.num_checkpoints if config.measures.demand else 0
-    arrived_offered, offered, max_prompt, demand = lane_workload_stats(workload, steps, params, given_shared,
-                                                                       config.num_clients, buckets, config.record_every)
+    arrived_offered, offered, max_prompt, demand, last_arrival = lane_workload_stats(
+        workload, steps, params, given_shared, config.num_clients, buckets, config.record_every)
     arrived_streams = arrived_offered  # without RPM rejection every offered request is in the stream
     if rejecting.any():
-        arrived_streams, _, _, _ = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)
+        arrived_streams = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)[0]
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
-    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand)
+    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand,
+                   last_arrival)
 
 
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
@@ -346,7 +347,8 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     return engine_config(settings, num_clients=k, num_rows=lay.num_rows, max_output=max_output,
                          slots=running_slots(settings, min_prompt, lay.num_rows), wide_numbers=needs_wide,
                          record_every=record_every, num_checkpoints=horizon // record_every if record_every else 0,
-                         arrival_width=arrival_width, drain=False, measures=measures, policies=policies)
+                         arrival_width=arrival_width, drain=sources.drains(srcs[0]), measures=measures,
+                         policies=policies)
 
 
 def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,

@@ -77,12 +77,16 @@ class TrafficSource:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TraceSource:
-    """A fixed trace; `phase_unit` > 1 resamples arrival phases per seed (seed 0: exact)."""
+    """A fixed trace; `phase_unit` > 1 resamples arrival phases per seed (seed 0: exact).
+    `drain`: run each lane until its requests have all completed (`horizon` is then only a
+    bound that suffices, and steps, throughput and the load line count to the last
+    completion)."""
 
     trace: Trace
     num_clients: int
     horizon: int
     phase_unit: int = 1
+    drain: bool = False
     kind = "trace"
 
     def __post_init__(self):
@@ -144,7 +148,12 @@ def signature(source: Source) -> tuple:
     the generator's params (phases, pool, trace length, ServeGen layout)."""
     shapes = tuple(np.shape(x) for x in jax.tree_util.tree_leaves(source.params()))
     extra = (source.plan.layout,) if source.kind == "servegen" else ()
-    return (source.kind, source.num_clients, source.horizon, shapes) + extra
+    return (source.kind, source.num_clients, source.horizon, shapes, drains(source)) + extra
+
+
+def drains(source: Source) -> bool:
+    """Whether lanes of `source` run until every request completed (TraceSource.drain)."""
+    return bool(getattr(source, "drain", False))
 
 
 def check_batch(sources: Sequence[Source]) -> None:
@@ -155,6 +164,8 @@ def check_batch(sources: Sequence[Source]) -> None:
         raise InputError("every lane of a batch needs the same number of clients")
     if len({s.horizon for s in sources}) != 1:
         raise InputError("every lane of a batch needs the same horizon")
+    if len({drains(s) for s in sources}) != 1:
+        raise InputError("the lanes of a batch must all drain or all stop at the horizon")
 
 
 def unique(sources: Sequence[Source]) -> list[Source]:

@@ -272,9 +272,8 @@ def client_values(results) -> dict:
 def load_metrics(results) -> dict:
     """The load line per lane: offered and served weighted tokens per step, requests left
     waiting at the horizon, and their ratio (offered / served > 1.05: overload)."""
-    steps = np.maximum(results.steps, 1)
-    offered = results.offered.sum(axis=1) / steps
-    served = results.service.sum(axis=1) / steps
+    offered = results.offered.sum(axis=1) / np.maximum(results.offered_steps, 1)  # drain: over the arrival span
+    served = results.service.sum(axis=1) / np.maximum(results.steps, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return {"offered_per_step": offered, "served_per_step": served,
                 "offered_over_served": np.where(served > 0, offered / served, np.nan),
@@ -364,7 +363,8 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
     steps = max(engine.steps(configs[key], [rows[i] for i in idx]) for key, idx in groups.items())
     total = len(rows) * len(seeds)
     start, stop = process_share(total)
-    print(f"[{sweep.name}] {len(rows)} settings x {len(seeds)} seeds = {total:,} lanes of {steps:,} steps "
+    up_to = "up to " if any(sources_mod.drains(r.source) for r in rows) else ""
+    print(f"[{sweep.name}] {len(rows)} settings x {len(seeds)} seeds = {total:,} lanes of {up_to}{steps:,} steps "
           f"({total * steps:.3g} lane-steps) on {mesh.devices.size} {jax.devices()[0].platform} device(s)",
           file=log, flush=True)
     progress = Progress(sweep.name, stop - start, steps, log)
@@ -529,8 +529,8 @@ def format_load(result: dict) -> str:
         off, srv = m["offered_per_step"]["mean"], m["served_per_step"]["mean"]
         waiting = m["waiting_at_end"]["mean"]
         ratio = off / srv if srv else float("inf")
-        warn = (f"  OVERLOAD: {ratio:.2f}x what was served was offered; queues grow without bound, so drift "
-                "and shares describe a backlog, not a steady state") if ratio > OVERLOAD else ""
+        warn = (f"  OVERLOAD: {ratio:.2f}x what was served was offered; queues grow as long as requests "
+                "arrive, so drift and shares describe a backlog, not a steady state") if ratio > OVERLOAD else ""
         lines.append(f"  {entry['label']}: offered {_fmt(off)} vs served {_fmt(srv)} weighted tokens/step, "
                      f"{_fmt(waiting)} requests waiting at the end{warn}")
     return ("load:\n" + "\n".join(lines)) if lines else ""

@@ -1,0 +1,142 @@
+"""The engine against the slow literal reference at many clients (K = 17, 40, 87).
+
+The exactness tests of test_engine_exact.py run K <= 5; here most of K clients are idle, a
+few are heavy, arrivals come in bursts and the KV budget is small, so queues form across
+many clients, and the per-client paths (bands, weights, rpm windows, estimator state,
+policies' own counters) are indexed far from client 0. Every registered policy (random
+settings, tests.helpers.random_settings) runs on every trace, all lanes of one K in ONE
+run_traces call (one compile per K). The K = 87 batch also carries the real tenants of
+the shipped ServeGen sample (data/servegen/m-large: 87 clients), a 240-step slice with
+lengths scaled down so that the reference stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import reference as ref
+from tests.helpers import random_settings, run_reference, service_matrix, to_trace
+from vtc_jax import POLICIES, run_traces
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "servegen" / "m-large"
+# K -> (traces, horizon: None runs each lane until it drains, last arrival)
+GROUPS = {17: (6, 120, 110), 40: (5, None, 90), 87: (4, 240, 100)}
+SERVEGEN_STEPS = 240
+SERVEGEN_M = 48
+
+
+def bursty_trace(rng: random.Random, num_clients: int, kv_budget: int, last_arrival: int) -> list[ref.Request]:
+    """A few dozen requests from a handful of K clients: one to three heavy ones send most,
+    the rest of the active ones a request or two, and 80% of arrivals land within two steps
+    of one of a few burst times. Client 0 and client K - 1 are active half of the time (the
+    edges of every per-client array)."""
+    K, M = num_clients, kv_budget
+    active = rng.sample(range(K), rng.randint(3, min(K, 12)))
+    for edge in (0, K - 1):
+        if edge not in active and rng.random() < 0.5:
+            active.append(edge)
+    heavy = active[: rng.randint(1, 3)]
+    bursts = [rng.randrange(last_arrival) for _ in range(rng.randint(2, 5))]
+    reqs = []
+    for _ in range(rng.randint(20, 60)):
+        client = rng.choice(heavy) if rng.random() < 0.6 else rng.choice(active)
+        if rng.random() < 0.8:
+            arrival = min(last_arrival - 1, rng.choice(bursts) + rng.randint(0, 2))
+        else:
+            arrival = rng.randrange(last_arrival)
+        prompt = rng.randint(1, max(1, M // 4)) if rng.random() < 0.6 else rng.randint(1, M)
+        output = rng.randint(1, 10)
+        cached = rng.randint(1, prompt - 1) if prompt >= 2 and rng.random() < 0.3 else 0
+        reqs.append(ref.Request(arrival, client, prompt, output, cached))
+    rng.shuffle(reqs)
+    return reqs
+
+
+@functools.lru_cache(maxsize=1)
+def servegen_requests(steps: int = SERVEGEN_STEPS, kv_budget: int = SERVEGEN_M) -> tuple[ref.Request, ...]:
+    """The shipped sample's 87 tenants, six hours mapped onto `steps` steps at a load that
+    gives about 150 requests (one seed), prompts divided by 128 and outputs by 64 (rounded
+    up; outputs capped at 1024 before): real tenant mix and arrival pattern, small lengths."""
+    import jax
+
+    from vtc_jax import servegen as sg
+    from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, OUTPUT, PROMPT
+
+    data = sg.read_servegen(str(DATA))
+    unit = sg.plan(data, load=1.0, kv_budget=4096, horizon=steps, max_output=1024, pad=6)
+    p = sg.plan(data, load=150 / float(unit.expected_requests.sum()), kv_budget=4096, horizon=steps,
+                max_output=1024, pad=6)
+    rows, _ = jax.jit(sg.generate, static_argnames="layout")(jax.random.key(3), p.params, layout=p.layout)
+    rows = np.asarray(rows).astype(np.int64)
+    first, size = sg.block_layout(p)
+    reqs = []
+    for k in range(p.num_clients):
+        for r in rows[first[k]:first[k] + size[k]]:
+            if r[ARRIVAL] == INT32_MAX:
+                continue
+            prompt = min(kv_budget, math.ceil(r[PROMPT] / 128))
+            reqs.append(ref.Request(int(r[ARRIVAL]), k, prompt, math.ceil(r[OUTPUT] / 64), int(r[CACHED])))
+    return tuple(reqs)
+
+
+def _lanes(num_clients: int):
+    count, steps, last_arrival = GROUPS[num_clients]
+    rng = random.Random(4242 + num_clients)
+    cases = []  # (requests, kv_budget)
+    for _ in range(count):
+        m = rng.randint(8, 48)
+        cases.append((bursty_trace(rng, num_clients, m, last_arrival), m))
+    if num_clients == 87:
+        cases.append((list(servegen_requests()), SERVEGEN_M))
+    traces, settings, requests = [], [], []
+    for reqs, m in cases:
+        trace = to_trace(reqs)
+        for policy in POLICIES:
+            traces.append(trace)
+            settings.append(random_settings(rng, policy, num_clients, m))
+            requests.append(reqs)
+    return traces, settings, requests, steps
+
+
+def test_servegen_slice_is_many_real_tenants():
+    """The ServeGen lanes really are the real mix: many tenants, one or two heavy ones."""
+    reqs = servegen_requests()
+    per_client = np.bincount([r.client for r in reqs], minlength=87)
+    assert len(per_client) == 87 and 100 <= len(reqs) <= 300
+    assert (per_client > 0).sum() >= 15 and (per_client == 0).sum() >= 20
+    assert per_client.max() >= 0.15 * len(reqs)
+    assert max(r.arrival for r in reqs) < SERVEGEN_STEPS and max(r.prompt for r in reqs) <= SERVEGEN_M
+
+
+@pytest.mark.parametrize("num_clients", sorted(GROUPS))
+def test_many_clients_match_reference(num_clients):
+    """Every lane: its horizon, service after every step, final service and counters,
+    admissions and completions per client, the drift and its step, the throughput and the
+    conservation ledger agree exactly with the reference."""
+    traces, settings, requests, steps = _lanes(num_clients)
+    result = run_traces(traces, settings, num_clients=num_clients, steps=steps, record_every=1)
+    assert result.finished.all()
+    queued = 0
+    for lane, (reqs, s) in enumerate(zip(requests, settings)):
+        expect = run_reference(reqs, num_clients, s, steps)
+        context = f"K={num_clients} lane {lane}: {s}"
+        assert result.steps[lane] == expect.steps, context
+        got = result.checkpoints[lane][: expect.steps]
+        np.testing.assert_array_equal(got, service_matrix(expect), err_msg=context)
+        assert list(result.service_exact[lane]) == expect.service[-1], context
+        assert list(result.counters_exact[lane]) == expect.counters[-1], context
+        assert list(result.admitted[lane]) == expect.admitted, context
+        assert list(result.completed[lane]) == expect.completed, context
+        drifts = [max(row) - min(row) for row in expect.service]
+        assert result.max_drift_exact[lane] == max(drifts), context
+        assert result.max_drift_step[lane] == drifts.index(max(drifts)), context
+        assert result.throughput[lane] == pytest.approx(float(ref.throughput(expect)), rel=1e-12), context
+        assert result.conservation[lane] == [], context
+        queued += sum(1 for row in expect.backlogged if sum(row) >= 2)
+    assert queued > 0  # queues formed across clients: the cases test scheduling, not just arrival
