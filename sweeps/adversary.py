@@ -59,6 +59,7 @@ SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to
 VARIANTS = {"vtc-artifact": ("vtc", {"lift_last_left": False})}
 GROWTH_POLICIES = ("fcfs", "lcf", "vtc", "vtc-artifact")
 DEFAULT_GRID = (64, 256, 1024)
+MAX_GENERATION_REQUESTS = 1 << 26  # population x K x N: about 5 GiB of genes and noise per generation
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -154,6 +155,15 @@ def parse(argv=None):
     for t in args.horizon_grid:
         for p in args.growth_policy:
             _limits(args, 2, t).check(args.settings[(p, args.kv_budget[0])])
+    # One generation holds population x K x N requests (genes, noise, engine lanes):
+    # refuse a size that cannot fit before any search starts, not in the middle of one.
+    searches = [(k, args.horizon) for k in args.clients] + [(2, t) for t in args.horizon_grid if args.growth_policy]
+    for k, t in searches:
+        n = _limits(args, k, t).requests
+        if args.population * k * n > MAX_GENERATION_REQUESTS:
+            raise InputError(f"--population {args.population} x {k} clients x {n} requests = "
+                             f"{args.population * k * n:,} requests per generation, over the limit "
+                             f"{MAX_GENERATION_REQUESTS:,}: lower --population or --requests")
     return args
 
 

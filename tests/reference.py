@@ -210,6 +210,12 @@ def simulate(requests: list[Request], *, num_clients: int, kv_budget: int | None
                 rejected_set.add(n)
             else:
                 accepted_times[r.client].append(r.arrival)
+        # A rejected request never reaches the server: estimators number only accepted ones.
+        seen = [0] * K
+        for n in sorted(range(N), key=lambda n: (reqs[n].arrival, n)):
+            if n not in rejected_set:
+                sim.position[n] = seen[reqs[n].client]
+                seen[reqs[n].client] += 1
     admit_step: list[int | None] = [None] * N
     finish_step: list[int | None] = [None] * N
     admitted, completed, rejected = [0] * K, [0] * K, [0] * K

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pytest
 
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
-from vtc_jax import POLICIES, run_traces
+from vtc_jax import POLICIES, Settings, run_traces
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "servegen" / "m-large"
 # K -> (traces, horizon: None runs each lane until it drains, last arrival)
@@ -98,8 +99,9 @@ def _lanes(num_clients: int):
     for reqs, m in cases:
         trace = to_trace(reqs)
         for policy in POLICIES:
+            s = random_settings(rng, policy, num_clients, m)
             traces.append(trace)
-            settings.append(random_settings(rng, policy, num_clients, m))
+            settings.append(s)
             requests.append(reqs)
     return traces, settings, requests, steps
 
@@ -140,3 +142,18 @@ def test_many_clients_match_reference(num_clients):
         assert result.conservation[lane] == [], context
         queued += sum(1 for row in expect.backlogged if sum(row) >= 2)
     assert queued > 0  # queues formed across clients: the cases test scheduling, not just arrival
+
+
+def test_noisy_position_after_rejection():
+    """Client 0's three arrivals at step 0 under rpm 1 per 4 steps (reject): two are
+    rejected, so its request at step 65 is its 2nd accepted request: the noisy estimator
+    numbers it 1 (rejected requests never reach the server), which decides WFQ's order
+    here (numbering it 3 admits the other client first)."""
+    R = ref.Request
+    reqs = [R(65, 0, 7, 9), R(0, 0, 1, 1), R(0, 0, 1, 1), R(65, 2, 42, 1), R(0, 0, 1, 1)]
+    s = Settings(policy="wfq", kv_budget=48, w_q=Fraction(5, 4), weights=(1, Fraction(7, 3), Fraction(7, 4)),
+                 rpm_limit=1, rpm_window=4, rpm_mode="reject", estimator="noisy", estimate_error=Fraction(9, 10),
+                 estimate_seed=2247428924)
+    result = run_traces([to_trace(reqs)], [s], num_clients=3, steps=120, record_every=1)
+    expect = run_reference(reqs, 3, s, 120)
+    np.testing.assert_array_equal(result.checkpoints[0][:120], service_matrix(expect))

@@ -10,7 +10,8 @@ charge (or order) before the output is known (drr, wfq, sfq, vtc_predict, vtc_ga
   noisy   : the truth with a uniform relative error of up to +-r:
             max(1, output + round(float32(output * (2j + 1 - 256)) * float32(r) / 256)),
             j = the low 8 bits of a hash of the seed, the request's client and its position
-            among that client's requests in (arrival, number) order, so 256 symmetric levels
+            among that client's accepted requests in (arrival, number) order (one rejected
+            by an RPM limit never reaches the server), so 256 symmetric levels
             in [-r * 255/256, r * 255/256]. One float32 product and an
             exact division by 256: a float32 reference reproduces it bit for bit.
 

@@ -611,7 +611,7 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     series_rows = [s for s, ok in zip(result.get("series", {}).get("rows", []), match) if ok]
     rows = [r for r, ok in zip(result["rows"], match)
-            if ok and (plot.kind == "series" or plot.y in r["metrics"] or plot.kind == "scatter")]
+            if ok and (plot.kind in ("series", "scatter", "client_cdf") or plot.y in r["metrics"])]
     if plot.kind == "metric":
         xs = [r["setting"].get(plot.x, r["label"]) for r in rows]
         mean = np.asarray([r["metrics"][plot.y]["mean"] if r["metrics"][plot.y]["mean"] is not None else np.nan
@@ -730,7 +730,7 @@ def base_parser(name: str, description: str) -> Parser:
     parser = Parser(prog=f"python -m sweeps.{name}", description=description,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int_arg(1, MAX_LANES), default=DEFAULT_SEEDS,
-                        help=f"seeds per setting (default {DEFAULT_SEEDS})")
+                        help="seeds per setting (default %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("results") / name,
                         help=f"output directory for results.json, results.csv and plots (default results/{name})")
     parser.add_argument("--chunk", type=int_arg(1, MAX_LANES), default=None,
