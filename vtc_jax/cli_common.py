@@ -47,6 +47,21 @@ def _silence_stdout() -> None:
         pass
 
 
+def _leave_now_if_command(code: int) -> None:
+    """When this process is the command itself (python -m sweeps.X / vtc_jax / benchmarks.X),
+    exit at once: after Ctrl-C, tearing the interpreter down under XLA work still in
+    flight crashes its runtime (a segfault instead of the status). Every output is written
+    atomically, so nothing is left half-written. In-process callers (tests) get the status."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.split(".")[0] in ("sweeps", "vtc_jax", "benchmarks"):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 def guarded(prog: str, body: Callable[[], int]) -> int:
     """Run a command's body; every failure becomes one line on stderr and an exit status:
     bad input 2, a failed --check 1, Ctrl-C 130, a closed output pipe 2, out of memory 2."""
@@ -60,6 +75,7 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         say_error(prog, "interrupted (Ctrl-C); no results were written")
+        _leave_now_if_command(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         _silence_stdout()
