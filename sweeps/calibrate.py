@@ -26,9 +26,7 @@ and line) and exit status 2.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import json
 import math
 import os
@@ -102,56 +100,25 @@ def read_csv(path) -> np.ndarray:
     is not a finite number > 0, no rows. A `#` is an ordinary character, never a comment."""
     source = os.fspath(path)
     text = fileio.read_text(path, limit=1 << 28, what="profile")
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-        while not any(cell.strip() for cell in header):
-            header = next(reader)
-    except StopIteration:
-        raise InputError(f"{source}: empty file (expected header {','.join(COLUMNS)})") from None
-    except csv.Error as err:
-        raise InputError(f"{source}: line {reader.line_num}: malformed CSV header ({err})") from None
-    header = [h.strip() for h in header]
-    for col in header:
-        if col not in COLUMNS:
-            raise InputError(f"{source}: unexpected column {col[:40]!r} (need {','.join(COLUMNS)})")
-    if len(set(header)) != len(header):
-        raise InputError(f"{source}: repeated column in header {','.join(header)[:200]}")
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise InputError(f"{source}: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})")
+    header, records = fileio.csv_table(text, source, COLUMNS)
     index = [header.index(c) for c in COLUMNS]
-    rows, line = [], reader.line_num
-    try:
-        while True:
-            start = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            line = start
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{source}: line {line}: {len(row)} fields, header has {len(header)}")
-            values = []
-            for name, i in zip(COLUMNS, index):
-                cell = row[i].strip()
-                shown = cell if len(cell) <= 24 else cell[:24] + "..."
-                if name == "step_time_s":
-                    value = float(cell) if _NUMBER.match(cell) else math.nan
-                    if not (math.isfinite(value) and value > 0):
-                        raise InputError(f"{source}: line {line}: step_time_s must be a finite number > 0, "
-                                         f"got {shown!r}")
-                else:
-                    if not _INT.match(cell) or int(cell) > MAX_COUNT:
-                        raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], "
-                                         f"got {shown!r}")
-                    value = float(int(cell))
-                values.append(value)
-            rows.append(values)
-    except csv.Error as err:
-        raise InputError(f"{source}: line {line}: malformed CSV ({err})") from None
+    rows = []
+    for line, row in records:
+        values = []
+        for name, i in zip(COLUMNS, index):
+            cell = row[i]
+            shown = cell if len(cell) <= 24 else cell[:24] + "..."
+            if name == "step_time_s":
+                value = float(cell) if _NUMBER.match(cell) else math.nan
+                if not (math.isfinite(value) and value > 0):
+                    raise InputError(f"{source}: line {line}: step_time_s must be a finite number > 0, got {shown!r}")
+            else:
+                if not _INT.match(cell) or int(cell) > MAX_COUNT:
+                    raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], "
+                                     f"got {shown!r}")
+                value = float(int(cell))
+            values.append(value)
+        rows.append(values)
     if not rows:
         raise InputError(f"{source}: no rows (only a header)")
     return np.asarray(rows, np.float64)

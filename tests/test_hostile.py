@@ -318,7 +318,7 @@ CASES += [
     ("calibrate-header-only", CAL, ["{d}/profile_header.csv"], 2, "no rows"),
     ("calibrate-wrong-header", CAL, ["{d}/ok.csv"], 2, "unexpected column 'arrival'"),
     ("calibrate-extra-column", CAL, ["{d}/profile_extra.csv"], 2, "unexpected column 'gpu'"),
-    ("calibrate-missing-column", CAL, ["{d}/profile_missing.csv"], 2, "missing column(s) prompt_tokens"),
+    ("calibrate-missing-column", CAL, ["{d}/profile_missing.csv"], 2, "missing column 'prompt_tokens'"),
     ("calibrate-negative-count", CAL, ["{d}/profile_neg.csv"], 2, "line 2: batch_size"),
     ("calibrate-huge-count", CAL, ["{d}/profile_big.csv"], 2, "line 2: batch_size"),
     ("calibrate-nan-time", CAL, ["{d}/profile_nan.csv"], 2, "line 2: step_time_s"),

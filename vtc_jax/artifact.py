@@ -57,10 +57,8 @@ stay exact below 2^24).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import io
 import math
 import os
 import re
@@ -72,7 +70,7 @@ import numpy as np
 
 from vtc_jax import runner
 from vtc_jax.errors import InputError
-from vtc_jax.fileio import read_text
+from vtc_jax.fileio import csv_table, read_text
 from vtc_jax.results import service_difference
 
 I32, F32 = jnp.int32, jnp.float32
@@ -944,56 +942,24 @@ def read_trace_csv(path) -> dict:
     """
     source = os.fspath(path)
     text = read_text(path, what="trace")
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-        while not any(cell.strip() for cell in header):
-            header = next(reader)
-    except StopIteration:
-        raise InputError(f"{source}: empty file (expected header {','.join(TRACE_COLUMNS)})") from None
-    except csv.Error as err:
-        raise InputError(f"{source}: line {reader.line_num}: malformed CSV header ({err})") from None
-    header = [h.strip() for h in header]
-    for col in header:
-        if col not in TRACE_COLUMNS:
-            raise InputError(f"{source}: unexpected column {col[:40]!r} (expected {','.join(TRACE_COLUMNS)})")
-    if len(set(header)) != len(header):
-        raise InputError(f"{source}: repeated column in header {','.join(header)[:200]}")
-    for col in TRACE_COLUMNS:
-        if col not in header:
-            raise InputError(f"{source}: missing column {col!r} (header: {','.join(header)[:200]})")
+    header, records = csv_table(text, source, TRACE_COLUMNS)
     cols = {name: [] for name in TRACE_COLUMNS}
     limits = {"client": (0, (1 << 16) - 1), "prompt": (1, MAX_TOKENS), "output": (1, MAX_TOKENS)}
-    line = reader.line_num
-    try:
-        while True:
-            start = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            line = start
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{source}: line {line}: {len(row)} fields, header has {len(header)}")
-            for name, cell in zip(header, row):
-                cell = cell.strip()
-                shown = cell if len(cell) <= 24 else cell[:24] + "..."
-                if name == "arrival_s":
-                    value = float(cell) if _NUMBER.match(cell) else math.nan
-                    if not (math.isfinite(value) and 0 <= value <= MAX_ARRIVAL_S):
-                        raise InputError(f"{source}: line {line}: arrival_s must be a finite number in "
-                                         f"[0, {MAX_ARRIVAL_S:.0f}], got {shown!r}")
-                    cols[name].append(value)
-                else:
-                    low, high = limits[name]
-                    if not _INT.match(cell) or not low <= int(cell) <= high:
-                        raise InputError(f"{source}: line {line}: {name} must be an integer in [{low}, {high}], "
-                                         f"got {shown!r}")
-                    cols[name].append(int(cell))
-    except csv.Error as err:
-        raise InputError(f"{source}: line {line}: malformed CSV ({err})") from None
+    for line, row in records:
+        for name, cell in zip(header, row):
+            shown = cell if len(cell) <= 24 else cell[:24] + "..."
+            if name == "arrival_s":
+                value = float(cell) if _NUMBER.match(cell) else math.nan
+                if not (math.isfinite(value) and 0 <= value <= MAX_ARRIVAL_S):
+                    raise InputError(f"{source}: line {line}: arrival_s must be a finite number in "
+                                     f"[0, {MAX_ARRIVAL_S:.0f}], got {shown!r}")
+                cols[name].append(value)
+            else:
+                low, high = limits[name]
+                if not _INT.match(cell) or not low <= int(cell) <= high:
+                    raise InputError(f"{source}: line {line}: {name} must be an integer in [{low}, {high}], "
+                                     f"got {shown!r}")
+                cols[name].append(int(cell))
     if not cols["arrival_s"]:
         raise InputError(f"{source}: no requests (only a header)")
     return {"arrival_s": np.asarray(cols["arrival_s"], np.float64),

@@ -11,10 +11,12 @@ interrupted or failed run leaves the previous results (or none), never a half.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Sequence
 
 from vtc_jax.errors import InputError
 
@@ -61,6 +63,56 @@ def read_text(path, *, limit: int = MAX_INPUT_BYTES, what: str = "file") -> str:
     if "\x00" in text:
         raise InputError(f"{os.fspath(path)}: not a text {what} (contains NUL bytes)")
     return text
+
+
+def csv_table(text: str, source: str, columns: Sequence[str],
+              optional: Sequence[str] = ()) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
+    """The header of CSV `text` (stripped names) and an iterator over its records as
+    (physical line, stripped cells in header order); blank lines are skipped and quoted
+    newlines counted. Every problem is an InputError naming `source` and the line: an empty
+    file, a malformed header or row, a column that is unexpected (not in `columns` or
+    `optional`), missing (from `columns`) or repeated, a row whose field count is not the
+    header's. A `#` is an ordinary character, never a comment."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    expected = ",".join(columns) + "".join(f"[,{c}]" for c in optional)
+    try:
+        header = next(reader)
+        while not any(cell.strip() for cell in header):
+            header = next(reader)
+    except StopIteration:
+        raise InputError(f"{source}: empty file (expected header {expected})") from None
+    except csv.Error as err:
+        raise InputError(f"{source}: line {reader.line_num}: malformed CSV header ({err})") from None
+    header = [h.strip() for h in header]
+    unexpected = [c for c in header if c not in columns and c not in optional]
+    missing = [c for c in columns if c not in header]
+    if unexpected:
+        also = f" and missing column {missing[0]!r}" if missing else ""
+        raise InputError(f"{source}: unexpected column {unexpected[0][:40]!r}{also} (expected {expected})")
+    if missing:
+        raise InputError(f"{source}: missing column {missing[0]!r} (header: {','.join(header)[:200]})")
+    if len(set(header)) != len(header):
+        raise InputError(f"{source}: duplicate column in header {','.join(header)[:200]}")
+    return header, _csv_records(reader, source, len(header))
+
+
+def _csv_records(reader, source: str, width: int) -> Iterator[tuple[int, list[str]]]:
+    line = reader.line_num
+    try:
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            line = start
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != width:
+                raise InputError(f"{source}: line {line}: {len(row)} fields, header has {width}")
+            yield line, [cell.strip() for cell in row]
+    except csv.Error as err:
+        raise InputError(f"{source}: line {line}: malformed CSV ({err})") from None
 
 
 def check_writable_dir(directory) -> Path:

@@ -10,7 +10,6 @@ a lane's streams take memory in proportion to its requests, not K x the busiest 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import io
 import re
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.errors import InputError
-from vtc_jax.fileio import read_text
+from vtc_jax.fileio import csv_table, read_text
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 # Fields of a request row in `Workload.requests[..., field]`.
@@ -114,53 +113,20 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
         text = read_text(path_or_text, what="trace")
     if "\x00" in text:
         raise InputError(f"{source}: not a text CSV (contains NUL bytes)")
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-        while not any(cell.strip() for cell in header):  # blank lines before the header
-            header = next(reader)
-    except StopIteration:
-        raise InputError(f"{source}: empty file (expected header {','.join(REQUIRED_COLUMNS)}[,cached])") from None
-    except csv.Error as err:
-        raise InputError(f"{source}: line {reader.line_num}: malformed CSV header ({err})") from None
-    header = [h.strip() for h in header]
-    for col in REQUIRED_COLUMNS:
-        if col not in header:
-            raise InputError(f"{source}: missing column {col!r} (header: {','.join(header)[:200]})")
-    allowed = set(REQUIRED_COLUMNS) | set(OPTIONAL_COLUMNS)
-    for col in header:
-        if col not in allowed:
-            raise InputError(f"{source}: unexpected column {col[:40]!r} (allowed: {','.join(REQUIRED_COLUMNS)},cached)")
-    if len(set(header)) != len(header):
-        raise InputError(f"{source}: duplicate column in header {','.join(header)}")
+    header, records = csv_table(text, source, REQUIRED_COLUMNS, OPTIONAL_COLUMNS)
     columns = {name: [] for name in header}
     lines = []
-    line_no = reader.line_num
-    try:
-        while True:
-            start = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            line_no = start
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{source}: line {line_no}: {len(row)} fields, header has {len(header)}")
-            for name, cell in zip(header, row):
-                cell = cell.strip()
-                if not _INT_RE.match(cell):
-                    shown = cell if len(cell) <= 24 else cell[:24] + "..."
-                    raise InputError(f"{source}: line {line_no}: {name} must be a non-negative integer, got {shown!r}")
-                digits = cell.lstrip("+").lstrip("0") or "0"
-                if len(digits) > len(str(INT32_MAX)) or int(digits) > INT32_MAX:  # no int() of huge text
-                    shown = digits if len(digits) <= 24 else digits[:24] + "..."
-                    raise InputError(f"{source}: line {line_no}: {name} {shown} exceeds {INT32_MAX}")
-                columns[name].append(int(digits))
-            lines.append(line_no)
-    except csv.Error as err:
-        raise InputError(f"{source}: line {line_no}: malformed CSV ({err})") from None
+    for line_no, row in records:
+        for name, cell in zip(header, row):
+            if not _INT_RE.match(cell):
+                shown = cell if len(cell) <= 24 else cell[:24] + "..."
+                raise InputError(f"{source}: line {line_no}: {name} must be a non-negative integer, got {shown!r}")
+            digits = cell.lstrip("+").lstrip("0") or "0"
+            if len(digits) > len(str(INT32_MAX)) or int(digits) > INT32_MAX:  # no int() of huge text
+                shown = digits if len(digits) <= 24 else digits[:24] + "..."
+                raise InputError(f"{source}: line {line_no}: {name} {shown} exceeds {INT32_MAX}")
+            columns[name].append(int(digits))
+        lines.append(line_no)
     n = len(columns["arrival"])
     if n == 0:
         raise InputError(f"{source}: no requests (header only)")
