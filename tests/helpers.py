@@ -6,6 +6,7 @@ import random
 from fractions import Fraction
 
 import numpy as np
+import pytest
 
 from tests import reference as ref
 from vtc_jax import Settings, Trace
@@ -52,3 +53,21 @@ def run_reference(requests, num_clients: int, settings: Settings, steps: int | N
 def service_matrix(result: ref.RefResult) -> np.ndarray:
     """float64[T, K] service after every step."""
     return np.asarray([[float(x) for x in row] for row in result.service], dtype=np.float64)
+
+
+def assert_lane_matches(result, lane: int, expect: ref.RefResult, context: str) -> None:
+    """Lane `lane` of an engine result agrees exactly with the reference run `expect`:
+    horizon, service after every step, final service and counters, admissions and
+    completions per client, the drift and its step, the throughput, conservation."""
+    assert result.steps[lane] == expect.steps, context
+    np.testing.assert_array_equal(result.checkpoints[lane][: expect.steps], service_matrix(expect),
+                                  err_msg=context)
+    assert list(result.service_exact[lane]) == expect.service[-1], context
+    assert list(result.counters_exact[lane]) == expect.counters[-1], context
+    assert list(result.admitted[lane]) == expect.admitted, context
+    assert list(result.completed[lane]) == expect.completed, context
+    drifts = [max(row) - min(row) for row in expect.service]
+    assert result.max_drift_exact[lane] == max(drifts), context
+    assert result.max_drift_step[lane] == drifts.index(max(drifts)), context
+    assert result.throughput[lane] == pytest.approx(float(ref.throughput(expect)), rel=1e-12), context
+    assert result.conservation[lane] == [], context

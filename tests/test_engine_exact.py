@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests import reference as ref
-from tests.helpers import random_settings, run_reference, service_matrix, to_trace
+from tests.helpers import assert_lane_matches, random_settings, run_reference, service_matrix, to_trace
 from vtc_jax import POLICIES, run_traces
 
 TRACES_PER_GROUP = 24
@@ -45,19 +45,7 @@ def test_matches_reference_every_step(num_clients, mode):
     assert result.finished.all()
     for lane, (reqs, s) in enumerate(zip(requests, settings)):
         expect = run_reference(reqs, num_clients, s, steps)
-        context = f"lane {lane}: {s}"
-        assert result.steps[lane] == expect.steps, context
-        got = result.checkpoints[lane][: expect.steps]
-        np.testing.assert_array_equal(got, service_matrix(expect), err_msg=context)
-        assert list(result.service_exact[lane]) == expect.service[-1], context
-        assert list(result.counters_exact[lane]) == expect.counters[-1], context
-        assert list(result.admitted[lane]) == expect.admitted, context
-        assert list(result.completed[lane]) == expect.completed, context
-        drifts = [max(row) - min(row) for row in expect.service]
-        assert result.max_drift_exact[lane] == max(drifts), context
-        assert result.max_drift_step[lane] == drifts.index(max(drifts)), context
-        assert result.throughput[lane] == pytest.approx(float(ref.throughput(expect)), rel=1e-12)
-        assert result.conservation[lane] == [], context
+        assert_lane_matches(result, lane, expect, f"lane {lane}: {s}")
 
 
 @pytest.mark.parametrize("num_clients", [2, 3])
