@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Callable
 
+from vtc_jax import fileio
 from vtc_jax.errors import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -47,24 +49,47 @@ def _silence_stdout() -> None:
         pass
 
 
-def _leave_now_if_command(code: int) -> None:
-    """When this process is the command itself (python -m sweeps.X / vtc_jax / benchmarks.X),
-    exit at once: after Ctrl-C, tearing the interpreter down under XLA work still in
-    flight crashes its runtime (a segfault instead of the status). Every output is written
-    atomically, so nothing is left half-written. In-process callers (tests) get the status."""
+def _is_command() -> bool:
+    """Whether this process is a command itself (python -m sweeps.X / vtc_jax / benchmarks.X),
+    not a caller (a test) running one in-process."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name.split(".")[0] in ("sweeps", "vtc_jax", "benchmarks"):
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+    return spec is not None and spec.name.split(".")[0] in ("sweeps", "vtc_jax", "benchmarks")
+
+
+def _exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _stop_on_ctrl_c(prog: str) -> None:
+    """In a command process, Ctrl-C stops it at once with one line and status 130.
+
+    Python's default (a KeyboardInterrupt raised wherever the main thread is) fails two
+    ways under JAX: raised inside jax's garbage-collection callback it is printed as
+    "Exception ignored" and lost, so the run goes on to the end; and tearing the
+    interpreter down under XLA work still in flight crashes its runtime. So the handler
+    leaves at once, except while outputs are being written: there it raises, so that the
+    writer removes its temporaries before `guarded` reports it (nothing half-written)."""
+    if not _is_command():
+        return
+
+    def handler(signum, frame):
+        if fileio.writing():
+            raise KeyboardInterrupt
+        say_error(prog, "interrupted (Ctrl-C); no results were written")
+        _exit_now(EXIT_INTERRUPTED)
+
+    signal.signal(signal.SIGINT, handler)
 
 
 def guarded(prog: str, body: Callable[[], int]) -> int:
     """Run a command's body; every failure becomes one line on stderr and an exit status:
     bad input 2, a failed --check 1, Ctrl-C 130, a closed output pipe 2, out of memory 2."""
+    _stop_on_ctrl_c(prog)
     try:
         return body()
     except InputError as err:
@@ -75,7 +100,8 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         say_error(prog, "interrupted (Ctrl-C); no results were written")
-        _leave_now_if_command(EXIT_INTERRUPTED)
+        if _is_command():  # no interpreter teardown under XLA work in flight
+            _exit_now(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         _silence_stdout()

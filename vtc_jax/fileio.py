@@ -145,6 +145,14 @@ def check_writable_file(path) -> Path:
     return path
 
 
+_writing = [0]  # write_outputs_atomically calls in progress (read by the Ctrl-C handler)
+
+
+def writing() -> bool:
+    """Whether outputs are being written now (a Ctrl-C must then let the writer clean up)."""
+    return _writing[0] > 0
+
+
 def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Path]:
     """Write a set of files as a whole. `files` yields (final path, writer) pairs; each
     writer gets a temporary path in the same directory and writes it. Only when every
@@ -152,6 +160,7 @@ def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Pat
     atomic); on any failure every temporary is removed and the error re-raised (OSError
     becomes InputError naming the file)."""
     pending: list[tuple[Path, Path]] = []
+    _writing[0] += 1
     try:
         for final, writer in files:
             final = Path(final)
@@ -170,6 +179,8 @@ def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Pat
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise
+    finally:
+        _writing[0] -= 1
 
 
 def write_text_atomically(path, text: str) -> Path:
