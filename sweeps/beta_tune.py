@@ -22,11 +22,10 @@ import optax
 
 from vtc_jax.cli_common import float_arg, int_arg
 from vtc_jax.errors import InputError
-from vtc_jax.sources import TrafficSource
+from sweeps.context_cost import long_short_source
 from vtc_jax import sweep
 from vtc_jax.sweep import (Plot, Row, Sweep, _range, add_workload_arguments, aggregate, evaluate, main,
                            make_settings, workload_config)
-from vtc_jax.traffic import overload
 from vtc_jax.tune import es_minimize
 
 QUANTUM = 1 << 18  # betas are multiples of 2^-18: exact, and every charge fits int32 at M = 16384
@@ -117,12 +116,7 @@ def build(args) -> Sweep:
     lo, hi = args.log2_range
     if args.seeds < 2:
         raise InputError("--seeds must be >= 2 (the objective compares seeds)")
-    if args.trace is not None:
-        raise InputError("--trace does not apply: the objective is defined on a long- and a short-context client")
-    if len(args.rates) != 2:
-        raise InputError(f"--rates needs two rates, got {len(args.rates)}")
-    source = TrafficSource(overload(args.rates, args.steps, prompt=[tuple(args.long_prompt), tuple(args.prompt)],
-                                    output=args.output))
+    source = long_short_source(args)
     grid = sorted({Fraction(0)} | {quantize(2.0 ** t) for t in np.linspace(lo, hi, args.grid)})
     rows = [Row(make_settings(args, "vtc", beta=b), source, f"beta={float(b):.3g}", {"beta_value": float(b)})
             for b in grid]

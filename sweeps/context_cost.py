@@ -51,13 +51,19 @@ def metrics(results, rows):
     return out
 
 
-def build(args) -> Sweep:
+def long_short_source(args) -> TrafficSource:
+    """The workload of this sweep and of beta_tune: a long- and a short-context client
+    (--rates, --long-prompt and --prompt; no --trace)."""
     if args.trace is not None:
-        raise InputError("--trace does not apply: this sweep's workload is a long- and a short-context client")
+        raise InputError("--trace does not apply: this workload is a long- and a short-context client")
     if len(args.rates) != 2:
         raise InputError(f"--rates needs two rates (long-context client, short-context client), got {len(args.rates)}")
-    source = TrafficSource(overload(args.rates, args.steps, prompt=[tuple(args.long_prompt), tuple(args.prompt)],
-                                    output=args.output))
+    return TrafficSource(overload(args.rates, args.steps, prompt=[tuple(args.long_prompt), tuple(args.prompt)],
+                                  output=args.output))
+
+
+def build(args) -> Sweep:
+    source = long_short_source(args)
     rows = [Row(make_settings(args, args.policy, beta=b), source, f"beta={b}",
                 {"beta_value": float(Fraction(b))}) for b in args.betas]
     return Sweep(

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from tests.reference import Request as Req  # one request record for both references
 from vtc_jax.cluster import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
 from vtc_jax.estimators import reference_estimate
 from vtc_jax.policies import registry
@@ -41,15 +42,6 @@ def mix32(x: int) -> int:
     x ^= x >> 15
     x = (x * 0x846CA68B) & M32
     return x ^ (x >> 16)
-
-
-@dataclass(frozen=True)
-class Req:
-    arrival: int
-    client: int
-    prompt: int
-    output: int
-    cached: int = 0
 
 
 @dataclass

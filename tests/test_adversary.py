@@ -30,13 +30,18 @@ COMMITTED = ROOT / "docs" / "results" / "adversary"
 
 # ---- helpers --------------------------------------------------------------------------
 
+def _reference_run(trace, settings: Settings, steps: int, num_clients: int):
+    """The literal reference's run of a witness trace."""
+    reqs = [ref.Request(int(a), int(c), int(p), int(o))
+            for a, c, p, o in zip(trace.arrival, trace.client, trace.prompt, trace.output)]
+    return ref.simulate(reqs, num_clients=num_clients, settings=settings, steps=steps)
+
+
 def reference_backlogged_drift(trace, settings: Settings, steps: int, num_clients: int) -> Fraction:
     """The backlogged drift from the literal reference simulator (tests/reference.py):
     per pair and per maximal jointly backlogged period [t1, t2], max - min of
     D = W_f - W_g over D(t1 - 1), ..., D(t2) (exact Fractions)."""
-    reqs = [ref.Request(int(a), int(c), int(p), int(o))
-            for a, c, p, o in zip(trace.arrival, trace.client, trace.prompt, trace.output)]
-    res = ref.simulate(reqs, num_clients=num_clients, settings=settings, steps=steps)
+    res = _reference_run(trace, settings, steps, num_clients)
     best = Fraction(0)
     for f in range(num_clients):
         for g in range(f + 1, num_clients):
@@ -60,9 +65,7 @@ def strict_backlogged_drift(trace, settings: Settings, steps: int, num_clients: 
     non-empty after the arrivals of every step of [t1, t2] (the engine's measure) and also
     at the end of every step of [t1, t2 - 1], so that no lift can act inside (the
     theorem's "backlogged throughout")."""
-    reqs = [ref.Request(int(a), int(c), int(p), int(o))
-            for a, c, p, o in zip(trace.arrival, trace.client, trace.prompt, trace.output)]
-    res = ref.simulate(reqs, num_clients=num_clients, settings=settings, steps=steps)
+    res = _reference_run(trace, settings, steps, num_clients)
     best = Fraction(0)
     for f in range(num_clients):
         for g in range(f + 1, num_clients):
@@ -83,9 +86,7 @@ def strict_backlogged_drift(trace, settings: Settings, steps: int, num_clients: 
 
 def brute_force(trace, settings: Settings, steps: int, num_clients: int) -> Fraction:
     """max |D(t2) - D(t1 - 1)| over every jointly backlogged interval, literally (tiny runs)."""
-    reqs = [ref.Request(int(a), int(c), int(p), int(o))
-            for a, c, p, o in zip(trace.arrival, trace.client, trace.prompt, trace.output)]
-    res = ref.simulate(reqs, num_clients=num_clients, settings=settings, steps=steps)
+    res = _reference_run(trace, settings, steps, num_clients)
     w = [[Fraction(0)] * num_clients] + res.service  # row t + 1: after step t
     best = Fraction(0)
     for f in range(num_clients):
