@@ -1,0 +1,201 @@
+"""Outputs and signals: what the writer refuses, the files it leaves, how a stopped
+command ends, the runner's bounded calls, and the sweep's progress line and plots.
+
+Each test reproduces a defect the code once had (named in its docstring)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vtc_jax import fileio
+from vtc_jax.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _text_writer(text: str):
+    return lambda p: Path(p).write_text(text)
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".vtc"))
+
+
+# ---- 1. targets that are not regular files ---------------------------------------------
+
+def _special_targets(tmp_path: Path) -> dict:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock = tmp_path / "sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    (tmp_path / "dir").mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    os.symlink(tmp_path / "fifo", tmp_path / "to_fifo")
+    return {"fifo": (fifo, "FIFO"), "socket": (sock, "socket"), "dir": (tmp_path / "dir", "directory"),
+            "dangling": (tmp_path / "dangling", "dangling"), "to_fifo": (tmp_path / "to_fifo", "FIFO"),
+            "device": (Path(os.devnull), "character device")}, server
+
+
+def test_writer_and_checks_refuse_targets_that_are_not_regular_files(tmp_path):
+    """The writer renamed over anything: /dev/null (as root) or a FIFO became a regular file."""
+    targets, server = _special_targets(tmp_path)
+    try:
+        for name, (path, words) in targets.items():
+            before = os.lstat(path)
+            for check in (fileio.check_writable_file, fileio.check_target,
+                          lambda p: fileio.write_text_atomically(p, "x"),
+                          lambda p: fileio.check_writable_dir(p.parent, [p.name])):
+                with pytest.raises(InputError, match=words) as err:
+                    check(path)
+                assert str(path) in str(err.value), name
+            after = os.lstat(path)
+            assert (stat.S_IFMT(after.st_mode), after.st_ino) == (stat.S_IFMT(before.st_mode), before.st_ino), name
+        assert not (tmp_path / "nowhere").exists()  # a dangling link is never followed
+        assert _leftovers(tmp_path) == []
+    finally:
+        server.close()
+
+
+def test_a_link_to_a_regular_file_is_written_through(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    os.symlink(real, link)
+    fileio.check_writable_file(link)
+    fileio.write_text_atomically(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+# ---- 2. one path twice in a set -----------------------------------------------------------
+
+def test_the_same_path_twice_in_one_set_is_refused(tmp_path):
+    """`--json X --details X` kept one of the two silently."""
+    out = tmp_path / "out.json"
+    (tmp_path / "sub").mkdir()
+    same = tmp_path / "sub" / ".." / "out.json"
+    with pytest.raises(InputError, match="same output file"):
+        fileio.write_outputs_atomically([(out, _text_writer("a")), (same, _text_writer("b"))])
+    assert not out.exists() and _leftovers(tmp_path) == []
+    with pytest.raises(InputError, match="same output file"):
+        fileio.check_distinct_outputs([out, None, same])
+    assert fileio.check_distinct_outputs([out, None, tmp_path / "other.json"]) == [out, tmp_path / "other.json"]
+    os.symlink(out, tmp_path / "alias.json")
+    with pytest.raises(InputError, match="same output file"):
+        fileio.check_distinct_outputs([out, tmp_path / "alias.json"])
+
+
+# ---- 3. the umask --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_outputs_honour_the_umask(tmp_path, umask):
+    """Every output was mode 0600 (mkstemp's) whatever the umask."""
+    old = os.umask(umask)
+    try:
+        path = fileio.write_text_atomically(tmp_path / f"out{umask:o}.txt", "x")
+        plain = tmp_path / f"plain{umask:o}.txt"
+        with open(plain, "w") as fh:
+            fh.write("x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask == stat.S_IMODE(os.stat(plain).st_mode)
+
+
+# ---- full disk --------------------------------------------------------------------------------
+
+def test_a_full_disk_mid_set_leaves_nothing(tmp_path):
+    (tmp_path / "a.json").write_text("previous")
+
+    def full(p):
+        Path(p).write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(InputError, match=r"b\.csv \(No space left on device\)"):
+        fileio.write_outputs_atomically([(tmp_path / "a.json", _text_writer("new")), (tmp_path / "b.csv", full),
+                                         (tmp_path / "c.png", _text_writer("never"))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    assert (tmp_path / "a.json").read_text() == "previous"
+
+
+# ---- 5, 6. signals in a command process ------------------------------------------------------
+
+_COMMAND = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from vtc_jax import cli_common, fileio
+    cli_common._is_command = lambda: True   # as under `python -m sweeps.X`
+    out = Path(sys.argv[1])
+    how = sys.argv[2]
+
+    def writer(p):
+        Path(p).write_text("partial")
+        if how == "swallowed":   # a KeyboardInterrupt raised inside a callback that eats it
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+        else:
+            os.kill(os.getpid(), getattr(signal, how))
+            time.sleep(0.5)
+
+    def body():
+        if how == "caller":   # the body itself swallows the interrupt and returns 0
+            try:
+                fileio.write_outputs_atomically([(out / "a.json", lambda p: writer_caller(p))])
+            except KeyboardInterrupt:
+                pass
+            return 0
+        fileio.write_outputs_atomically([(out / "a.json", lambda p: Path(p).write_text("a")), (out / "b.json", writer)])
+        print("wrote")
+        return 0
+
+    def writer_caller(p):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+
+    sys.exit(cli_common.guarded("cmd", body))
+""")
+
+
+@pytest.mark.parametrize("how, status, name", [("SIGTERM", 143, "SIGTERM"), ("SIGHUP", 129, "SIGHUP"),
+                                               ("SIGINT", 130, "Ctrl-C"), ("swallowed", 130, "Ctrl-C"),
+                                               ("caller", 130, "Ctrl-C")])
+def test_a_signal_while_writing_leaves_nothing_and_is_one_line(tmp_path, how, status, name):
+    """SIGTERM/SIGHUP killed the process and left .tmp files; a Ctrl-C whose exception was
+    swallowed (in a callback, or by the body) was lost and the command exited 0."""
+    proc = subprocess.run([sys.executable, "-c", _COMMAND, str(tmp_path), how], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == [f"cmd: error: interrupted ({name}); no results were written"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_during_the_renames_waits_for_the_whole_set(tmp_path, monkeypatch):
+    """A signal between two renames must not leave half a set: the handler only records it
+    then, and the writer stops once the set is whole."""
+    renamed = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if renamed:  # the handler runs between the first and the second rename
+            assert fileio.renaming()
+            fileio.record_interrupt(15)
+        renamed.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(fileio, "_interrupt", [0])
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.write_outputs_atomically([(tmp_path / n, _text_writer(n)) for n in ("a", "b", "c")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
+    assert fileio.pending_interrupt() == 15 and not fileio.renaming()
