@@ -199,3 +199,54 @@ def test_an_interrupt_during_the_renames_waits_for_the_whole_set(tmp_path, monke
         fileio.write_outputs_atomically([(tmp_path / n, _text_writer(n)) for n in ("a", "b", "c")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c"]
     assert fileio.pending_interrupt() == 15 and not fileio.renaming()
+
+
+# ---- 8. the progress line's time left ----------------------------------------------------------
+
+def _drive_progress(progress, clock, chunks: int, lanes: int, calls: int, events: int, expected: int,
+                    compile_s: float) -> float:
+    """Drive `progress` as sweep.evaluate and runner.run do: `chunks` chunks of `lanes`
+    lanes, each `calls` calls of `events` events taking 1 s on the fake `clock` (the very
+    first call also `compile_s`); returns the clock at the end."""
+    for c in range(chunks):
+        report = progress.chunk(lanes, lanes)
+        for i in range(1, calls + 1):
+            clock[0] += 1 + (compile_s if c == 0 and i == 1 else 0)
+            report(i * events, max(expected, i * events), clock[0])
+        progress.finished_chunk(lanes)
+    return clock[0]
+
+
+def test_the_time_left_tracks_measured_progress():
+    """The estimate counted the compile as work: ~45x too pessimistic on a small sweep.
+    Here (compile 200 s, then 4 chunks of 32 one-second calls) it must stay within the bias
+    of the runner's expected event count (x1.25) in the first chunk, and within 10% once a
+    chunk has been measured whole."""
+    import io
+    import re
+
+    from vtc_jax.sweep import Progress
+
+    clock, prints = [0.0], []
+
+    class Log(io.StringIO):
+        def write(self, text):
+            if text.strip():
+                prints.append((clock[0], text))
+            return len(text)
+
+    calls, compile_s = 32, 200.0
+    progress = Progress("t", 4 * 100, 6000, Log(), clock=lambda: clock[0])
+    end = _drive_progress(progress, clock, chunks=4, lanes=100, calls=calls, events=256,
+                          expected=int(1.25 * calls * 256), compile_s=compile_s)
+    checked = 0
+    for at, text in prints:
+        truth = end - at
+        if at <= compile_s + 1 or truth <= 0:  # before a measured call there is nothing to go by
+            continue
+        left = re.search(r"~(\d+) s left", text)
+        assert left, text
+        tolerance = 1.5 if at < compile_s + calls else 1.1
+        assert truth / tolerance - 1 <= float(left.group(1)) <= tolerance * truth + 1, (at, truth, text)
+        checked += 1
+    assert checked >= 20

@@ -300,37 +300,73 @@ def base_metrics(results, rows: Sequence[Row]) -> dict:
 
 
 class Progress:
-    """Progress on stderr at least every few seconds: lanes done, rate and time left."""
+    """Progress on stderr at least every few seconds: lanes done, rate and time left.
 
-    def __init__(self, name: str, total_lanes: int, steps: int, log=None):
+    The rate counts only measured work: time before a chunk's first compiled call returned
+    (generating its requests, the compile, often most of a small sweep's time) is left out,
+    and so is that call's share of the chunk, known once the chunk ended (its events over
+    all the chunk's events). While a chunk runs, its fraction done is its events over those
+    of the last completed chunk (over the runner's expected count before one completed).
+    `clock` (seconds) is injectable for tests.
+    """
+
+    def __init__(self, name: str, total_lanes: int, steps: int, log=None, clock: Callable[[], float] | None = None):
         self.name, self.total, self.steps, self.log = name, total_lanes, steps, log or sys.stderr
-        self.started = time.perf_counter()
+        self.clock = clock or time.perf_counter
+        self.started = self.clock()
         self.last = self.started
         self.done = 0
+        self.measured_lanes, self.measured_seconds = 0.0, 0.0  # completed chunks, first calls left out
+        self._events = 0  # events the last completed chunk took: a better count than the runner's guess
+        self._lanes, self._first, self._latest, self._first_run_events = 0, None, None, 0
 
     def chunk(self, lanes: int, size: int):
         """A callback for the runner while a chunk of `lanes` runs."""
-        def report(spent: int, budget: int, seconds: float):
-            now = time.perf_counter()
+        self._lanes, self._first, self._latest, self._first_run_events = lanes, None, None, 0
+
+        def report(spent: int, expected: int, seconds: float):
+            now = self.clock()
+            if self._first is None:
+                self._first = (now, spent)
+            elif spent < self._latest[1]:  # the engine ran again (a retry of some lanes)
+                self._first_run_events = self._first_run_events or self._latest[1]
+            self._latest = (now, spent, expected)
             if now - self.last >= PROGRESS_SECONDS:
-                self._print(self.done + lanes * min(1.0, spent / max(budget, 1)), now)
+                self._print(self.done + lanes * min(1.0, spent / max(self._events or expected, 1)), now)
         return report
 
+    def _rate(self) -> float:
+        """Lanes per second of measured work (NaN before any): completed chunks, else the
+        running one since its first call."""
+        lanes, seconds = self.measured_lanes, self.measured_seconds
+        if seconds <= 0 and self._first is not None and not self._first_run_events:
+            (t0, s0), (t1, s1, expected) = self._first, self._latest
+            lanes, seconds = self._lanes * (s1 - s0) / max(expected, 1), t1 - t0
+        return lanes / seconds if seconds > 0 and lanes > 0 else float("nan")
+
     def finished_chunk(self, lanes: int):
+        now = self.clock()
+        if self._first is not None:
+            events = self._first_run_events or self._latest[1]
+            self.measured_lanes += lanes * (1 - self._first[1] / max(events, 1))
+            self.measured_seconds += now - self._first[0]
+            self._events = events
+        self._first = None
         self.done += lanes
-        self._print(self.done, time.perf_counter(), force=self.done >= self.total)
+        self._print(self.done, now, force=self.done >= self.total)
 
     def _print(self, done: float, now: float, force: bool = False):
         if not force and now - self.last < PROGRESS_SECONDS:
             return
         self.last = now
         elapsed = now - self.started
-        rate = done * self.steps / max(elapsed, 1e-9)
-        left = (self.total - done) * self.steps / rate if rate > 0 else float("nan")
+        rate = self._rate()
+        known = math.isfinite(rate)
+        left = f"~{(self.total - done) / rate:.0f} s left" if known else "time left not yet known"
         where = f" (process {jax.process_index()}/{jax.process_count()})" if jax.process_count() > 1 else ""
         print(f"[{self.name}] lanes {int(done)}/{self.total}{where} ({100 * done / self.total:.0f}%), "
-              f"{rate / 1e6:.2f} M lane-steps/s, {elapsed:.0f} s elapsed, ~{left:.0f} s left",
-              file=self.log, flush=True)
+              f"{f'{rate * self.steps / 1e6:.2f}' if known else 'n/a'} M lane-steps/s, {elapsed:.0f} s elapsed, "
+              f"{left}", file=self.log, flush=True)
 
 
 def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: int | None = None,
@@ -554,10 +590,18 @@ def format_clients(result: dict, client_names: Sequence[str] | None = None) -> s
     return "\n".join(out)
 
 
-def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
+def output_names(sweep: Sweep, plots: bool = True) -> list[str]:
+    """The files `write_outputs` may write in the output directory (for the pre-run check)."""
+    names = ["results.json", "results.csv"] + ["series.json"] * (sweep.series is not None)
+    return names + ([p.filename for p in sweep.plots] if plots else [])
+
+
+def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True,
+                  extra: Sequence[tuple[Path, Callable]] = ()) -> list[Path]:
     """results.json, results.csv (one row per setting and metric), series.json (time
-    series, when the sweep has some) and the PNG plots, written as one set (temporary files
-    renamed only when all were written)."""
+    series, when the sweep has some), the PNG plots and the caller's `extra` (path,
+    writer) pairs, written as one set (temporary files renamed only when all were
+    written: a failed plot leaves no results.json behind)."""
     out_dir = Path(out_dir)
     main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
     files = [(out_dir / "results.json", lambda p: p.write_text(json.dumps(main_keys, indent=1, default=_json_default))),
@@ -568,7 +612,7 @@ def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True)
     if plots:
         for plot in sweep.plots:
             files.append((out_dir / plot.filename, lambda p, plot=plot: draw(result, plot, p)))
-    return fileio.write_outputs_atomically(files)
+    return fileio.write_outputs_atomically(files + list(extra))
 
 
 def _json_default(x):
@@ -797,7 +841,7 @@ def _main(name, description, add_arguments, build, argv) -> int:
     sweep = build(args)
     measures = measure_config(sweep, args)
     if jax.process_index() == 0:
-        fileio.check_writable_dir(args.out)
+        fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
     try:
         lane_mesh(args.devices)
     except ValueError as err:
