@@ -250,3 +250,63 @@ def test_the_time_left_tracks_measured_progress():
         assert truth / tolerance - 1 <= float(left.group(1)) <= tolerance * truth + 1, (at, truth, text)
         checked += 1
     assert checked >= 20
+
+
+# ---- 7. the runner's calls are short ------------------------------------------------------------
+
+def _slow_program():
+    """A lane that is never done and whose event costs a 160x160 matmul (~1 ms on CPU)."""
+    import jax.numpy as jnp
+
+    from vtc_jax import runner
+
+    def init(config, batched, shared):
+        return {"x": jnp.full((160, 160), 0.01, jnp.float32) * batched, "n": jnp.zeros((), jnp.int32)}
+
+    def step(carry, batched, shared, config):
+        return {"x": jnp.tanh(carry["x"] @ carry["x"]), "n": carry["n"] + 1}
+
+    return runner.LaneProgram("slow", init, step, lambda carry: carry["n"] < 0)
+
+
+def test_no_compiled_call_runs_for_long():
+    """One compiled call ran `chunk` events whatever they cost (8,192 in a dense replay:
+    minutes), and a signal handler runs only between calls, so Ctrl-C was ignored."""
+    import time
+
+    import jax.numpy as jnp
+
+    from vtc_jax import runner
+
+    marks = [time.perf_counter()]
+    host, done = runner.run(_slow_program(), None, jnp.ones(2), None, event_budget=8192, chunk=8192,
+                            progress=lambda spent, expected, seconds: marks.append(time.perf_counter()))
+    marks.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(marks, marks[1:])]
+    assert int(host["n"][0]) == 8192 and not done.any()
+    assert max(gaps) < 2.0, gaps  # a few seconds of work in all on this CPU (one call before)
+    assert len(gaps) > 4, gaps  # split in several calls, however fast the machine
+
+
+def test_call_sizes_do_not_change_results(monkeypatch):
+    """Whatever the calls' sizes, a lane runs whole chunks: here a budget of 100 in chunks
+    of 64 runs 128 events in 1-event calls as in 64-event calls, and lanes done early stop."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from vtc_jax import runner
+
+    def init(config, batched, shared):
+        return {"n": jnp.zeros((), jnp.int32), "stop": batched}
+
+    def step(carry, batched, shared, config):
+        return {"n": carry["n"] + (carry["n"] < carry["stop"]), "stop": carry["stop"]}
+
+    program = runner.LaneProgram("count", init, step, lambda carry: carry["n"] >= carry["stop"])
+    results = []
+    for seconds in (1e-12, 1e12):  # every call shrinks to 1 event / every call is a whole chunk
+        monkeypatch.setattr(runner, "CALL_SECONDS", seconds)
+        host, done = runner.run(program, None, jnp.asarray([5, 77, 10_000], jnp.int32), None, event_budget=100,
+                                chunk=64)
+        results.append((np.asarray(host["n"]).tolist(), np.asarray(done).tolist()))
+    assert results[0] == results[1] == ([5, 77, 128], [True, True, False])
