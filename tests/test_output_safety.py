@@ -310,3 +310,66 @@ def test_call_sizes_do_not_change_results(monkeypatch):
                                 chunk=64)
         results.append((np.asarray(host["n"]).tolist(), np.asarray(done).tolist()))
     assert results[0] == results[1] == ([5, 77, 128], [True, True, False])
+
+
+# ---- 9, 10. plots ---------------------------------------------------------------------------------
+
+def _metric(mean: float) -> dict:
+    return {"mean": mean, "ci95": [mean * 0.999, mean * 1.001]}
+
+
+def test_scatter_labels_do_not_overlap(tmp_path, monkeypatch):
+    """Labels were all put 5 points up-right of their point: close points' labels overlapped."""
+    import matplotlib.figure
+    from matplotlib.text import Text
+
+    from vtc_jax import sweep
+
+    boxes = []
+    original = matplotlib.figure.Figure.savefig
+
+    def recording(fig, *args, **kwargs):
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            for t in ax.texts:
+                t.update_positions(renderer)  # where it is drawn
+                boxes.append(Text.get_window_extent(t, renderer))  # the text, not its leader line
+        return original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", recording)
+    points = [(1.0, 10.0), (1.001, 10.01), (1.002, 10.0), (1.0, 10.02), (1.5, 12.0), (1.501, 12.0), (2.0, 11.0),
+              (1.0015, 10.015)]
+    result = {"rows": [{"label": f"policy-{i} cap={i * 7}", "setting": {},
+                        "metrics": {"throughput": _metric(x), "max_drift": _metric(y)}}
+                       for i, (x, y) in enumerate(points)]}
+    plot = sweep.Plot("scatter", "f.png", "close points", "throughput", "max_drift")
+    sweep.draw(result, plot, tmp_path / "f.png")
+    assert len(boxes) == len(points)
+    overlapping = [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
+    assert not overlapping, overlapping
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
+    """The figure was 0.5 in per tenant: 275,220 px wide for 5,000 tenants."""
+    from vtc_jax import sweep
+
+    k = 5000
+    demand = [(k - i) / (k * (k + 1) / 2) for i in range(k)]  # tenant 0 demands most
+    rows = [{"label": p, "setting": {}, "metrics": {},
+             "clients": {"offered_share": demand, "served_share": demand, "wait_p99": [float(i + 1) for i in range(k)]}}
+            for p in ("vtc", "fcfs")]
+    path = tmp_path / "tenants.png"
+    sweep.draw_tenants({"rows": rows}, [f"t{i}" for i in range(k)], path)
+    width, height = _png_size(path)
+    assert width <= sweep.MAX_FIGURE_PIXELS and height <= sweep.MAX_FIGURE_PIXELS, (width, height)
+    assert sweep.top_tenants(demand)[:3] == [0, 1, 2] and len(sweep.top_tenants(demand)) == sweep.MAX_TENANT_BARS
+    few = tmp_path / "few.png"
+    sweep.draw_tenants({"rows": [dict(r, clients={n: v[:3] for n, v in r["clients"].items()}) for r in rows]},
+                       ["a", "b", "c"], few)
+    assert _png_size(few)[0] < width
