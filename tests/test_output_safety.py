@@ -373,3 +373,23 @@ def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
     sweep.draw_tenants({"rows": [dict(r, clients={n: v[:3] for n, v in r["clients"].items()}) for r in rows]},
                        ["a", "b", "c"], few)
     assert _png_size(few)[0] < width
+
+
+def test_a_full_disk_in_a_command_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from vtc_jax import cli
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival,client,prompt,output\n0,0,10,5\n1,1,20,3\n")
+    real_write = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.endswith(".tmp") and "details" in self.name:  # the second file of the set
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    status = cli.main(["replay", str(trace), "--policy", "vtc", "--kv-budget", "100", "--no-cache",
+                       "--json", str(tmp_path / "out.json"), "--details", str(tmp_path / "details.json")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1 and "No space left on device" in err[0] and "details.json" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
