@@ -817,21 +817,21 @@ def draw_tenants(result: dict, names: Sequence[str], path) -> None:
     rest = sorted(set(range(len(names))) - set(shown))
 
     def grouped(values, combine):
-        picked = [values[k] for k in shown]
-        return picked + ([combine([values[k] for k in rest if values[k] is not None] or [None])] if rest else [])
+        """The shown tenants' values, then the rest's combined (None when they have none)."""
+        others = [values[k] for k in rest if values[k] is not None]
+        return [values[k] for k in shown] + ([combine(others) if others else None] if rest else [])
 
-    total = lambda v: None if v == [None] else sum(v)  # noqa: E731
     labels = [names[k] for k in shown] + ([f"others ({len(rest)})"] if rest else [])
     k = len(labels)
     dpi = 110
     fig, axes = plt.subplots(2, 1, figsize=capped_figsize(max(6.4, 0.5 * k + 2), 6.4, dpi), dpi=dpi, sharex=True)
     width = 0.8 / (len(rows) + 1)
     x = np.arange(k)
-    axes[0].bar(x - 0.4 + width / 2, [d or 0 for d in grouped(demand, total)], width, color="0.7",
+    axes[0].bar(x - 0.4 + width / 2, [d or 0 for d in grouped(demand, sum)], width, color="0.7",
                 label="share of demand")
     for i, r in enumerate(rows):
         c = r["clients"]
-        axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in grouped(c["served_share"], total)], width,
+        axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in grouped(c["served_share"], sum)], width,
                     label=r["label"])
         axes[1].plot(x, [v if v else np.nan for v in grouped(c["wait_p99"], max)], "o-", label=r["label"])
     axes[0].set_ylabel("share")
