@@ -180,6 +180,7 @@ SWEEP_COMMON = [  # (suffix, argv, words): flags every sweep shares
     ("measures-unknown", ["--seeds", "2", "--measures", "speed"], "unknown measure"),
     ("out-under-file", ["--seeds", "2", "--out", "{d}/ok.csv/out"], "cannot write"),
     ("out-is-file", ["--seeds", "2", "--out", "{d}/ok.csv"], "cannot write"),
+    ("out-csv-is-dir", ["--seeds", "2", "--out", "{d}/csvdir"], "results.csv: it is a directory"),
     ("cache-dir-under-file", ["--seeds", "2", "--cache-dir", "{d}/ok.csv/cache"], "compilation cache"),
     ("policy-module-missing", ["--seeds", "2", "--policy-module", "{d}/none.py"], "no such file"),
     ("policy-module-empty", ["--seeds", "2", "--policy-module", "{d}/no_policy.py"], "defines no POLICY"),
@@ -424,6 +425,7 @@ def case_dir(tmp_path):
     for name, data in BINARY.items():
         (tmp_path / name).write_bytes(data)
     (tmp_path / "emptydir").mkdir()
+    (tmp_path / "csvdir" / "results.csv").mkdir(parents=True)  # an output target that is a directory
     return tmp_path
 
 

@@ -1,6 +1,6 @@
-"""What every command shares: one line and exit status 2 for any failure, 130 for Ctrl-C,
-a closed output pipe that ends quietly in one line, and argparse that reports usage
-errors as one line.
+"""What every command shares: one line and exit status 2 for any failure, 130 for Ctrl-C
+(143 for SIGTERM, 129 for SIGHUP), a closed output pipe that ends quietly in one line, and
+argparse that reports usage errors as one line.
 
     def main(argv=None) -> int:
         return guarded("python -m sweeps.NAME", lambda: run(parse(argv)))
@@ -17,7 +17,7 @@ from typing import Callable
 from vtc_jax import fileio
 from vtc_jax.errors import InputError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130 = 128 + SIGINT
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,33 +65,67 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _stop_on_ctrl_c(prog: str) -> None:
-    """In a command process, Ctrl-C stops it at once with one line and status 130.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
-    Python's default (a KeyboardInterrupt raised wherever the main thread is) fails two
-    ways under JAX: raised inside jax's garbage-collection callback it is printed as
+
+def interrupted_line(signum: int, placed: int) -> str:
+    """The one line of a stopped command: which signal, and what was written (`placed`
+    output files, each in a whole set, or none)."""
+    name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+    done = "no results were written" if not placed else \
+        f"{placed} output file(s) had been written before, each set complete"
+    return f"interrupted ({name}); {done}"
+
+
+def _stop_on_signals(prog: str) -> None:
+    """In a command process, Ctrl-C, SIGTERM and SIGHUP stop it at once with one line and
+    status 128 + signal (130, 143, 129).
+
+    Python's default (a KeyboardInterrupt raised wherever the main thread is; SIGTERM and
+    SIGHUP kill the process outright, leaving the writer's temporaries) fails under JAX:
+    raised inside jax's garbage-collection callback a KeyboardInterrupt is printed as
     "Exception ignored" and lost, so the run goes on to the end; and tearing the
     interpreter down under XLA work still in flight crashes its runtime. So the handler
-    leaves at once, except while outputs are being written: there it raises, so that the
-    writer removes its temporaries before `guarded` reports it (nothing half-written)."""
+    records the signal (sticky: the writer and `guarded` look again, so a swallowed
+    exception cannot lose it) and leaves at once, except while outputs are written: there
+    it raises, so that the writer removes its temporaries before `guarded` reports it, and
+    while a set is renamed into place it only records (the writer stops once the set is
+    whole)."""
     if not _is_command():
         return
 
     def handler(signum, frame):
+        fileio.record_interrupt(signum)
+        if fileio.renaming():
+            return
         if fileio.writing():
             raise KeyboardInterrupt
-        say_error(prog, "interrupted (Ctrl-C); no results were written")
-        _exit_now(EXIT_INTERRUPTED)
+        say_error(prog, interrupted_line(signum, fileio.outputs_placed()))
+        _exit_now(128 + signum)
 
-    signal.signal(signal.SIGINT, handler)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
+
+
+def _interrupted(prog: str) -> int:
+    """Report the recorded interrupt (Ctrl-C when none was recorded: a KeyboardInterrupt
+    raised in-process) and return, or in a command process exit with, 128 + signal."""
+    signum = fileio.pending_interrupt() or signal.SIGINT
+    say_error(prog, interrupted_line(signum, fileio.outputs_placed()))
+    if _is_command():  # no interpreter teardown under XLA work in flight
+        _exit_now(128 + signum)
+    return 128 + signum
 
 
 def guarded(prog: str, body: Callable[[], int]) -> int:
     """Run a command's body; every failure becomes one line on stderr and an exit status:
-    bad input 2, a failed --check 1, Ctrl-C 130, a closed output pipe 2, out of memory 2."""
-    _stop_on_ctrl_c(prog)
+    bad input 2, a failed --check 1, Ctrl-C 130 (SIGTERM 143, SIGHUP 129), a closed output
+    pipe 2, out of memory 2. An interrupt recorded while the body ran is never lost: a
+    body that returns after one (its exception swallowed somewhere) still exits with it."""
+    _stop_on_signals(prog)
     try:
-        return body()
+        status = body()
     except InputError as err:
         say_error(prog, str(err))
         return EXIT_BAD_INPUT
@@ -99,10 +133,7 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         say_error(prog, f"check failed: {err}")
         return EXIT_FAILED
     except KeyboardInterrupt:
-        say_error(prog, "interrupted (Ctrl-C); no results were written")
-        if _is_command():  # no interpreter teardown under XLA work in flight
-            _exit_now(EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
+        return _interrupted(prog)
     except BrokenPipeError:
         _silence_stdout()
         say_error(prog, "output pipe closed; stopped")
@@ -116,6 +147,9 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         say_error(prog, f"internal error (a defect, please report it; VTC_JAX_TRACEBACK=1 shows where): "
                         f"{type(err).__name__}: {err}")
         return EXIT_FAILED
+    if fileio.pending_interrupt():
+        return _interrupted(prog)
+    return status
 
 
 def int_arg(minimum: int, maximum: int | None = None):

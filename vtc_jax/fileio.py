@@ -14,6 +14,7 @@ import contextlib
 import csv
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -115,37 +116,112 @@ def _csv_records(reader, source: str, width: int) -> Iterator[tuple[int, list[st
         raise InputError(f"{source}: line {line}: malformed CSV ({err})") from None
 
 
-def check_writable_dir(directory) -> Path:
-    """Create `directory` if needed and check that files can be created in it, before any
-    work is spent (InputError naming it otherwise)."""
+def target_problem(path) -> str | None:
+    """Why an output file cannot be put at `path`, or None. An absent path, a regular file
+    and a symbolic link to a regular file are fine; anything else (a directory, a device
+    such as /dev/null, a FIFO, a socket, a dangling link) would be replaced by a regular
+    file, so it is refused. Only lstat/stat are used: a FIFO is never opened (that blocks)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot check it ({err.strerror or err})"
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            return "it is a dangling symbolic link"
+        except OSError as err:
+            return f"cannot follow its symbolic link ({err.strerror or err})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"it is {_kind(mode)}, not a regular file"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def check_target(path) -> Path:
+    """`path` as an output target (InputError naming it when `target_problem` finds one)."""
+    problem = target_problem(path)
+    if problem:
+        raise InputError(f"cannot write {path}: {problem}")
+    return Path(path)
+
+
+def check_distinct_outputs(paths: Iterable) -> list[Path]:
+    """The given output paths (None entries skipped), refused with InputError naming both
+    when two of them are one file (compared resolved: `a/x.json` and `./a/../a/x.json`, or
+    a link and its target). Call it before the run; the writer checks again."""
+    seen: dict[str, Path] = {}
+    out = []
+    for path in paths:
+        if path is None:
+            continue
+        path = Path(path)
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(f"{seen[real]} and {path} name the same output file: give each output its own path")
+        seen[real] = path
+        out.append(path)
+    return out
+
+
+@contextlib.contextmanager
+def _probe(parent: Path):
+    """A throwaway file in `parent` (it is removed even on Ctrl-C: the handler raises here)."""
+    _writing[0] += 1
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".vtc_jax_probe_"):
+            yield
+    finally:
+        _writing[0] -= 1
+
+
+def check_writable_dir(directory, names: Iterable[str] = ()) -> Path:
+    """Create `directory` if needed and check that files can be created in it and that
+    each of `names` (the files the command will write there) is a valid target, before any
+    work is spent (InputError naming the problem otherwise)."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".vtc_jax_probe_"):
+        with _probe(directory):
             pass
     except OSError as err:
         raise InputError(f"cannot write to {directory} ({err.strerror or err})") from None
+    check_distinct_outputs([check_target(directory / name) for name in names])
     return directory
 
 
 def check_writable_file(path) -> Path:
-    """Check that `path` can be written (its directory exists and is writable) before any
-    work is spent."""
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
+    """Check that `path` can be written (its directory exists and is writable, and it is
+    absent, a regular file or a link to one) before any work is spent."""
+    path = check_target(path)
+    parent = Path(os.path.realpath(path)).parent
     if not parent.is_dir():
-        raise InputError(f"cannot write {path} (no such directory: {parent})")
+        raise InputError(f"cannot write {path} (no such directory: {path.parent if str(path.parent) else '.'})")
     try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".vtc_jax_probe_"):
+        with _probe(parent):
             pass
     except OSError as err:
         raise InputError(f"cannot write {path} ({err.strerror or err})") from None
     return path
 
 
-_writing = [0]  # write_outputs_atomically calls in progress (read by the Ctrl-C handler)
+# The process's writer state, read by the signal handler in cli_common: how many
+# write_outputs_atomically calls are in progress, whether a set is being renamed into
+# place, the signal number of an interrupt received (0: none; kept even when the exception
+# the handler raised was swallowed), and how many output files were put in place.
+_writing = [0]
+_renaming = [False]
+_interrupt = [0]
+_placed = [0]
 
 
 def writing() -> bool:
@@ -153,27 +229,83 @@ def writing() -> bool:
     return _writing[0] > 0
 
 
+def renaming() -> bool:
+    """Whether a set is being renamed into place (an interrupt must then wait for its end:
+    raised between two renames it would leave half a set)."""
+    return _renaming[0]
+
+
+def record_interrupt(signum: int) -> None:
+    """Note that the process was asked to stop (a signal handler calls this)."""
+    _interrupt[0] = _interrupt[0] or int(signum)
+
+
+def pending_interrupt() -> int:
+    """The signal number of the first recorded interrupt, 0 when none."""
+    return _interrupt[0]
+
+
+def outputs_placed() -> int:
+    """How many output files this process has put in place (each in a complete set)."""
+    return _placed[0]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _final_targets(finals: Sequence[Path]) -> list[Path]:
+    """The paths the temporaries are renamed over: each checked (`check_target`), links to a
+    regular file resolved (the file is replaced, the link kept), no two the same file."""
+    check_distinct_outputs(finals)
+    return [Path(os.path.realpath(f)) if os.path.islink(check_target(f)) else f for f in finals]
+
+
 def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Path]:
     """Write a set of files as a whole. `files` yields (final path, writer) pairs; each
-    writer gets a temporary path in the same directory and writes it. Only when every
-    writer succeeded are the temporaries renamed over their final paths (each rename is
-    atomic); on any failure every temporary is removed and the error re-raised (OSError
-    becomes InputError naming the file)."""
+    writer gets a temporary path in the same directory and writes it. Every final path is
+    checked first (absent, a regular file or a link to one; no two the same file). Only
+    when every writer succeeded, and no interrupt was received meanwhile, are the
+    temporaries given the umask's mode (like `open(path, "w")`) and renamed over their
+    final paths (each rename is atomic; an interrupt waits for the last); on any failure
+    every temporary is removed and the error re-raised (OSError becomes InputError naming
+    the file). Returns the final paths as given."""
+    files = [(Path(final), writer) for final, writer in files]
+    named = [final for final, _ in files]
+    targets = _final_targets(named)
+    mode = 0o666 & ~_umask()
     pending: list[tuple[Path, Path]] = []
     _writing[0] += 1
     try:
-        for final, writer in files:
-            final = Path(final)
-            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-            os.close(fd)
-            pending.append((Path(tmp), final))
+        for (final, writer), target in zip(files, targets):
             try:
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+                os.close(fd)
+                pending.append((Path(tmp), target))
                 writer(Path(tmp))
+                os.chmod(tmp, mode)
             except OSError as err:
                 raise InputError(f"cannot write {final} ({err.strerror or err})") from None
-        for tmp, final in pending:
-            os.replace(tmp, final)
-        return [final for _, final in pending]
+            if pending_interrupt():
+                raise KeyboardInterrupt
+        _final_targets(named)  # again: a target may have changed while the files were written
+        if pending_interrupt():  # the exception raised by the handler may have been swallowed
+            raise KeyboardInterrupt
+        _renaming[0] = True
+        try:
+            for (tmp, target), final in zip(pending, named):
+                try:
+                    os.replace(tmp, target)
+                except OSError as err:
+                    raise InputError(f"cannot write {final} ({err.strerror or err})") from None
+                _placed[0] += 1
+        finally:
+            _renaming[0] = False
+        if pending_interrupt():  # received during the renames: the set is whole, now stop
+            raise KeyboardInterrupt
+        return named
     except BaseException:
         for tmp, _ in pending:
             with contextlib.suppress(OSError):

@@ -9,8 +9,10 @@ An engine gives the runner a `LaneProgram`: three pure functions of ONE lane,
 where `config` is the engine's static (hashable) configuration, `batched` a pytree whose
 leaves all carry a leading lane axis (the lane's own inputs) and `shared` a pytree every
 lane reads whole (for example one trace replayed under many settings). The runner owns
-everything else, once for every engine: vmap over lanes, `lax.scan` of `chunk` events
-per compiled call, jit with the config static (one compile per config and chunk size),
+everything else, once for every engine: vmap over lanes, a loop of events per compiled
+call (its count an argument, sized by measured time so a call lasts about CALL_SECONDS
+and Ctrl-C is honoured; the total is whole `chunk`s, as if every call ran `chunk`
+events), jit with the config static (one compile per config),
 padding the lane count to the device mesh, sharding lanes over it, donating the carry on
 accelerators, and the host loop that stops when every lane is done or the event budget is
 spent (a lane still running then is reported as not finished, never as done).
@@ -41,25 +43,31 @@ class LaneProgram:
     done: Callable[[Any], jax.Array]
 
 
-def _scan_events(program: LaneProgram, config, num_events: int, carry, batched, shared):
-    def body(c, _):
-        return program.step(c, batched, shared, config), None
+def _loop_events(program: LaneProgram, config, carry, batched, shared, num_events):
+    def body(_, c):
+        return program.step(c, batched, shared, config)
 
-    carry, _ = jax.lax.scan(body, carry, None, length=num_events)
-    return carry
+    return jax.lax.fori_loop(0, num_events, body, carry)
 
 
-@functools.partial(jax.jit, static_argnames=("program", "config", "num_events"))
-def advance(carry, batched, shared, *, program: LaneProgram, config, num_events: int):
-    """`num_events` events of every lane (vmapped over the leading lane axis)."""
-    lane = functools.partial(_scan_events, program, config, num_events)
-    return jax.vmap(lane, in_axes=(0, 0, None))(carry, batched, shared)
+@functools.partial(jax.jit, static_argnames=("program", "config"))
+def advance(carry, batched, shared, num_events, *, program: LaneProgram, config):
+    """`num_events` events of every lane (vmapped over the leading lane axis). The count is
+    an int32[] argument, not static: one compiled program runs any number of events, so the
+    host can size each call by its measured time without compiling again."""
+    lane = functools.partial(_loop_events, program, config)
+    return jax.vmap(lane, in_axes=(0, 0, None, None))(carry, batched, shared, num_events)
 
 
 # The carry is dead after each chunk: donating it lets XLA update it in place on
 # accelerators (the CPU backend ignores donation, with a warning, so it is not used there).
-advance_donating = jax.jit(advance.__wrapped__, static_argnames=("program", "config", "num_events"),
-                           donate_argnums=(0,))
+advance_donating = jax.jit(advance.__wrapped__, static_argnames=("program", "config"), donate_argnums=(0,))
+
+
+@functools.partial(jax.jit, static_argnames=("program",))
+def all_done(carry, *, program: LaneProgram):
+    """bool[]: every lane is done."""
+    return jnp.all(jax.vmap(program.done)(carry))
 
 
 @functools.partial(jax.jit, static_argnames=("program", "config"))
@@ -74,6 +82,23 @@ def default_chunk(expected_events: int) -> int:
     (lanes finish at different events) and the host checks `done` a few dozen times."""
     target = max(128, min(8192, -(-int(expected_events) // 32)))
     return 1 << (target - 1).bit_length()
+
+
+# A signal handler (Ctrl-C) runs only between compiled calls: each call is kept to about
+# this long, so a stop is honoured within a second or two whatever the events cost.
+CALL_SECONDS = 0.5
+FIRST_CALL_EVENTS = 64  # the first call also compiles: small, so it cannot run for minutes
+
+
+def next_call_events(events: int, seconds: float, chunk: int, first: bool) -> int:
+    """Events for the next compiled call after one of `events` events took `seconds`:
+    scaled to take about CALL_SECONDS, growing at most 4x a call (a fast call may be mostly
+    overhead), within [1, chunk]. After the first call (its time is mostly compile) it
+    only grows."""
+    grown = min(chunk, 4 * events)
+    if first or seconds <= 0:
+        return grown
+    return max(1, min(grown, int(events * CALL_SECONDS / seconds)))
 
 
 def pad_lanes(tree, lanes: int, target: int):
@@ -94,11 +119,13 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
       batched: per-lane inputs (leading lane axis B on every leaf); shared: inputs every
         lane reads whole (or None).
       event_budget: events after which a lane that is not done is given up (not finished).
-      chunk: events per compiled call (default: from `expected_events`).
+      chunk: events per compiled call at most (default: from `expected_events`); lanes not
+        done run whole chunks (the budget rounded up to a multiple of it).
       mesh: devices to shard the lanes over (default: every local device). Lanes are
         padded to a multiple of its size with repeats whose results are dropped.
       progress: called as progress(events spent, events expected in all, seconds) after each
-        chunk (the expected count, when given, else the budget; never below what was spent).
+        compiled call (the expected count, when given, else the budget rounded up to whole
+        chunks; never below what was spent).
 
     Returns (carry with B lanes, on the host as numpy, and done: bool[B]).
     """
@@ -112,11 +139,19 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
     carry = shard(init(batched, shared, program=program, config=config), mesh)
     step = advance if jax.default_backend() == "cpu" else advance_donating
     chunk = chunk or default_chunk(expected_events or event_budget)
-    spent, started = 0, time.perf_counter()
-    while spent < event_budget and not bool(jax.device_get(jnp.all(jax.vmap(program.done)(carry)))):
-        carry = step(carry, batched, shared, program=program, config=config, num_events=chunk)
-        spent += chunk
+    # Every lane runs the events of whole chunks (a no-op once done), as when each call
+    # ran `chunk` events: calls of any size add up to the same results.
+    limit = -(-event_budget // chunk) * chunk
+    events = min(chunk, FIRST_CALL_EVENTS)
+    spent, started, first = 0, time.perf_counter(), True
+    while spent < limit and not bool(jax.device_get(all_done(carry, program=program))):
+        n = min(events, limit - spent)
+        call = time.perf_counter()
+        carry = step(carry, batched, shared, np.int32(n), program=program, config=config)
+        jax.block_until_ready(carry)
+        events = next_call_events(n, time.perf_counter() - call, chunk, first)
+        spent, first = spent + n, False
         if progress is not None:
-            progress(spent, min(event_budget, max(expected_events or event_budget, spent)), time.perf_counter() - started)
+            progress(spent, min(limit, max(expected_events or event_budget, spent)), time.perf_counter() - started)
     host = jax.tree_util.tree_map(lambda x: np.asarray(x)[:lanes], jax.device_get(carry))
     return host, np.asarray(jax.vmap(program.done)(carry))[:lanes]

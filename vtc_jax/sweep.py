@@ -300,37 +300,73 @@ def base_metrics(results, rows: Sequence[Row]) -> dict:
 
 
 class Progress:
-    """Progress on stderr at least every few seconds: lanes done, rate and time left."""
+    """Progress on stderr at least every few seconds: lanes done, rate and time left.
 
-    def __init__(self, name: str, total_lanes: int, steps: int, log=None):
+    The rate counts only measured work: time before a chunk's first compiled call returned
+    (generating its requests, the compile, often most of a small sweep's time) is left out,
+    and so is that call's share of the chunk, known once the chunk ended (its events over
+    all the chunk's events). While a chunk runs, its fraction done is its events over those
+    of the last completed chunk (over the runner's expected count before one completed).
+    `clock` (seconds) is injectable for tests.
+    """
+
+    def __init__(self, name: str, total_lanes: int, steps: int, log=None, clock: Callable[[], float] | None = None):
         self.name, self.total, self.steps, self.log = name, total_lanes, steps, log or sys.stderr
-        self.started = time.perf_counter()
+        self.clock = clock or time.perf_counter
+        self.started = self.clock()
         self.last = self.started
         self.done = 0
+        self.measured_lanes, self.measured_seconds = 0.0, 0.0  # completed chunks, first calls left out
+        self._events = 0  # events the last completed chunk took: a better count than the runner's guess
+        self._lanes, self._first, self._latest, self._first_run_events = 0, None, None, 0
 
     def chunk(self, lanes: int, size: int):
         """A callback for the runner while a chunk of `lanes` runs."""
-        def report(spent: int, budget: int, seconds: float):
-            now = time.perf_counter()
+        self._lanes, self._first, self._latest, self._first_run_events = lanes, None, None, 0
+
+        def report(spent: int, expected: int, seconds: float):
+            now = self.clock()
+            if self._first is None:
+                self._first = (now, spent)
+            elif spent < self._latest[1]:  # the engine ran again (a retry of some lanes)
+                self._first_run_events = self._first_run_events or self._latest[1]
+            self._latest = (now, spent, expected)
             if now - self.last >= PROGRESS_SECONDS:
-                self._print(self.done + lanes * min(1.0, spent / max(budget, 1)), now)
+                self._print(self.done + lanes * min(1.0, spent / max(self._events or expected, 1)), now)
         return report
 
+    def _rate(self) -> float:
+        """Lanes per second of measured work (NaN before any): completed chunks, else the
+        running one since its first call."""
+        lanes, seconds = self.measured_lanes, self.measured_seconds
+        if seconds <= 0 and self._first is not None and not self._first_run_events:
+            (t0, s0), (t1, s1, expected) = self._first, self._latest
+            lanes, seconds = self._lanes * (s1 - s0) / max(expected, 1), t1 - t0
+        return lanes / seconds if seconds > 0 and lanes > 0 else float("nan")
+
     def finished_chunk(self, lanes: int):
+        now = self.clock()
+        if self._first is not None:
+            events = self._first_run_events or self._latest[1]
+            self.measured_lanes += lanes * (1 - self._first[1] / max(events, 1))
+            self.measured_seconds += now - self._first[0]
+            self._events = events
+        self._first = None
         self.done += lanes
-        self._print(self.done, time.perf_counter(), force=self.done >= self.total)
+        self._print(self.done, now, force=self.done >= self.total)
 
     def _print(self, done: float, now: float, force: bool = False):
         if not force and now - self.last < PROGRESS_SECONDS:
             return
         self.last = now
         elapsed = now - self.started
-        rate = done * self.steps / max(elapsed, 1e-9)
-        left = (self.total - done) * self.steps / rate if rate > 0 else float("nan")
+        rate = self._rate()
+        known = math.isfinite(rate)
+        left = f"~{(self.total - done) / rate:.0f} s left" if known else "time left not yet known"
         where = f" (process {jax.process_index()}/{jax.process_count()})" if jax.process_count() > 1 else ""
         print(f"[{self.name}] lanes {int(done)}/{self.total}{where} ({100 * done / self.total:.0f}%), "
-              f"{rate / 1e6:.2f} M lane-steps/s, {elapsed:.0f} s elapsed, ~{left:.0f} s left",
-              file=self.log, flush=True)
+              f"{f'{rate * self.steps / 1e6:.2f}' if known else 'n/a'} M lane-steps/s, {elapsed:.0f} s elapsed, "
+              f"{left}", file=self.log, flush=True)
 
 
 def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: int | None = None,
@@ -554,10 +590,18 @@ def format_clients(result: dict, client_names: Sequence[str] | None = None) -> s
     return "\n".join(out)
 
 
-def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True) -> list[Path]:
+def output_names(sweep: Sweep, plots: bool = True) -> list[str]:
+    """The files `write_outputs` may write in the output directory (for the pre-run check)."""
+    names = ["results.json", "results.csv"] + ["series.json"] * (sweep.series is not None)
+    return names + ([p.filename for p in sweep.plots] if plots else [])
+
+
+def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True,
+                  extra: Sequence[tuple[Path, Callable]] = ()) -> list[Path]:
     """results.json, results.csv (one row per setting and metric), series.json (time
-    series, when the sweep has some) and the PNG plots, written as one set (temporary files
-    renamed only when all were written)."""
+    series, when the sweep has some), the PNG plots and the caller's `extra` (path,
+    writer) pairs, written as one set (temporary files renamed only when all were
+    written: a failed plot leaves no results.json behind)."""
     out_dir = Path(out_dir)
     main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
     files = [(out_dir / "results.json", lambda p: p.write_text(json.dumps(main_keys, indent=1, default=_json_default))),
@@ -568,7 +612,7 @@ def write_outputs(sweep: Sweep, result: dict, out_dir: Path, plots: bool = True)
     if plots:
         for plot in sweep.plots:
             files.append((out_dir / plot.filename, lambda p, plot=plot: draw(result, plot, p)))
-    return fileio.write_outputs_atomically(files)
+    return fileio.write_outputs_atomically(files + list(extra))
 
 
 def _json_default(x):
@@ -644,13 +688,14 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
         ax.set_xlabel(plot.x)
         ax.legend(fontsize=8)
     elif plot.kind == "scatter":
+        labelled = []
         for r in rows:
             mx, my = r["metrics"].get(plot.x), r["metrics"].get(plot.y)
             if not mx or not my or mx["mean"] is None or my["mean"] is None:
                 continue
             ax.errorbar(mx["mean"], my["mean"], xerr=[[mx["mean"] - mx["ci95"][0]], [mx["ci95"][1] - mx["mean"]]],
                         yerr=[[my["mean"] - my["ci95"][0]], [my["ci95"][1] - my["mean"]]], fmt="o", capsize=3)
-            ax.annotate(r["label"], (mx["mean"], my["mean"]), textcoords="offset points", xytext=(5, 5), fontsize=7)
+            labelled.append(((mx["mean"], my["mean"]), r["label"]))
         if plot.xlog:
             ax.set_xscale("log")
         if plot.ylog:
@@ -688,6 +733,121 @@ def draw(result: dict, plot: Plot, path: Path) -> None:
     ax.set_title(plot.title, fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    if plot.kind == "scatter":  # once the layout is final: the boxes are measured where they are drawn
+        place_labels(ax, [p for p, _ in labelled], [t for _, t in labelled])
+    with open(path, "wb") as fh:
+        fig.savefig(fh, format="png")
+    plt.close(fig)
+
+
+def _label_offsets() -> list[tuple[float, float]]:
+    """Offsets (points) to try for a label, nearest first: 8 directions on growing rings."""
+    ring = [(1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)]
+    return [(r * dx, r * dy) for r in (6, 14, 24, 36, 50, 66, 84) for dx, dy in ring]
+
+
+def place_labels(ax, points: Sequence[tuple[float, float]], labels: Sequence[str], fontsize: float = 7) -> list:
+    """Annotate each point (data coordinates) with its label at the nearest offset where
+    the label's box overlaps no label placed before it, stays inside the axes and covers
+    no other point's marker; if none is free, where it overlaps fewest labels (then stays
+    inside, then covers fewest markers). A thin leader line joins
+    a label moved away. Returns the annotations. Call it once the axes' limits, scales and
+    layout are final (the boxes are measured in display space)."""
+    from matplotlib.text import Text
+
+    renderer = ax.figure.canvas.get_renderer()
+    markers = [ax.transData.transform(p) for p in points]
+    inside = ax.get_window_extent(renderer)
+    placed, out = [], []
+    for i, (point, text) in enumerate(zip(points, labels)):
+        best = None
+        for dx, dy in _label_offsets():
+            ann = ax.annotate(text, point, textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                              ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                              va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+                              arrowprops=None if max(abs(dx), abs(dy)) <= 6 else
+                              {"arrowstyle": "-", "linewidth": 0.5, "color": "0.5"})
+            ann.update_positions(renderer)
+            box = Text.get_window_extent(ann, renderer).expanded(1.05, 1.1)  # the text, not its leader line
+            score = (sum(box.overlaps(b) for b in placed), not inside.contains(box.x0, box.y0)
+                     or not inside.contains(box.x1, box.y1),
+                     sum(j != i and box.contains(*m) for j, m in enumerate(markers)))
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (score, ann, box)
+            else:
+                ann.remove()
+            if not any(score):
+                break
+        placed.append(best[2])
+        out.append(best[1])
+    return out
+
+
+MAX_FIGURE_PIXELS = 4000  # the widest and tallest PNG any plot is
+MAX_TENANT_BARS = 60  # tenants drawn one by one in a tenants plot (0.5 in each); the rest summed
+
+
+def capped_figsize(width: float, height: float, dpi: float) -> tuple[float, float]:
+    """(width, height) in inches, each cut to MAX_FIGURE_PIXELS at `dpi`."""
+    limit = MAX_FIGURE_PIXELS / dpi
+    return min(width, limit), min(height, limit)
+
+
+def top_tenants(demand: Sequence, limit: int = MAX_TENANT_BARS) -> list[int]:
+    """Indices of the `limit` tenants of largest share of demand (None as 0), in tenant order."""
+    order = sorted(range(len(demand)), key=lambda k: -(demand[k] or 0))
+    return sorted(order[:limit])
+
+
+def draw_tenants(result: dict, names: Sequence[str], path) -> None:
+    """Per tenant and policy: share of service beside share of demand, and wait p99 (log
+    axis). Up to MAX_TENANT_BARS tenants each (those of most demand); beyond that the rest
+    are one "others" group (their shares summed, their largest wait p99), as the title says,
+    so the figure stays under MAX_FIGURE_PIXELS whatever the number of tenants."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("clients")]
+    demand = rows[0]["clients"]["offered_share"] if rows else [0] * len(names)
+    shown = top_tenants(demand) if len(names) > MAX_TENANT_BARS else list(range(len(names)))
+    rest = sorted(set(range(len(names))) - set(shown))
+
+    def grouped(values, combine):
+        """The shown tenants' values, then the rest's combined (None when they have none)."""
+        others = [values[k] for k in rest if values[k] is not None]
+        return [values[k] for k in shown] + ([combine(others) if others else None] if rest else [])
+
+    labels = [names[k] for k in shown] + ([f"others ({len(rest)})"] if rest else [])
+    k = len(labels)
+    dpi = 110
+    fig, axes = plt.subplots(2, 1, figsize=capped_figsize(max(6.4, 0.5 * k + 2), 6.4, dpi), dpi=dpi, sharex=True)
+    width = 0.8 / (len(rows) + 1)
+    x = np.arange(k)
+    axes[0].bar(x - 0.4 + width / 2, [d or 0 for d in grouped(demand, sum)], width, color="0.7",
+                label="share of demand")
+    for i, r in enumerate(rows):
+        c = r["clients"]
+        axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in grouped(c["served_share"], sum)], width,
+                    label=r["label"])
+        axes[1].plot(x, [v if v else np.nan for v in grouped(c["wait_p99"], max)], "o-", label=r["label"])
+    axes[0].set_ylabel("share")
+    axes[0].legend(fontsize=7)
+    axes[1].set_ylabel("wait p99 (steps)")
+    axes[1].set_yscale("log")
+    axes[1].set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    title = "per tenant: share of service vs demand, and wait p99"
+    if rest:
+        title += (f"\nthe {len(shown)} of {len(names)} tenants with most demand; the other {len(rest)} as one "
+                  "group (shares summed, wait p99 their largest)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     with open(path, "wb") as fh:
         fig.savefig(fh, format="png")
     plt.close(fig)
@@ -698,8 +858,8 @@ def _draw_client_panels(plt, rows: list, plot: Plot, path: Path) -> None:
     n = max(1, len(rows))
     cols = min(4, n)
     grid = -(-n // cols)
-    fig, axes = plt.subplots(grid, cols, figsize=(3.2 * cols, 3.0 * grid), dpi=110, squeeze=False, sharex=True,
-                             sharey=True)
+    fig, axes = plt.subplots(grid, cols, figsize=capped_figsize(3.2 * cols, 3.0 * grid, 110), dpi=110,
+                             squeeze=False, sharex=True, sharey=True)
     values = [(np.asarray([np.nan if v is None else v for v in r.get("clients", {}).get(plot.x, [])], float),
                np.asarray([np.nan if v is None else v for v in r.get("clients", {}).get(plot.y, [])], float))
               for r in rows]
@@ -797,7 +957,7 @@ def _main(name, description, add_arguments, build, argv) -> int:
     sweep = build(args)
     measures = measure_config(sweep, args)
     if jax.process_index() == 0:
-        fileio.check_writable_dir(args.out)
+        fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
     try:
         lane_mesh(args.devices)
     except ValueError as err:
