@@ -260,6 +260,18 @@ def declare(name: str, rows: list[Row], config: dict, show_paper: bool) -> Sweep
 
 # ---- reporting ------------------------------------------------------------------------
 
+def format_table(sweep: Sweep, result: dict, seeds: int) -> str:
+    """The driver's table, each row whose lanes did not all finish flagged at its end: its
+    numbers come from the finished lanes only (n/a when none finished)."""
+    lines = driver.format_table(sweep, result).split("\n")
+    for i, entry in enumerate(result["rows"]):
+        missing = entry.get("unfinished_lanes", 0)
+        if missing:
+            lines[i + 2] += (f"  NOT FINISHED: {missing} of {seeds} lanes left requests unserved "
+                             "(excluded from every number)")
+    return "\n".join(lines)
+
+
 def format_relative(result: dict) -> str:
     lines = []
     for entry in result["rows"]:
@@ -379,6 +391,7 @@ def build(args) -> tuple[list[tuple[Sweep, int]], dict]:
     real, real_name = None, "real"
     if any(p in parts for p in ("real", "real-seeds", "rpm")):
         real = A.read_trace_csv(args.trace)
+        A.check_admissible(real, profile, str(args.trace), real["line"])  # before any run, naming the line
         same = args.trace.resolve() == REAL_TRACE.resolve() if args.trace.exists() else False
         real_name = "real" if same else _name(args.trace)
     show_paper = real_name == "real"
@@ -429,7 +442,7 @@ def _main(argv) -> int:
         if "overhead_band" in result:
             merged["overhead_band"] = result["overhead_band"]
         print(f"{'replayed once' if seeds == 1 else f'over {seeds} seeds'}:")
-        print(driver.format_table(s, result))
+        print(format_table(s, result, seeds))
     for text in (format_relative(merged), format_band(merged)):
         if text:
             print(text)

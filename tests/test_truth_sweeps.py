@@ -1,0 +1,56 @@
+"""Every number tells the truth: the paper, adversary and tenants commands refuse what
+they could not compute honestly, flag what did not finish, and --help states the real
+defaults. Small cases only (few lanes, short runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from vtc_jax import artifact as A
+
+LOG_HEADER = "arrival_s,client,prompt,output\n"
+
+
+def _log(tmp_path, big_prompt: int, big_output: int = 20):
+    """A 12-request log whose 4th request (file line 5) has the given prompt and output."""
+    rows = [f"{0.3 * i:.1f},{i % 2},{big_prompt if i == 3 else 40 + i},{big_output if i == 3 else 10}"
+            for i in range(12)]
+    path = tmp_path / "mylog.csv"
+    path.write_text(LOG_HEADER + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("prompt, output, limit", [(3071, 20, "prefill_cap 3072"), (20_000, 20, "prefill_cap 3072"),
+                                                   (3000, 7000, "kv_pool 10000")])
+def test_paper_refuses_a_request_no_round_could_admit(tmp_path, capsys, prompt, output, limit):
+    """Before: exit 0 with every request behind it unserved and zeros printed as results."""
+    from sweeps.paper import main
+
+    path = _log(tmp_path, prompt, output)
+    out = tmp_path / "out"
+    assert main(["--parts", "real", "--trace", str(path), "--seeds", "1", "--out", str(out), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: line 5:" in err and f"prompt {prompt}" in err and limit in err
+    assert not out.exists()
+
+
+def test_paper_flags_lanes_that_leave_requests_unserved(tmp_path, capsys, monkeypatch):
+    """With the up-front refusal bypassed, the stranded lanes still never count: every row
+    is flagged NOT FINISHED in the printed table, its numbers are n/a (not 0), and no plot
+    of nothing is written."""
+    from sweeps.paper import main
+
+    monkeypatch.setattr(A, "check_admissible", lambda *args, **kwargs: None)
+    path = _log(tmp_path, 5000)
+    out = tmp_path / "out"
+    assert main(["--parts", "real", "--trace", str(path), "--seeds", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = [line for line in printed.splitlines() if line.startswith("mylog ")]
+    assert len(table) == 5 and all("NOT FINISHED: 1 of 1 lanes" in line for line in table)
+    assert not any(re.search(r"\b0 \[0, 0\]", line) for line in table)
+    result = json.loads((out / "results.json").read_text())
+    assert all(r["unfinished_lanes"] == 1 and r["metrics"]["avg_diff"]["mean"] is None for r in result["rows"])
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.json"]
