@@ -54,3 +54,73 @@ def test_paper_flags_lanes_that_leave_requests_unserved(tmp_path, capsys, monkey
     result = json.loads((out / "results.json").read_text())
     assert all(r["unfinished_lanes"] == 1 and r["metrics"]["avg_diff"]["mean"] is None for r in result["rows"])
     assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.json"]
+
+
+# ---- --help states the real defaults ---------------------------------------------------
+
+DEFAULT_IN_HELP = re.compile(r"default:?\s+([-+0-9.,/e]+)")
+
+
+def _parser(name: str):
+    """The full parser of sweeps.NAME, as its main builds it."""
+    import importlib
+
+    from vtc_jax import sweep as driver
+
+    module = importlib.import_module(f"sweeps.{name}")
+    if hasattr(module, "build_parser"):
+        return module.build_parser()
+    parser = driver.base_parser(name, module.__doc__)
+    module.add_arguments(parser)
+    return parser
+
+
+def _numbers(text: str):
+    from fractions import Fraction
+
+    try:
+        return [Fraction(t) for t in text.strip(",.").split(",")]
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def help_default_lies(parser) -> list:
+    """(flag, what --help says, the real default) for every flag whose help names a
+    numeric default that is not the one the parser uses (set_defaults included)."""
+    from fractions import Fraction
+
+    formatter = parser._get_formatter()
+    out = []
+    for action in parser._actions:
+        if not action.help or action.default is None:
+            continue
+        said = DEFAULT_IN_HELP.search(formatter._expand_help(action))
+        real = action.default if isinstance(action.default, (list, tuple)) else [action.default]
+        try:
+            real = [Fraction(str(x)) for x in real]
+        except (ValueError, TypeError):
+            continue
+        if said and _numbers(said.group(1)) not in (None, real):
+            out.append((action.option_strings[0], said.group(1), action.default))
+    return out
+
+
+@pytest.mark.parametrize("name", ["tenants", "paper", "adversary"])
+def test_help_shows_the_real_defaults(name):
+    parser = _parser(name)
+    assert help_default_lies(parser) == []
+    if name != "adversary":  # the sweeps' --seeds, whose default each sweep sets itself
+        seeds = next(a for a in parser._actions if "--seeds" in a.option_strings)
+        assert f"(default {seeds.default})" in parser._get_formatter()._expand_help(seeds)
+        assert seeds.default == {"tenants": 16, "paper": 4}[name] == parser.parse_args([]).seeds
+
+
+def test_help_default_check_catches_a_lie():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6000, help="horizon (default 6000)")
+    parser.add_argument("--w-p", default="1", help="prefill cost (default %(default)s)")
+    assert help_default_lies(parser) == []
+    parser.set_defaults(steps=2000, w_p="1/8")
+    assert help_default_lies(parser) == [("--steps", "6000", 2000)]
