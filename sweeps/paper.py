@@ -24,7 +24,11 @@ seed + s, so seed 0 is exactly the trace the artifact's GPU runs served.
 
 Each cell prints beside the paper's value (or the artifact's committed run), only for the
 shipped real trace and the artifact's suites; `--trace OTHER.csv` labels its rows with the
-file's name. Outputs, written as one set: results.json / results.csv in the driver's
+file's name. A request the engine could never admit, even alone (server input over
+prefill_cap, or input + output not below kv_pool minus one adapter reserve), is refused
+before the run, naming its line; a lane that still leaves requests neither served nor
+rejected is flagged NOT FINISHED at the end of its table row and excluded from every number.
+Outputs, written as one set: results.json / results.csv in the driver's
 format (setting keys workload, policy, rpm[, overhead]; metrics avg_diff, max_diff,
 throughput in tokens/s from t = 0 to the last completion as the artifact's total_time,
 ttft_median in s, rejected, ... summarized over seeds), each row with its paper values
