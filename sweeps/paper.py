@@ -307,16 +307,29 @@ def format_band(result: dict) -> str:
     return "\n".join(lines)
 
 
+PANELS_PER_ROW = 10  # the real trace's ten schedulers stay one row (3,600 px at 100 dpi)
+MAX_PANEL_ROWS = 6  # at most 60 panels (3,600 x 1,920 px): --overheads takes up to 64 values per policy
+
+
 def draw_rates(rows: list[dict], path: Path, workload: str) -> None:
-    """One figure per workload: each scheduler's panel shows its busiest clients' rates."""
+    """One figure per workload: each scheduler's panel shows its busiest clients' rates;
+    panels wrap into rows, and beyond MAX_PANEL_ROWS rows the figure says how many of the
+    rows it shows (results.json holds every row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mine = [r for r in rows if r["setting"]["workload"] == workload and "service_rate" in r]
-    fig, axes = plt.subplots(1, len(mine), figsize=(3.6 * len(mine), 3.2), dpi=100, squeeze=False, sharey=True)
-    for ax, r in zip(axes[0], mine):
+    shown = mine[:PANELS_PER_ROW * MAX_PANEL_ROWS]
+    cols = min(PANELS_PER_ROW, len(shown))
+    grid = -(-len(shown) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(3.6 * cols, 3.2 * grid), dpi=100, squeeze=False, sharey=True)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    if len(shown) < len(mine):
+        fig.suptitle(f"{workload}: the first {len(shown)} of {len(mine)} rows (results.json has all)", fontsize=9)
+    for ax, r in zip(axes.flat, shown):
         rate = np.asarray(r["service_rate"]["mean"])
         ticks = np.asarray(r["service_rate"]["ticks_s"])
         for j in [j for j in np.argsort(-rate.sum(axis=1))[:6] if rate[j].sum() > 0]:
@@ -324,7 +337,8 @@ def draw_rates(rows: list[dict], path: Path, workload: str) -> None:
         ax.set_title(r["label"], fontsize=8)
         ax.set_xlabel("window start (s)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("service rate (tokens/s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("service rate (tokens/s)")
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     with open(path, "wb") as fh:

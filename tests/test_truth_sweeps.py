@@ -124,3 +124,26 @@ def test_help_default_check_catches_a_lie():
     assert help_default_lies(parser) == []
     parser.set_defaults(steps=2000, w_p="1/8")
     assert help_default_lies(parser) == [("--steps", "6000", 2000)]
+
+
+# ---- figure sizes ------------------------------------------------------------------------
+
+def _png_size(path) -> tuple[int, int]:
+    import struct
+
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+@pytest.mark.parametrize("panels, size", [(10, (3600, 320)), (24, (3600, 960)), (3 * 64 + 3, (3600, 1920))])
+def test_paper_service_rate_figure_stays_bounded(tmp_path, panels, size):
+    """--overheads takes up to 64 values: on_off_overload then has 195 rows, one panel each,
+    which drew a 70,200 px wide figure; panels now wrap into rows of 10, at most 6 rows."""
+    from sweeps.paper import draw_rates
+
+    ticks = [28.5 * i for i in range(1, 20)]
+    rows = [{"setting": {"workload": "w"}, "label": f"w row {i}",
+             "service_rate": {"ticks_s": ticks, "mean": [[float(c + i)] * 19 for c in range(3)]}}
+            for i in range(panels)]
+    path = tmp_path / "rates.png"
+    draw_rates(rows, path, "w")
+    assert _png_size(path) == size
