@@ -217,12 +217,16 @@ def within_memory(body):
     estimate) reported as one line naming this command's own flags (InputError)."""
     try:
         return body()
-    except MemoryError:
+    except (MemoryError, jax.errors.JaxRuntimeError) as err:
+        if not out_of_memory(err):
+            raise  # an engine defect, not memory: the generic handler reports it
         raise InputError(f"out of memory during the search: {FLAGS_FOR_MEMORY}") from None
-    except jax.errors.JaxRuntimeError as err:
-        if "RESOURCE_EXHAUSTED" not in str(err):
-            raise
-        raise InputError(f"out of memory during the search: {FLAGS_FOR_MEMORY}") from None
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Python's MemoryError or XLA's RESOURCE_EXHAUSTED (a JaxRuntimeError)."""
+    return isinstance(err, MemoryError) or (isinstance(err, jax.errors.JaxRuntimeError)
+                                             and "RESOURCE_EXHAUSTED" in str(err))
 
 
 def make_settings(name: str, kv_budget: int, args) -> Settings:
@@ -273,6 +277,8 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
         result = adversary.search(objective, limits, config, initial=initial, log=say)
         exact = adversary.replay_drift(result.trace, settings, limits.horizon, limits.clients)
     except RuntimeError as err:  # a lane that did not finish: an engine defect, never bad input
+        if out_of_memory(err):  # XLA's out of memory is a RuntimeError too: `within_memory` reports it
+            raise
         raise CheckFailed(f"{label}: {err}") from None
     if float(exact) != result.best_drift:
         # The batched search and a fresh single-lane replay disagree: an engine defect.

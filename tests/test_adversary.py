@@ -13,6 +13,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -365,9 +366,10 @@ def adversary_objective():
                                                          output=(1, 16)))
 
 
-def test_sweep_cli_out_of_memory_mid_search_names_its_own_flags(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("error", [MemoryError, "RESOURCE_EXHAUSTED: Out of memory while trying to allocate"])
+def test_sweep_cli_out_of_memory_mid_search_names_its_own_flags(tmp_path, capsys, monkeypatch, error):
     def exhausted(*args, **kwargs):
-        raise MemoryError
+        raise jax.errors.JaxRuntimeError(error) if isinstance(error, str) else error
 
     monkeypatch.setattr(sweep.adversary, "search", exhausted)
     assert sweep.main(["--out", str(tmp_path / "adv"), *TINY]) == 2

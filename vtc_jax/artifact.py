@@ -832,7 +832,7 @@ def run(lanes: Sequence[LaneTrace], params: Sequence[Params], config: Config, *,
         profiles = [profiles] * len(lanes)
     if config.slots <= first_slots:
         state, done = _run_once(lanes, params, config, profiles, mesh, progress, chunk)
-        return state, done & ~np.asarray(state.overflow) & (stranded(lanes, state) == 0)
+        return state, _finished(lanes, state, done)
     state, done = _run_once(lanes, params, dataclasses.replace(config, slots=first_slots), profiles, mesh, progress,
                             chunk)
     state = _widen(state, config.slots)
@@ -843,7 +843,12 @@ def run(lanes: Sequence[LaneTrace], params: Sequence[Params], config: Config, *,
         state = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b])[_merge_index(a.shape[0], redo)],
                                        state, wide)
         done[redo] = wide_done
-    return state, done & ~np.asarray(state.overflow) & (stranded(lanes, state) == 0)
+    return state, _finished(lanes, state, done)
+
+
+def _finished(lanes: Sequence[LaneTrace], state: State, done: np.ndarray) -> np.ndarray:
+    """bool[B]: done, within its slots, and nothing stranded."""
+    return done & ~np.asarray(state.overflow) & (stranded(lanes, state) == 0)
 
 
 def stranded(lanes: Sequence[LaneTrace], state: State) -> np.ndarray:
