@@ -23,6 +23,11 @@ It also searches FCFS and LCF (and, for contrast, VTC and the VTC artifact's lif
 MODEL.md's `last_left` clause, "vtc-artifact") over a grid of horizons, requests per client
 growing with the horizon (N = 16 T / 256 by default), to show how the worst case grows.
 
+Before any search, each one's memory is checked against what the machine has (the whole
+population runs as engine lanes of one call; `search_bytes`), and a search that would not
+fit is refused, naming the flags that shrink it. With --w-q 0 the lower bound w_q * M is 0
+and its ratio is reported as n/a (None); --w-p 0 with --w-q 0 is refused (2U = 0).
+
 Outputs (written together, atomically): results.json, results.csv, witnesses/*.csv and
 *.json, progress.png (best ratio to 2U per generation) and horizon.png.
 
@@ -45,13 +50,15 @@ import zlib
 from fractions import Fraction
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from vtc_jax import adversary, fileio
+from vtc_jax import adversary, devices, fileio
 from vtc_jax.cli_common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
 from vtc_jax.errors import InputError
 from vtc_jax.policies import registry
 from vtc_jax.settings import Settings
+from vtc_jax.sweep import MODEL_ENGINE
 
 PROG = "python -m sweeps.adversary"
 SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to attack
@@ -60,6 +67,12 @@ VARIANTS = {"vtc-artifact": ("vtc", {"lift_last_left": False})}
 GROWTH_POLICIES = ("fcfs", "lcf", "vtc", "vtc-artifact")
 DEFAULT_GRID = (64, 256, 1024)
 MAX_GENERATION_REQUESTS = 1 << 26  # population x K x N: about 5 GiB of genes and noise per generation
+# A generation's host arrays per request of a candidate (genes, ES noise, mutation
+# temporaries, decoded values, the engine layout); measured peaks are 170-390 bytes
+# beside the engine lanes, so this and MODEL_ENGINE.lane_bytes (x2 for XLA's buffers)
+# make an estimate about twice what a search holds (K = 2, N = 16 and 64).
+HOST_BYTES_PER_REQUEST = 256
+FLAGS_FOR_MEMORY = "lower --population or --requests (or give fewer --clients, smaller --horizon-grid horizons)"
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -149,6 +162,10 @@ def parse(argv=None):
                                          restarts=args.restarts, sigma=args.sigma, seed=args.seed)
     args.settings = {(p, m): make_settings(p, m, args)
                      for p in dict.fromkeys(args.policy + args.growth_policy) for m in args.kv_budget}
+    if all(s.w_p == 0 and s.w_q == 0 for s in args.settings.values()):
+        # 2U = 2 max(w_p L, w_q M) = 0: there is no bound to measure a drift against
+        raise InputError("--w-p and --w-q are both 0: the bound 2U = 2 max(w_p * L, w_q * M) is 0, so no ratio "
+                         "to it exists; give one of them a positive price")
     for k in args.clients:  # every limit checked before any search
         for s in args.settings.values():
             _limits(args, k, args.horizon).check(s)
@@ -164,7 +181,52 @@ def parse(argv=None):
             raise InputError(f"--population {args.population} x {k} clients x {n} requests = "
                              f"{args.population * k * n:,} requests per generation, over the limit "
                              f"{MAX_GENERATION_REQUESTS:,}: lower --population or --requests")
+    check_memory(args, devices.available_bytes(devices.lane_mesh()))
     return args
+
+
+def search_bytes(objective: adversary.Objective, population: int) -> int:
+    """Bytes a search holds at the peak of a generation: the whole population runs as
+    engine lanes of ONE call (runner.run holds every lane at once), plus its host arrays."""
+    lim = objective.limits
+    return population * (MODEL_ENGINE.lane_bytes(objective.config)
+                         + HOST_BYTES_PER_REQUEST * lim.clients * lim.requests)
+
+
+def planned_searches(args) -> list[tuple[str, int, int, int]]:
+    """(policy, M, K, T) of every search `run` makes (the main table, then the growth grid)."""
+    main = [(p, m, k, args.horizon) for p in args.policy for m in args.kv_budget for k in args.clients]
+    return main + [(p, args.kv_budget[0], 2, t) for p in args.growth_policy for t in args.horizon_grid]
+
+
+def check_memory(args, available: int) -> None:
+    """Refuse (InputError, one line) before any search one that would not fit `available`
+    bytes."""
+    for policy, m, k, t in dict.fromkeys(planned_searches(args)):
+        limits = _limits(args, k, t)
+        need = search_bytes(adversary.Objective(args.settings[(policy, m)], limits), args.search.population)
+        if need > available:
+            raise InputError(f"the search {policy} M={m} K={k} T={t} needs about {need / 2**30:.1f} GiB "
+                             f"(--population {args.search.population:,} candidates of {k} x {limits.requests} "
+                             f"requests, all run at once), more than the {available / 2**30:.1f} GiB "
+                             f"available: {FLAGS_FOR_MEMORY}")
+
+
+def within_memory(body):
+    """body(), with running out of memory mid-search (the up-front estimate is an
+    estimate) reported as one line naming this command's own flags (InputError)."""
+    try:
+        return body()
+    except (MemoryError, jax.errors.JaxRuntimeError) as err:
+        if not out_of_memory(err):
+            raise  # an engine defect, not memory: the generic handler reports it
+        raise InputError(f"out of memory during the search: {FLAGS_FOR_MEMORY}") from None
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Python's MemoryError or XLA's RESOURCE_EXHAUSTED (a JaxRuntimeError)."""
+    return isinstance(err, MemoryError) or (isinstance(err, jax.errors.JaxRuntimeError)
+                                             and "RESOURCE_EXHAUSTED" in str(err))
 
 
 def make_settings(name: str, kv_budget: int, args) -> Settings:
@@ -189,6 +251,15 @@ def _number(x: Fraction):
     return int(x) if x.denominator == 1 else float(x)
 
 
+def _ratio(value: Fraction, bound: Fraction) -> float | None:
+    """value / bound, or None where the bound is 0 (w_q = 0 makes w_q * M = 0: no ratio)."""
+    return float(value / bound) if bound else None
+
+
+def _cell(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def _witness_name(policy: str, m: int, k: int, t: int) -> str:
     return f"witnesses/{policy}_M{m}_K{k}_T{t}.csv"
 
@@ -206,6 +277,8 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
         result = adversary.search(objective, limits, config, initial=initial, log=say)
         exact = adversary.replay_drift(result.trace, settings, limits.horizon, limits.clients)
     except RuntimeError as err:  # a lane that did not finish: an engine defect, never bad input
+        if out_of_memory(err):  # XLA's out of memory is a RuntimeError too: `within_memory` reports it
+            raise
         raise CheckFailed(f"{label}: {err}") from None
     if float(exact) != result.best_drift:
         # The batched search and a fresh single-lane replay disagree: an engine defect.
@@ -214,11 +287,11 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
     lower = adversary.lower_bound(settings)
     witness = _witness_name(policy, m, limits.clients, limits.horizon)
     metrics = {"worst_drift": _number(exact), "bound_2u": _number(bound), "lower_bound": _number(lower),
-               "ratio_to_2u": float(exact / bound), "ratio_to_lower_bound": float(exact / lower),
+               "ratio_to_2u": _ratio(exact, bound), "ratio_to_lower_bound": _ratio(exact, lower),
                "candidates_evaluated": result.candidates, "random_best": result.random_best,
                "construction_drift": result.initial_drift,
                "seconds": round(result.seconds, 2), "island_restarts": result.restarts, "witness": witness}
-    log(f"[adversary] {label}: worst {float(exact):,.6g} = {float(exact / bound):.3g} x 2U "
+    log(f"[adversary] {label}: worst {float(exact):,.6g} = {_cell(_ratio(exact, bound))} x 2U "
         f"({result.candidates:,} candidates, {result.seconds:.1f} s)")
     return {"setting": {"policy": policy, "kv_budget": m, "clients": limits.clients, "horizon": limits.horizon,
                         "requests": limits.requests, "lift_last_left": settings.lift_last_left},
@@ -271,7 +344,7 @@ def results_csv(rows: list[dict], growth: list[dict]) -> str:
 def format_table(rows: list[dict], title: str) -> str:
     header = ["setting", "worst_drift", "2U", "w_q*M", "ratio_to_2U", "candidates", "seconds"]
     lines = [[r["label"], f"{r['metrics']['worst_drift']:,}", f"{r['metrics']['bound_2u']:,}",
-              f"{r['metrics']['lower_bound']:,}", f"{r['metrics']['ratio_to_2u']:.3f}",
+              f"{r['metrics']['lower_bound']:,}", _cell(r["metrics"]["ratio_to_2u"]),
               f"{r['metrics']['candidates_evaluated']:,}", f"{r['metrics']['seconds']:.1f}"] for r in rows]
     widths = [max(len(x[i]) for x in [header] + lines) for i in range(len(header))]
     render = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -311,7 +384,7 @@ def draw_growth(growth: list[dict], path: Path) -> None:
         ax.plot([r["setting"]["horizon"] for r in mine], [r["metrics"]["worst_drift"] for r in mine], "o-",
                 label=policy)
     for key, style, label in (("bound_2u", "k--", "2U (VTC bound)"), ("lower_bound", "k:", "w_q M (lower bound)")):
-        points = sorted({(r["setting"]["horizon"], r["metrics"][key]) for r in growth})
+        points = sorted({(r["setting"]["horizon"], r["metrics"][key]) for r in growth if r["metrics"][key] > 0})
         ax.plot([t for t, _ in points], [v for _, v in points], style, lw=1, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -387,7 +460,7 @@ def run(args, log=None) -> int:
 
 
 def main(argv=None) -> int:
-    return guarded(PROG, lambda: run(parse(argv)))
+    return guarded(PROG, lambda: within_memory(lambda: run(parse(argv))))
 
 
 if __name__ == "__main__":

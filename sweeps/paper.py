@@ -24,7 +24,11 @@ seed + s, so seed 0 is exactly the trace the artifact's GPU runs served.
 
 Each cell prints beside the paper's value (or the artifact's committed run), only for the
 shipped real trace and the artifact's suites; `--trace OTHER.csv` labels its rows with the
-file's name. Outputs, written as one set: results.json / results.csv in the driver's
+file's name. A request the engine could never admit, even alone (server input over
+prefill_cap, or input + output not below kv_pool minus one adapter reserve), is refused
+before the run, naming its line; a lane that still leaves requests neither served nor
+rejected is flagged NOT FINISHED at the end of its table row and excluded from every number.
+Outputs, written as one set: results.json / results.csv in the driver's
 format (setting keys workload, policy, rpm[, overhead]; metrics avg_diff, max_diff,
 throughput in tokens/s from t = 0 to the last completion as the artifact's total_time,
 ttft_median in s, rejected, ... summarized over seeds), each row with its paper values
@@ -260,6 +264,18 @@ def declare(name: str, rows: list[Row], config: dict, show_paper: bool) -> Sweep
 
 # ---- reporting ------------------------------------------------------------------------
 
+def format_table(sweep: Sweep, result: dict, seeds: int) -> str:
+    """The driver's table, each row whose lanes did not all finish flagged at its end: its
+    numbers come from the finished lanes only (n/a when none finished)."""
+    lines = driver.format_table(sweep, result).split("\n")
+    for i, entry in enumerate(result["rows"]):
+        missing = entry.get("unfinished_lanes", 0)
+        if missing:
+            lines[i + 2] += (f"  NOT FINISHED: {missing} of {seeds} lanes left requests unserved "
+                             "(excluded from every number)")
+    return "\n".join(lines)
+
+
 def format_relative(result: dict) -> str:
     lines = []
     for entry in result["rows"]:
@@ -291,16 +307,29 @@ def format_band(result: dict) -> str:
     return "\n".join(lines)
 
 
+PANELS_PER_ROW = 10  # the real trace's ten schedulers stay one row (3,600 px at 100 dpi)
+MAX_PANEL_ROWS = 6  # at most 60 panels (3,600 x 1,920 px): --overheads takes up to 64 values per policy
+
+
 def draw_rates(rows: list[dict], path: Path, workload: str) -> None:
-    """One figure per workload: each scheduler's panel shows its busiest clients' rates."""
+    """One figure per workload: each scheduler's panel shows its busiest clients' rates;
+    panels wrap into rows, and beyond MAX_PANEL_ROWS rows the figure says how many of the
+    rows it shows (results.json holds every row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mine = [r for r in rows if r["setting"]["workload"] == workload and "service_rate" in r]
-    fig, axes = plt.subplots(1, len(mine), figsize=(3.6 * len(mine), 3.2), dpi=100, squeeze=False, sharey=True)
-    for ax, r in zip(axes[0], mine):
+    shown = mine[:PANELS_PER_ROW * MAX_PANEL_ROWS]
+    cols = min(PANELS_PER_ROW, len(shown))
+    grid = -(-len(shown) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(3.6 * cols, 3.2 * grid), dpi=100, squeeze=False, sharey=True)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    if len(shown) < len(mine):
+        fig.suptitle(f"{workload}: the first {len(shown)} of {len(mine)} rows (results.json has all)", fontsize=9)
+    for ax, r in zip(axes.flat, shown):
         rate = np.asarray(r["service_rate"]["mean"])
         ticks = np.asarray(r["service_rate"]["ticks_s"])
         for j in [j for j in np.argsort(-rate.sum(axis=1))[:6] if rate[j].sum() > 0]:
@@ -308,7 +337,8 @@ def draw_rates(rows: list[dict], path: Path, workload: str) -> None:
         ax.set_title(r["label"], fontsize=8)
         ax.set_xlabel("window start (s)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("service rate (tokens/s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("service rate (tokens/s)")
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
     with open(path, "wb") as fh:
@@ -379,6 +409,7 @@ def build(args) -> tuple[list[tuple[Sweep, int]], dict]:
     real, real_name = None, "real"
     if any(p in parts for p in ("real", "real-seeds", "rpm")):
         real = A.read_trace_csv(args.trace)
+        A.check_admissible(real, profile, str(args.trace), real["line"])  # before any run, naming the line
         same = args.trace.resolve() == REAL_TRACE.resolve() if args.trace.exists() else False
         real_name = "real" if same else _name(args.trace)
     show_paper = real_name == "real"
@@ -429,7 +460,7 @@ def _main(argv) -> int:
         if "overhead_band" in result:
             merged["overhead_band"] = result["overhead_band"]
         print(f"{'replayed once' if seeds == 1 else f'over {seeds} seeds'}:")
-        print(driver.format_table(s, result))
+        print(format_table(s, result, seeds))
     for text in (format_relative(merged), format_band(merged)):
         if text:
             print(text)

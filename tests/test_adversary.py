@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -312,6 +314,68 @@ def test_sweep_cli_refuses_bad_flags(tmp_path, capsys, args, words):
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"{sweep.PROG}: error: ") and words in lines[0], captured.err
     assert "Traceback" not in captured.err and not out.exists()
+
+
+def test_sweep_cli_w_q_zero_has_no_ratio_to_a_zero_lower_bound(tmp_path, capsys):
+    """w_q = 0 makes the lower bound w_q * M = 0: its ratio is None (was a ZeroDivisionError
+    after the search); the ratio to 2U = 2 w_p L stays exact."""
+    out = tmp_path / "adv"
+    args = [a for a in TINY if a != "vtc,fcfs"]
+    args[args.index("--policy") + 1:args.index("--policy") + 1] = ["vtc"]
+    assert sweep.main(["--out", str(out), *args, "--w-q", "0", "--horizon-grid", "none", "--no-plots"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    (m,) = [r["metrics"] for r in result["rows"]]
+    assert m["lower_bound"] == 0 and m["ratio_to_lower_bound"] is None and m["bound_2u"] > 0
+    assert m["ratio_to_2u"] == pytest.approx(m["worst_drift"] / m["bound_2u"])
+    with open(out / "results.csv") as fh:
+        assert next(csv.DictReader(fh))["ratio_to_lower_bound"] == ""
+
+
+def test_sweep_cli_refuses_zero_prices_before_searching(tmp_path, capsys, monkeypatch):
+    def searched(*args, **kwargs):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(sweep.adversary, "search", searched)
+    assert sweep.main(["--out", str(tmp_path / "adv"), *TINY, "--w-p", "0", "--w-q", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--w-p and --w-q are both 0" in err[0]
+
+
+def test_sweep_cli_refuses_a_search_over_memory_before_it_starts(tmp_path, capsys, monkeypatch):
+    """The whole search's memory (every candidate an engine lane of one call, and its
+    genes) is checked before the first search; the message names only this command's
+    flags."""
+    def searched(*args, **kwargs):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(sweep.adversary, "search", searched)
+    monkeypatch.setattr(sweep.devices, "available_bytes", lambda mesh: 16 << 20)
+    args = TINY + ["--population", "4096"]
+    assert sweep.main(["--out", str(tmp_path / "adv"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GiB" in err[0] and "--population 4,096" in err[0], err
+    flags = set(re.findall(r"--[a-z-]+", err[0]))
+    known = {o for a in sweep.build_parser()._actions for o in a.option_strings}
+    assert flags <= known and "--requests" in flags, flags
+    small = sweep.search_bytes(adversary_objective(), 96)
+    assert small < 16 << 20 < sweep.search_bytes(adversary_objective(), 4096)
+
+
+def adversary_objective():
+    return adv.Objective(Settings("vtc", 64), adv.Limits(clients=2, requests=4, horizon=32, prompt=(4, 64),
+                                                         output=(1, 16)))
+
+
+@pytest.mark.parametrize("error", [MemoryError, "RESOURCE_EXHAUSTED: Out of memory while trying to allocate"])
+def test_sweep_cli_out_of_memory_mid_search_names_its_own_flags(tmp_path, capsys, monkeypatch, error):
+    def exhausted(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError(error) if isinstance(error, str) else error
+
+    monkeypatch.setattr(sweep.adversary, "search", exhausted)
+    assert sweep.main(["--out", str(tmp_path / "adv"), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "out of memory" in err[0] and "--population" in err[0]
+    assert "--seeds" not in err[0] and "--chunk" not in err[0]
 
 
 def test_sweep_cli_ctrl_c_writes_nothing(tmp_path, capsys, monkeypatch):

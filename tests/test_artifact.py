@@ -407,6 +407,35 @@ def test_limits_are_refused_up_front():
         A.check_limits(A.Workload.fixed("slow", cols), slow, 32)
 
 
+def test_never_admitted_is_exactly_the_engines_admission_rule():
+    """At SMALL's limits (prefill_cap 600, kv_pool 1500 - adapter_reserve 32, input_extra
+    2): a request at each limit runs to completion; one token over it, `never_admitted`
+    says so, and the engine leaves it queued for ever: its lane is reported unfinished."""
+    prompt, output = [598, 599, 500, 500], [10, 10, 965, 966]
+    assert A.never_admitted(prompt, output, SMALL).tolist() == [False, True, False, True]
+    fits = A.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_requests=64, num_clients=4)
+    over = [A.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_requests=64, num_clients=4)
+            for p, o in ((599, 10), (500, 966))]
+    params = A.make_params("fcfs", 4, SMALL)
+    lanes = [fits] + over + [fits] * (LANES - 3)
+    state, done = A.run(lanes, [params] * LANES, CONFIG, profiles=SMALL, chunk=CHUNK)
+    assert done.tolist() == [True, False, False] + [True] * (LANES - 3)
+    assert (A.outcome(state)[0, :2] == A.DONE).all()
+    assert A.stranded(lanes, state)[:3].tolist() == [0, 2, 2]  # the head blocks the request behind it
+
+
+def test_check_admissible_names_the_line_the_prompt_and_the_limit():
+    cols = {"prompt": np.array([10, 3071, 3000]), "output": np.array([5, 5, 7000])}
+    with pytest.raises(InputError) as err:
+        A.check_admissible(cols, A.Profile(), "log.csv", lines=np.array([2, 3, 5]))
+    text = str(err.value)
+    assert text.startswith("log.csv: line 3: server input 3073 tokens (prompt 3071") and "prefill_cap 3072" in text
+    assert "(1 more such requests)" in text and "\n" not in text
+    with pytest.raises(InputError, match=r"x: request 1: prompt 3000 .* output 7000 = 10002 KV tokens .* kv_pool 10000"):
+        A.check_admissible({"prompt": cols["prompt"][[0, 2]], "output": cols["output"][[0, 2]]}, A.Profile(), "x")
+    A.check_admissible({"prompt": np.array([3070]), "output": np.array([6895])}, A.Profile(), "x")  # both at the limit
+
+
 # ------------------------------------------------------------------ suites
 
 @pytest.mark.parametrize("name", sorted(S.SUITES))

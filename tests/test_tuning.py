@@ -39,9 +39,16 @@ def test_beta_tune_lands_in_the_grid_minimum(tmp_path):
     assert beta_tune.main(["--seeds", "8", "--steps", "800", "--grid", "24", "--generations", "12",
                            "--fresh-seeds", "16", "--out", str(out)]) == 0
     with open(out / "results.json") as fh:
-        tuning = json.load(fh)["config"]["tuning"]
+        config = json.load(fh)["config"]
+    tuning = config["tuning"]
     assert tuning["tuned_within_grid_min_ci"]
-    assert tuning["beta_ci95"][0] <= tuning["grid_min_beta"] <= tuning["beta_ci95"][1]
+    # The ES's beta lies among the grid betas whose objective is within the grid minimum's
+    # CI (the grid minimum itself always does: asserting that could not fail), and that
+    # range is a narrow part of the searched one, so landing in it says something.
+    low, high = tuning["beta_ci95"]
+    assert low <= tuning["tuned_beta"] <= high
+    lo2, hi2 = config["log2_range"]
+    assert np.log2(high / low) < (hi2 - lo2) / 4
     assert tuning["fresh_objective"]["n"] == 16
     assert (out / "objective_vs_beta.png").stat().st_size > 1000
 

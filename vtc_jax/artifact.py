@@ -500,6 +500,41 @@ def slot_bound(prompts, profile: Profile, num_requests: int) -> int:
     return max(1, min(fits, profile.running_cap, num_requests))
 
 
+def never_admitted(prompt, output, profile: Profile) -> np.ndarray:
+    """bool[n]: requests the engine can never admit, not even alone on an idle server.
+
+    Alone, a request's server input (prompt + input_extra) must fit the round's
+    prefill_cap, and LightLLM's worst-case need of it (held input + 1 plus output - 1 to
+    come = input + output) must stay below the pool minus one adapter reserve. A request
+    that passes both is admitted once nothing runs (the cadence allows admission then), so
+    these are exactly the requests that would stay queued for ever, and, under FCFS or at
+    the head of a client's FIFO, keep every request behind them queued too."""
+    server = np.asarray(prompt, np.int64) + profile.input_extra
+    need = server + np.asarray(output, np.int64)
+    return (server > profile.prefill_cap) | (need >= profile.kv_pool - profile.adapter_reserve)
+
+
+def check_admissible(cols: dict, profile: Profile, source: str, lines=None) -> None:
+    """Refuse (InputError, one line) the first request of `cols` that `never_admitted`:
+    naming `source`, the request (its file line from `lines`, int[n], else its row), its
+    prompt and the profile limit it exceeds."""
+    prompt, output = np.asarray(cols["prompt"], np.int64), np.asarray(cols["output"], np.int64)
+    bad = np.flatnonzero(never_admitted(prompt, output, profile))
+    if not bad.size:
+        return
+    i = int(bad[0])
+    where = f"line {int(lines[i])}" if lines is not None else f"request {i}"
+    p, o, extra = int(prompt[i]), int(output[i]), profile.input_extra
+    if p + extra > profile.prefill_cap:
+        limit = (f"server input {p + extra} tokens (prompt {p} + input_extra {extra}) exceeds the profile's "
+                 f"prefill_cap {profile.prefill_cap}")
+    else:
+        limit = (f"prompt {p} + input_extra {extra} + output {o} = {p + extra + o} KV tokens is not below the "
+                 f"kv_pool {profile.kv_pool} minus one adapter_reserve {profile.adapter_reserve}")
+    more = f" ({bad.size - 1} more such requests)" if bad.size > 1 else ""
+    raise InputError(f"{source}: {where}: {limit}; the engine could never admit it{more}")
+
+
 def stack(items):
     """Stack pytrees (Trace or Params) along a new leading lane axis, on the host."""
     return jax.tree_util.tree_map(lambda *x: np.stack([np.asarray(v) for v in x]), *items)
@@ -791,13 +826,13 @@ def run(lanes: Sequence[LaneTrace], params: Sequence[Params], config: Config, *,
     So the lanes first run with `first_slots`; a lane that needs more stops at once
     (`overflow`) and is rerun with config.slots. Slots only bound capacity, so a lane that
     did not overflow is exactly what it would have been with more. A lane that is not done
-    when the event budget is spent, or overflows the proven bound, is reported as not
-    finished."""
+    when the event budget is spent, overflows the proven bound, or ends with a request
+    neither served nor rejected (`stranded`) is reported as not finished."""
     if isinstance(profiles, Profile):
         profiles = [profiles] * len(lanes)
     if config.slots <= first_slots:
         state, done = _run_once(lanes, params, config, profiles, mesh, progress, chunk)
-        return state, done & ~np.asarray(state.overflow)
+        return state, _finished(lanes, state, done)
     state, done = _run_once(lanes, params, dataclasses.replace(config, slots=first_slots), profiles, mesh, progress,
                             chunk)
     state = _widen(state, config.slots)
@@ -808,7 +843,19 @@ def run(lanes: Sequence[LaneTrace], params: Sequence[Params], config: Config, *,
         state = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b])[_merge_index(a.shape[0], redo)],
                                        state, wide)
         done[redo] = wide_done
-    return state, done & ~np.asarray(state.overflow)
+    return state, _finished(lanes, state, done)
+
+
+def _finished(lanes: Sequence[LaneTrace], state: State, done: np.ndarray) -> np.ndarray:
+    """bool[B]: done, within its slots, and nothing stranded."""
+    return done & ~np.asarray(state.overflow) & (stranded(lanes, state) == 0)
+
+
+def stranded(lanes: Sequence[LaneTrace], state: State) -> np.ndarray:
+    """int64[B]: per lane, its trace's requests that are neither served nor rejected at the
+    end (a lane that stopped early, or a request no round could ever admit)."""
+    real = np.arange(state.result.shape[1])[None, :] < np.asarray([l.prompt.size for l in lanes])[:, None]
+    return ((outcome(state) == NONE) & real).sum(axis=1)
 
 
 def _merge_index(lanes: int, redo: np.ndarray) -> np.ndarray:
@@ -932,7 +979,8 @@ _INT = re.compile(r"^[+]?\d{1,10}$")
 
 def read_trace_csv(path) -> dict:
     """A wall-clock trace CSV with header arrival_s,client,prompt,output (any column order,
-    no others): {"arrival_s": float64[n], "client", "prompt", "output": int64[n]}.
+    no others): {"arrival_s": float64[n], "client", "prompt", "output": int64[n], "line":
+    int64[n] (each request's line in the file, for messages such as `check_admissible`'s)}.
 
     Raises InputError with one line naming the file, the line and the problem: a missing,
     unknown or repeated column, a row with the wrong number of fields, an arrival that is
@@ -944,8 +992,10 @@ def read_trace_csv(path) -> dict:
     text = read_text(path, what="trace")
     header, records = csv_table(text, source, TRACE_COLUMNS)
     cols = {name: [] for name in TRACE_COLUMNS}
+    lines = []
     limits = {"client": (0, (1 << 16) - 1), "prompt": (1, MAX_TOKENS), "output": (1, MAX_TOKENS)}
     for line, row in records:
+        lines.append(line)
         for name, cell in zip(header, row):
             shown = cell if len(cell) <= 24 else cell[:24] + "..."
             if name == "arrival_s":
@@ -963,7 +1013,8 @@ def read_trace_csv(path) -> dict:
     if not cols["arrival_s"]:
         raise InputError(f"{source}: no requests (only a header)")
     return {"arrival_s": np.asarray(cols["arrival_s"], np.float64),
-            **{c: np.asarray(cols[c], np.int64) for c in ("client", "prompt", "output")}}
+            **{c: np.asarray(cols[c], np.int64) for c in ("client", "prompt", "output")},
+            "line": np.asarray(lines, np.int64)}
 
 
 # ----------------------------------------------------------------------------- the sweep driver's engine
@@ -1068,6 +1119,7 @@ class ArtifactEngine:
     def lane(self, row, seed: int, base_seed: int, config: Config) -> tuple[LaneTrace, Params]:
         sched, src = row.settings, row.source
         cols = src.columns(base_seed + seed)
+        check_admissible(cols, sched.profile, f"{src.name} (seed {base_seed + seed})")
         lane = make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
                           input_extra=sched.profile.input_extra, num_requests=config.num_requests,
                           num_clients=config.num_clients, oracle_r=sched.oracle_r, seed=base_seed + seed)
