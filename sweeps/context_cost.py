@@ -27,7 +27,7 @@ def add_arguments(parser):
     parser.add_argument("--long-prompt", type=_range, default=(2048, 4096),
                         help="client 0 prompt range (default 2048,4096)")
     parser.add_argument("--betas", type=list_arg(number_text, name="betas", max_items=256), default=BETAS,
-                        help="beta grid, exact fractions or decimals (default 0 .. 1/128)")
+                        help="beta grid, exact fractions or decimals (default: nine values, 0 to 1/128)")
     parser.add_argument("--policy", choices=registry.names(), default="vtc", help="scheduler (default vtc)")
 
 

@@ -147,3 +147,23 @@ def test_paper_service_rate_figure_stays_bounded(tmp_path, panels, size):
     path = tmp_path / "rates.png"
     draw_rates(rows, path, "w")
     assert _png_size(path) == size
+
+
+def _sweep_names() -> list[str]:
+    from pathlib import Path
+
+    import sweeps
+
+    return sorted(p.stem for p in Path(sweeps.__file__).parent.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", _sweep_names())
+def test_every_sweeps_help_shows_its_real_defaults(name):
+    """beta_tune and context_cost said --steps 6000, --kv-budget 8192, --w-p 1 where their
+    defaults are 2000/4000, 16384 and 1/8 (the shared workload flags hard-coded them)."""
+    import importlib
+
+    module = importlib.import_module(f"sweeps.{name}")
+    if not (hasattr(module, "build_parser") or hasattr(module, "add_arguments")):
+        pytest.skip(f"sweeps.{name} builds its parser inside main")
+    assert help_default_lies(_parser(name)) == []

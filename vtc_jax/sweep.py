@@ -1011,7 +1011,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0
     """Flags of the seed document's overload workload, shared by the sweeps (`kv_budget`
     False: the sweep's grid sets M, so there is no --kv-budget flag)."""
     parser.add_argument("--steps", type=int_arg(1, run.MAX_HORIZON), default=DEFAULT_WORKLOAD["steps"],
-                        help="horizon in steps (default 6000)")
+                        help="horizon in steps (default %(default)s)")
     parser.add_argument("--rates", type=list_arg(float_arg(0.0, 1e6), name="rates", max_items=4096),
                         default=[float(x) for x in rates.split(",")],
                         help=f"Poisson arrival rates per client, requests per step (default {rates})")
@@ -1021,9 +1021,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0
                         help="output range LOW,HIGH (default 32,384)")
     if kv_budget:
         parser.add_argument("--kv-budget", type=int_arg(1, run.MAX_HORIZON), default=DEFAULT_WORKLOAD["kv_budget"],
-                            help="KV budget M in tokens (default 8192)")
-    parser.add_argument("--w-p", type=number_text, default="1", help="prefill token cost (default 1)")
-    parser.add_argument("--w-q", type=number_text, default="2", help="decode token cost (default 2)")
+                            help="KV budget M in tokens (default %(default)s)")
+    parser.add_argument("--w-p", type=number_text, default="1", help="prefill token cost (default %(default)s)")
+    parser.add_argument("--w-q", type=number_text, default="2", help="decode token cost (default %(default)s)")
     parser.add_argument("--weights", type=list_arg(number_text, name="weights"), default=None,
                         help="client weights w0,w1,... (default all 1; policies that ignore weights refuse it)")
     parser.add_argument("--trace", type=Path, default=None,
