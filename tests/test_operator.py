@@ -54,14 +54,19 @@ def test_bad_logs_name_the_line(tmp_path, text, words):
 
 def test_load_line_warns_only_past_the_threshold():
     over = cli.load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
-                          "waiting_at_end": 17})
+                          "waiting_at_span_end": 20, "waiting_at_end": 17})
     assert "17 requests still waiting" in over and "OVERLOAD: 3.00x" in over
     fine = cli.load_line({"offered_per_step": 100.0, "served_per_step": 100.0, "offered_over_served": 1.0,
-                          "waiting_at_end": 0})
+                          "waiting_at_span_end": 0, "waiting_at_end": 0})
     assert "OVERLOAD" not in fine and "0 requests still waiting" in fine
     edge = cli.load_line({"offered_per_step": 105.0, "served_per_step": 100.0, "offered_over_served": 1.05,
-                          "waiting_at_end": 1})
+                          "waiting_at_span_end": 1, "waiting_at_end": 1})
     assert "OVERLOAD" not in edge
+    # more offered than served over the span, but nothing queued when the last request
+    # arrived: a drain tail (requests still running), not a queue
+    tail = cli.load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
+                          "waiting_at_span_end": 0, "waiting_at_end": 0})
+    assert "OVERLOAD" not in tail
 
 
 def test_sweep_load_lines_flag_overloaded_rows():

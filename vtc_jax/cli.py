@@ -33,6 +33,7 @@ from vtc_jax.errors import InputError
 from vtc_jax.estimators import ESTIMATORS
 from vtc_jax.measures import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.results import load_values, overloaded
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
 from vtc_jax.workload import Trace, read_trace_csv
 
@@ -322,8 +323,7 @@ def client_report(result, lane: int) -> dict:
     def floats(x):
         return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64)]
 
-    offered = float(result.offered[lane].sum()) / max(int(result.offered_steps[lane]), 1)  # drain: arrival span
-    served = float(result.service[lane].sum()) / max(int(result.steps[lane]), 1)
+    load = {k: float(v[lane]) for k, v in load_values(result).items()}
     return {
         "share_of_service": floats(result.served_share[lane]),
         "share_of_demand": floats(result.offered_share[lane]),
@@ -334,9 +334,10 @@ def client_report(result, lane: int) -> dict:
         "wait_p90": floats(result.latency_percentile("wait", 0.9)[lane]),
         "wait_p99": floats(result.latency_percentile("wait", 0.99)[lane]),
         "wait_mean": floats(result.wait_mean[lane]),
-        "load": {"offered_per_step": offered, "served_per_step": served,
-                 "offered_over_served": offered / served if served > 0 else None,
-                 "waiting_at_end": int(result.waiting[lane].sum())},
+        "load": {"offered_per_step": load["offered_per_step"], "served_per_step": load["served_per_step"],
+                 "offered_over_served": load["offered_over_served"] if math.isfinite(load["offered_over_served"])
+                 else None, "waiting_at_span_end": int(load["waiting_at_span_end"]),
+                 "waiting_at_end": int(load["waiting_at_end"])},
     }
 
 
@@ -349,10 +350,13 @@ def _fmt(x) -> str:
 
 
 def load_line(load: dict) -> str:
+    """The load line of `client_report`'s "load": offered and served over the arrival span,
+    and the overload warning where `results.overloaded` says so."""
     ratio = load["offered_over_served"]
     line = (f"load: offered {load['offered_per_step']:.4g} vs served {load['served_per_step']:.4g} weighted "
-            f"tokens/step; {load['waiting_at_end']} requests still waiting")
-    if ratio is not None and ratio > 1.05:
+            f"tokens/step over the arrival span ({load['waiting_at_span_end']} requests queued when the last "
+            f"arrived); {load['waiting_at_end']} requests still waiting")
+    if overloaded(ratio, load["waiting_at_span_end"]):
         line += (f"\nOVERLOAD: {ratio:.2f}x the served work was offered: queues grow as long as requests arrive, "
                  "so drift and shares describe a backlog, not a steady state")
     return line

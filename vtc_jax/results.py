@@ -43,8 +43,10 @@ class LaneResults:
       offered: float64[B, K] full cost (weighted tokens) of the requests that arrived
         (rejected ones included): the demand beside `service`.
       offered_steps: int64[B] the steps the offered rate is measured over: `steps`, or in
-        drain mode the arrival span (last arrival + 1), so that a log whose queue takes 3x
-        its span to drain reads as 3x overloaded.
+        drain mode the arrival span S (last arrival + 1).
+      span_service: float64[B, K] W over the same span: in drain mode W after the last step
+        in which a request arrived (the end of the span), else W at the horizon.
+      span_waiting: int64[B] requests waiting at the end of that span (after its admissions).
       max_drift: float64[B] max over steps of max_k W_k - min_k W_k; max_drift_step: int64[B].
       pair_drift: float64[B, K, K] max over jointly backlogged intervals of
         |W_f(t1..t2) - W_g(t1..t2)| (None: not measured).
@@ -86,6 +88,8 @@ class LaneResults:
     running: np.ndarray
     offered: np.ndarray
     offered_steps: np.ndarray
+    span_service: np.ndarray
+    span_waiting: np.ndarray
     max_drift: np.ndarray
     max_drift_step: np.ndarray
     pair_drift: np.ndarray | None
@@ -225,6 +229,31 @@ class LaneResults:
         jain = np.where(valid, yb.sum(axis=2) ** 2 / np.maximum(n * sq, 1e-300), np.nan)
         with np.errstate(all="ignore"):
             return np.nanmean(jain, axis=1), np.nanmin(jain, axis=1)
+
+
+OVERLOAD = 1.05  # offered / served over the arrival span above this, with a queue left, is overload
+
+
+def load_values(results: LaneResults) -> dict:
+    """The load line per lane (float64[B] each), offered and served work measured over the
+    same span (MODEL.md, "Load line"): offered_per_step and served_per_step over
+    `offered_steps`, their ratio (NaN when nothing was served), waiting_at_span_end (the
+    queue when the last request arrived) and waiting_at_end (at the horizon)."""
+    span = np.maximum(results.offered_steps, 1).astype(np.float64)
+    offered = results.offered.sum(axis=1) / span
+    served = results.span_service.sum(axis=1) / span
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(served > 0, offered / np.where(served > 0, served, 1.0), np.nan)
+    return {"offered_per_step": offered, "served_per_step": served, "offered_over_served": ratio,
+            "waiting_at_span_end": results.span_waiting.astype(np.float64),
+            "waiting_at_end": results.waiting.sum(axis=1).astype(np.float64)}
+
+
+def overloaded(ratio, waiting_at_span_end) -> bool:
+    """Overload: over the arrival span more work was offered than served (by over 5%) and a
+    queue was left when the last request arrived; requests still running then (a drain
+    tail) are not a queue."""
+    return ratio is not None and bool(np.isfinite(ratio)) and ratio > OVERLOAD and waiting_at_span_end > 0
 
 
 def shares(values: np.ndarray) -> np.ndarray:
@@ -388,13 +417,15 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         else:
             wait_mean = done_mean = _nan(shape_bk)
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
+    span_mode = bool(config.drain and last_arrival is not None)  # drain: the load is read over the arrival span
     results = LaneResults(
         events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],
-        offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps)
-                       if config.drain and last_arrival is not None else steps),
+        offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps) if span_mode else steps),
+        span_service=_tokens(m.span_service, q, num) if span_mode else service,
+        span_waiting=(np.asarray(m.span_waiting, np.int64) if span_mode else (arrived - admitted).sum(axis=1)),
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
         pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),

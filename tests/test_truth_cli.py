@@ -1,0 +1,50 @@
+"""The CLI's numbers and flags tell the truth: the load line, the 2U bound, the log reader,
+gen's patterns, compare's options and outputs (issue "Every number tells the truth")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vtc_jax import cli
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def _replay(capsys, *args):
+    code = cli.main(["replay", *(str(a) for a in args), "--no-cache"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_light_log_with_a_long_last_request_is_not_overloaded(tmp_path, capsys):
+    # one request every 100 steps, each served at once (waits 0); the last one decodes 400
+    # steps, so served per step over the drained run is ~1.4x below offered over the span
+    rows = "".join(f"{100 * i},{i % 2},20,{400 if i == 9 else 30}\n" for i in range(10))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    details = tmp_path / "d.json"
+    code, out, _ = _replay(capsys, trace, "--policy", "vtc", "--kv-budget", "4096", "--details", details)
+    assert code == 0 and "OVERLOAD" not in out
+    load = json.loads(details.read_text())["load"]
+    assert load["waiting_at_span_end"] == 0 and load["waiting_at_end"] == 0
+    # served over the span is the service of steps [0, 901): the same run stopped there
+    code, _, _ = _replay(capsys, trace, "--policy", "vtc", "--kv-budget", "4096", "--steps", "901",
+                         "--details", tmp_path / "s.json")
+    stopped = json.loads((tmp_path / "s.json").read_text())["load"]
+    assert load["served_per_step"] == pytest.approx(stopped["served_per_step"], rel=1e-12)
+    assert load["offered_per_step"] == pytest.approx(stopped["offered_per_step"], rel=1e-12)
+
+
+def test_a_burst_that_queues_is_still_overloaded(tmp_path, capsys):
+    # 40 requests at step 0 on M = 1000: most queue behind the first few
+    rows = "".join(f"0,{i % 2},200,40\n" for i in range(40))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    details = tmp_path / "d.json"
+    code, out, _ = _replay(capsys, trace, "--policy", "fcfs", "--kv-budget", "1000", "--details", details)
+    load = json.loads(details.read_text())["load"]
+    assert code == 0 and "OVERLOAD" in out
+    assert load["waiting_at_span_end"] == 35 and load["offered_over_served"] > 3
