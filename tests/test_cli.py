@@ -217,7 +217,7 @@ def test_module_subprocess(tmp_path, content, extra, words):
 # ---------------------------------------------------------------------------------------
 
 KEYS = {"steps", "clients", "service", "counters", "admitted", "completed", "max_drift", "max_drift_step",
-        "throughput", "checkpoints"}
+        "bound_2u", "max_drift_over_2u", "throughput", "checkpoints"}
 
 
 def test_small_trace_json_matches_reference(tmp_path, capsys):
@@ -245,6 +245,8 @@ def test_small_trace_json_matches_reference(tmp_path, capsys):
     drifts = [max(row) - min(row) for row in expected.service]
     assert data["max_drift"] == max(drifts)
     assert data["max_drift_step"] == drifts.index(max(drifts))
+    assert data["bound_2u"] == 2 * max(max(r.prompt for r in requests), 2 * 2000)  # 2 max(w_p L_input, w_q M)
+    assert data["max_drift_over_2u"] == pytest.approx(data["max_drift"] / data["bound_2u"])
     assert data["throughput"] == sum(data["service"]) / steps
 
     ckpt = data["checkpoints"]

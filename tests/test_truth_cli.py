@@ -48,3 +48,34 @@ def test_a_burst_that_queues_is_still_overloaded(tmp_path, capsys):
     load = json.loads(details.read_text())["load"]
     assert code == 0 and "OVERLOAD" in out
     assert load["waiting_at_span_end"] == 35 and load["offered_over_served"] > 3
+
+
+def test_replay_prints_2u_and_the_guarantee_ratio(tmp_path, capsys):
+    # two clients both backlogged from step 0; M = 300, prompts 100: U = max(1 * 100, 2 * 300)
+    rows = "".join(f"0,{i % 2},100,{20 + 10 * (i % 2)}\n" for i in range(12))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    out_json, details = tmp_path / "o.json", tmp_path / "d.json"
+    code, out, _ = _replay(capsys, trace, "--policy", "vtc", "--kv-budget", "300", "--json", out_json,
+                           "--details", details)
+    assert code == 0
+    o, d = json.loads(out_json.read_text()), json.loads(details.read_text())
+    assert o["bound_2u"] == d["bound_2u"] == 1200
+    assert o["max_drift_over_2u"] == pytest.approx(o["max_drift"] / 1200)
+    assert d["backlogged_drift_over_2u"] == pytest.approx(d["backlogged_drift"] / 1200)
+    assert "drift_over_2u" not in o  # the ambiguous name is gone
+    assert "x VTC's bound 2U = 1200" in out
+
+
+def test_compare_reports_2u_and_both_ratios_by_explicit_names(tmp_path, capsys):
+    rows = "".join(f"0,{i % 2},100,{20 + 10 * (i % 2)}\n" for i in range(12))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "300", "--out",
+                     str(tmp_path / "out"), "--no-plots", "--no-cache"])
+    out = capsys.readouterr().out
+    assert code == 0 and "bound_2u" in out.splitlines()[0] and "backlogged_drift_over_2u" in out
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    for row in result["rows"]:
+        m = {k: v["mean"] for k, v in row["metrics"].items()}
+        assert m["bound_2u"] == 1200 and "drift_over_2u" not in m
+        assert m["backlogged_drift_over_2u"] == pytest.approx(m["backlogged_drift"] / 1200)
+        assert m["max_drift_over_2u"] == pytest.approx(m["max_drift"] / 1200)

@@ -33,7 +33,7 @@ from vtc_jax.errors import InputError
 from vtc_jax.estimators import ESTIMATORS
 from vtc_jax.measures import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.policies import registry
-from vtc_jax.results import load_values, overloaded
+from vtc_jax.results import bound_metrics, load_values, overloaded
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
 from vtc_jax.workload import Trace, read_trace_csv
 
@@ -255,6 +255,11 @@ def _number(value: Fraction):
     return int(value) if value.denominator == 1 else float(value)
 
 
+def _plain(value: float):
+    """A float that holds an integer as an int (JSON and the summary print it plainly)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
 def _fail_rows(trace: Trace, err: InputError, source: str):
     raise InputError(f"{source}: {err}") from None
 
@@ -303,6 +308,8 @@ def replay_command(args) -> tuple[dict, dict, object]:
         "completed": [int(x) for x in result.completed[0]],
         "max_drift": _number(result.max_drift_exact[0]),
         "max_drift_step": int(result.max_drift_step[0]),
+        "bound_2u": _plain(result.bound_2u[0]),
+        "max_drift_over_2u": float(result.max_drift_over_2u[0]),
         "throughput": float(sum(service) / steps),
         "checkpoints": {"steps": [int(s) for s in result.checkpoint_steps],
                         "service": [[_number(Fraction(v)) for v in row] for row in result.checkpoints[0]]},
@@ -310,6 +317,8 @@ def replay_command(args) -> tuple[dict, dict, object]:
     details = client_report(result, 0)
     drift = result.backlogged_drift_exact[0]
     details["backlogged_drift"] = None if drift is None else _number(drift)
+    details["bound_2u"] = out["bound_2u"]
+    details["backlogged_drift_over_2u"] = None if drift is None else float(drift) / float(result.bound_2u[0])
     if args.share_window:
         details["share_window"] = list(args.share_window)
         details["window_share"] = [None if not np.isfinite(x) else float(x) for x in result.share[0]]
@@ -366,9 +375,11 @@ def _summary(out: dict, details: dict, policy: str) -> str:
     lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
              f"throughput {out['throughput']:.2f} weighted tokens/step, "
              f"max drift {out['max_drift']} at step {out['max_drift_step']}, "
-             "drift while jointly backlogged " + (str(details["backlogged_drift"]) if details["backlogged_drift"]
-                                                  is not None else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} "
-                                                                   "clients: it costs K^2 per event)"),
+             "drift while jointly backlogged " + (
+                 f"{details['backlogged_drift']} = {details['backlogged_drift_over_2u']:.3g} x VTC's bound "
+                 f"2U = {details['bound_2u']}" if details["backlogged_drift"] is not None
+                 else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} clients: it costs K^2 per event; VTC's bound "
+                      f"2U = {details['bound_2u']})"),
              f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
              f"{'demand':>7} {'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
@@ -472,6 +483,16 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     return trace, list(names), max(1, round(1.0 / step_seconds))
 
 
+def compare_metrics(results, rows) -> dict:
+    """compare's per-lane metrics: the sweeps' base metrics and VTC's bound (2U and the
+    drifts over it; `results.bound_metrics`). The old name `drift_over_2u` (max drift / 2U,
+    easily read as the guarantee's ratio) is left out."""
+    from vtc_jax import sweep as sweep_mod
+
+    base = {k: v for k, v in sweep_mod.base_metrics(results, rows).items() if k != "drift_over_2u"}
+    return {**base, **bound_metrics(results)}
+
+
 def _compare(args) -> int:
     from vtc_jax import sweep as sweep_mod
     from vtc_jax.run import drain_horizon
@@ -510,9 +531,10 @@ def _compare(args) -> int:
     sweep = sweep_mod.Sweep(name="compare", config={"log": str(args.log), "tenants": names,
                                                       "step_seconds": args.step_seconds, "horizon": source.horizon,
                                                       "phase_unit": unit, "policies": args.policies},
-                            rows=rows, metrics=sweep_mod.base_metrics,
+                            rows=rows, metrics=compare_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
-                            columns=("backlogged_drift", "max_drift", "throughput"), plots=plots, clients=True)
+                            columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
+                                     "throughput"), plots=plots, clients=True)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_mod.format_table(sweep, result))
     print(sweep_mod.format_load(result))

@@ -52,7 +52,11 @@ class LaneResults:
         |W_f(t1..t2) - W_g(t1..t2)| (None: not measured).
       backlogged_drift: float64[B] max of pair_drift over pairs (NaN: not measured).
       kv_budget: int64[B] M; max_prompt: int64[B] L_input, the largest arrived prompt.
-      bound_u: float64[B] U = max(w_p * L_input, w_q * M); drift_over_2u = max_drift / 2U.
+      bound_u: float64[B] U = max(w_p * L_input, w_q * M); bound_2u: float64[B] 2U, VTC's
+        bound on backlogged_drift (MODEL.md).
+      backlogged_drift_over_2u: float64[B] backlogged_drift / 2U, the guarantee's ratio (NaN:
+        pair drift not measured); max_drift_over_2u: float64[B] max_drift / 2U, NOT the
+        guarantee (max_drift also grows with differences in demand).
       throughput: float64[B] weighted tokens per step (sum_k W_k / steps).
       raw_throughput: float64[B] tokens per step (prompt tokens admitted + tokens decoded).
       mean_occupancy: float64[B] mean over steps of KV tokens held at decode, / M.
@@ -97,7 +101,9 @@ class LaneResults:
     kv_budget: np.ndarray
     max_prompt: np.ndarray
     bound_u: np.ndarray
-    drift_over_2u: np.ndarray
+    bound_2u: np.ndarray
+    backlogged_drift_over_2u: np.ndarray
+    max_drift_over_2u: np.ndarray
     throughput: np.ndarray
     raw_throughput: np.ndarray
     mean_occupancy: np.ndarray
@@ -160,6 +166,12 @@ class LaneResults:
         pairs_exact = _exact(self.pair_units, self.cost_scale, self._num)
         return np.asarray([max(row, default=Fraction(0)) for row in pairs_exact.reshape(len(self.steps), -1)],
                           dtype=object)
+
+    @property
+    def drift_over_2u(self) -> np.ndarray:
+        """The old name of `max_drift_over_2u`, read by sweep.base_metrics and
+        tests/test_measures.py until they move to the explicit names."""
+        return self.max_drift_over_2u
 
     @property
     def share(self) -> np.ndarray:
@@ -247,6 +259,16 @@ def load_values(results: LaneResults) -> dict:
     return {"offered_per_step": offered, "served_per_step": served, "offered_over_served": ratio,
             "waiting_at_span_end": results.span_waiting.astype(np.float64),
             "waiting_at_end": results.waiting.sum(axis=1).astype(np.float64)}
+
+
+def bound_metrics(results: LaneResults) -> dict:
+    """VTC's bound per lane (float64[B] each): bound_2u = 2U, backlogged_drift_over_2u (the
+    guarantee's ratio; left out where pair drift was not measured) and max_drift_over_2u
+    (not the guarantee: max drift grows with differences in demand)."""
+    out = {"bound_2u": results.bound_2u, "max_drift_over_2u": results.max_drift_over_2u}
+    if not np.isnan(results.backlogged_drift_over_2u).all():
+        out["backlogged_drift_over_2u"] = results.backlogged_drift_over_2u
+    return out
 
 
 def overloaded(ratio, waiting_at_span_end) -> bool:
@@ -406,6 +428,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         f, g = pairs(config.num_clients)
         pair = np.zeros((b, config.num_clients, config.num_clients))
         pair[:, f, g] = pair[:, g, f] = _tokens(m.pair_drift, q, num)
+    backlogged_drift = pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b)
     has_window = np.asarray([s.share_window[1] > 0 for s in settings])
     share = (_tokens(m.share_end, q, num) - _tokens(m.share_start, q, num)) if m.share_start is not None else _nan(shape_bk)
     ckpt_steps, ckpt_units = _checkpoints(host, config, steps, num)
@@ -427,8 +450,9 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         span_service=_tokens(m.span_service, q, num) if span_mode else service,
         span_waiting=(np.asarray(m.span_waiting, np.int64) if span_mode else (arrived - admitted).sum(axis=1)),
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
-        pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
-        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),
+        pair_drift=pair, backlogged_drift=backlogged_drift,
+        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, bound_2u=2 * bound_u,
+        backlogged_drift_over_2u=backlogged_drift / (2 * bound_u), max_drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
         raw_throughput=(np.where(steps > 0, (num.to_float(m.prompt_tokens) + num.to_float(m.decoded_tokens)).sum(
             axis=1) / per_step, 0.0) if ledger else _nan(b)),
