@@ -8,6 +8,7 @@ import json
 import pytest
 
 from vtc_jax import cli
+from vtc_jax.errors import InputError
 
 
 def _write(path, text):
@@ -79,3 +80,16 @@ def test_compare_reports_2u_and_both_ratios_by_explicit_names(tmp_path, capsys):
         assert m["bound_2u"] == 1200 and "drift_over_2u" not in m
         assert m["backlogged_drift_over_2u"] == pytest.approx(m["backlogged_drift"] / 1200)
         assert m["max_drift_over_2u"] == pytest.approx(m["max_drift"] / 1200)
+
+
+@pytest.mark.parametrize("header, words", [
+    ("timestamp,tenant,prompt,output,cachd", "unexpected column 'cachd'"),  # a typo: hits would read as 0
+    ("timestamp,tenant,prompt,output,prompt", "duplicate column"),  # which prompt?
+])
+def test_log_reader_refuses_unknown_and_repeated_columns(tmp_path, header, words):
+    log = _write(tmp_path / "log.csv", f"{header}\n1.0,a,30,4,7\n")
+    with pytest.raises(InputError) as err:
+        cli.read_log(log, 0.025)
+    line = str(err.value)
+    assert line.startswith(f"{log}: ") and words in line and header.split(",")[-1] in line
+    assert "\n" not in line

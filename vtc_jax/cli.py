@@ -429,43 +429,33 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     if "timestamp" not in header:
         trace = read_trace_csv(io.StringIO(text), source=str(path))
         return trace, [str(k) for k in range(trace.num_clients)], 1
-    for col in LOG_COLUMNS:
-        if col not in header:
-            raise InputError(f"{path}: missing column {col!r} (a timestamped log needs {','.join(LOG_COLUMNS)})")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # one table reader for every CSV: an unknown column (a typo such as `cachd`, whose
+    # values would silently read as 0) or a repeated one is refused, naming it and the file
+    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS, ("cached",))
     rows, lines, names = [], [], {}
-    next(reader)
-    try:
-        for row in reader:
-            line_no = reader.line_num
-            if not row or not any(c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{path}: line {line_no}: {len(row)} fields, header has {len(header)}")
-            cell = dict(zip(header, (c.strip() for c in row)))
-            try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
-                t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
-            except InvalidOperation:
-                raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
-                                 f"got {cell['timestamp'][:24]!r}") from None
-            if not t.is_finite() or t < 0 or t.adjusted() > 12:
-                raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
-                                 f"[0, 1e13), got {cell['timestamp'][:24]!r}")
-            tenant = cell["tenant"]
-            if not tenant:
-                raise InputError(f"{path}: line {line_no}: empty tenant name")
-            if tenant not in names and len(names) >= MAX_CLIENTS:
-                raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
-            ints = []
-            for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
-                if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
-                    raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
-                                     f"got {cell[col][:24]!r}")
-                ints.append(int(cell[col]))
-            rows.append((t, names.setdefault(tenant, len(names)), *ints))
-            lines.append(line_no)
-    except csv.Error as err:
-        raise InputError(f"{path}: malformed CSV ({err})") from None
+    for line_no, cells in records:
+        cell = dict(zip(header, cells))
+        try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
+            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
+        except InvalidOperation:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
+                             f"got {cell['timestamp'][:24]!r}") from None
+        if not t.is_finite() or t < 0 or t.adjusted() > 12:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
+                             f"[0, 1e13), got {cell['timestamp'][:24]!r}")
+        tenant = cell["tenant"]
+        if not tenant:
+            raise InputError(f"{path}: line {line_no}: empty tenant name")
+        if tenant not in names and len(names) >= MAX_CLIENTS:
+            raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
+        ints = []
+        for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
+            if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
+                raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
+                                 f"got {cell[col][:24]!r}")
+            ints.append(int(cell[col]))
+        rows.append((t, names.setdefault(tenant, len(names)), *ints))
+        lines.append(line_no)
     if not rows:
         raise InputError(f"{path}: no requests (header only)")
     t0, step = min(r[0] for r in rows), Decimal(repr(step_seconds))
