@@ -93,3 +93,28 @@ def test_log_reader_refuses_unknown_and_repeated_columns(tmp_path, header, words
     line = str(err.value)
     assert line.startswith(f"{log}: ") and words in line and header.split(",")[-1] in line
     assert "\n" not in line
+
+
+@pytest.mark.parametrize("pattern, bad", [("silence:1:10.5", "10.5"), ("silence:0.5:10.7", "0.5"),
+                                          ("on_off:2.5", "2.5")])
+def test_gen_refuses_fractional_steps_in_patterns(tmp_path, capsys, pattern, bad):
+    # these once ran as something else: all 6000 steps silent, no silence at all, period 2
+    code = cli.main(["gen", "--out", str(tmp_path / "g.csv"), "--tenant", f"rate=0.1,pattern={pattern}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "whole steps" in err and repr(bad) in err and pattern in err
+    assert not (tmp_path / "g.csv").exists()
+
+
+def test_gen_help_says_pattern_steps_are_whole(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["gen", "--help"])
+    assert "whole steps" in " ".join(capsys.readouterr().out.split())
+
+
+def test_gen_silence_covers_exactly_its_steps(tmp_path, capsys):
+    out = tmp_path / "g.csv"
+    assert cli.main(["gen", "--out", str(out), "--steps", "300", "--tenant", "rate=2,pattern=silence:100:200"]) == 0
+    arrivals = [int(line.split(",")[0]) for line in out.read_text().splitlines()[1:]]
+    assert not any(100 <= a < 200 for a in arrivals)
+    assert any(a < 100 for a in arrivals) and any(a >= 200 for a in arrivals)

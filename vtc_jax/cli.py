@@ -236,10 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "cached=F (fraction of every prompt cached, default 0), and a pattern: "
                                     "pattern=constant (default), on_off:PERIOD (silent every other PERIOD steps), "
                                     "ramp:END_RATE (rate ramps linearly to END_RATE), or silence:FROM:TO (silent "
-                                    "in steps [FROM, TO)). Arrivals are Poisson per step.")
+                                    "in steps [FROM, TO)); PERIOD, FROM and TO are whole steps (a fraction is "
+                                    "refused). Arrivals are Poisson per step.")
     gp.add_argument("--out", required=True, type=Path, help="trace CSV to write")
     gp.add_argument("--tenant", required=True, action="append", default=[], metavar="SPEC",
-                    help="one tenant: rate=R[,prompt=LO:HI][,output=LO:HI][,cached=F][,pattern=...]")
+                    help="one tenant: rate=R[,prompt=LO:HI][,output=LO:HI][,cached=F][,pattern=constant|on_off:PERIOD|"
+                         "ramp:END_RATE|silence:FROM:TO] (PERIOD, FROM, TO: whole steps)")
     gp.add_argument("--steps", type=int_arg(1, 1 << 26), default=6000, help="horizon in steps (default 6000)")
     gp.add_argument("--seed", type=int_arg(0, 2**31 - 1), default=0, help="random seed (default 0)")
 
@@ -599,23 +601,37 @@ def parse_tenant(text: str, horizon: int) -> dict:
             elif key == "cached":
                 spec["cached"] = float_arg(0.0, 0.999)(value)
             else:
-                kind, *rest = value.split(":")
-                nums = [float(x) for x in rest]
-                if (kind, len(nums)) not in (("constant", 0), ("on_off", 1), ("ramp", 1), ("silence", 2)):
-                    raise ValueError
-                spec["pattern"] = (kind, *nums)
+                spec["pattern"] = _pattern(value)
+        except InputError:
+            raise
         except (ValueError, argparse.ArgumentTypeError):
             raise InputError(f"--tenant {text[:60]!r}: bad {key} {value[:30]!r}") from None
     if "rate" not in spec:
         raise InputError(f"--tenant {text[:60]!r}: rate=R (requests per step) is required")
     kind, *nums = spec["pattern"]
     if kind == "on_off" and not 1 <= nums[0] < horizon:
-        raise InputError(f"--tenant: on_off period must be in [1, --steps), got {nums[0]:g}")
+        raise InputError(f"--tenant: on_off period must be in [1, --steps), got {nums[0]}")
     if kind == "ramp" and not 0 <= nums[0] <= 1e4:
         raise InputError(f"--tenant: ramp end rate must be in [0, 1e4], got {nums[0]:g}")
     if kind == "silence" and not 0 <= nums[0] < nums[1] <= horizon:
-        raise InputError(f"--tenant: silence needs 0 <= FROM < TO <= --steps, got {nums[0]:g}:{nums[1]:g}")
+        raise InputError(f"--tenant: silence needs 0 <= FROM < TO <= --steps, got {nums[0]}:{nums[1]}")
     return spec
+
+
+def _pattern(value: str) -> tuple:
+    """A --tenant pattern: ("constant",), ("on_off", PERIOD), ("ramp", END_RATE) or
+    ("silence", FROM, TO). PERIOD, FROM and TO are steps: whole numbers (a fraction such
+    as 10.5 has no step to fall on, and was once silently truncated or ignored); END_RATE
+    is any rate. ValueError when malformed."""
+    kind, *rest = value.split(":")
+    if (kind, len(rest)) not in (("constant", 0), ("on_off", 1), ("ramp", 1), ("silence", 2)):
+        raise ValueError(value)
+    if kind == "ramp":
+        return kind, float(rest[0])
+    for x in rest:
+        if not re.fullmatch(r"\s*\+?\d{1,9}\s*", x):
+            raise InputError(f"--tenant pattern {value[:30]!r}: {kind} takes whole steps, got {x.strip()[:20]!r}")
+    return (kind, *(int(x) for x in rest))
 
 
 def tenant_phases(specs, horizon: int) -> list:
@@ -624,9 +640,9 @@ def tenant_phases(specs, horizon: int) -> list:
     for s in specs:
         kind, *nums = s["pattern"]
         if kind == "on_off":
-            cuts |= set(range(0, horizon, int(nums[0])))
+            cuts |= set(range(0, horizon, nums[0]))
         elif kind == "silence":
-            cuts |= {int(nums[0]), int(nums[1])}
+            cuts |= {nums[0], nums[1]}
     cuts = sorted(c for c in cuts if 0 <= c <= horizon)
     if len(cuts) > 4097:
         raise InputError(f"the patterns need {len(cuts) - 1} phases, over the limit of 4096: use longer periods")
@@ -637,7 +653,7 @@ def tenant_phases(specs, horizon: int) -> list:
             kind, *nums = s["pattern"]
             r = s["rate"]
             if kind == "on_off":
-                on = (a // int(nums[0])) % 2 == 0
+                on = (a // nums[0]) % 2 == 0
                 start.append(r if on else 0.0)
                 end.append(r if on else 0.0)
             elif kind == "silence":
