@@ -4,11 +4,14 @@ gen's patterns, compare's options and outputs (issue "Every number tells the tru
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from vtc_jax import cli
 from vtc_jax.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(path, text):
@@ -118,3 +121,10 @@ def test_gen_silence_covers_exactly_its_steps(tmp_path, capsys):
     arrivals = [int(line.split(",")[0]) for line in out.read_text().splitlines()[1:]]
     assert not any(100 <= a < 200 for a in arrivals)
     assert any(a < 100 for a in arrivals) and any(a >= 200 for a in arrivals)
+
+
+def test_policies_lists_a_policy_module(capsys):
+    module = ROOT / "examples" / "my_policy.py"
+    assert cli.main(["policies", "--policy-module", str(module)]) == 0
+    out = capsys.readouterr().out
+    assert "round_robin" in out and f"from {module}" in out and "vtc " in out  # built-ins listed too

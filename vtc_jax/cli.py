@@ -97,8 +97,12 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, kv_budget_required: 
                         help="the VTC artifact's lift variant: no last_left clause (vtc, vtc_predict)")
     parser.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
                         help="a policy option (see `python -m vtc_jax policies`), repeatable")
+    add_policy_module_flag(parser)
+
+
+def add_policy_module_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-module", action="append", default=[], metavar="FILE.py",
-                        help="load policies defined in your own file (a POLICY or POLICIES attribute)")
+                        help="load policies defined in your own file (a POLICY or POLICIES attribute), repeatable")
 
 
 def ignored_flags(args, policy: str) -> list[str]:
@@ -245,8 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--steps", type=int_arg(1, 1 << 26), default=6000, help="horizon in steps (default 6000)")
     gp.add_argument("--seed", type=int_arg(0, 2**31 - 1), default=0, help="random seed (default 0)")
 
-    sub.add_parser("policies", help="list the registered policies, what they read and their options",
-                   description="List the registered policies.")
+    pp = sub.add_parser("policies", help="list the registered policies, what they read and their options",
+                        description="List the registered policies, and those of every --policy-module file.")
+    add_policy_module_flag(pp)
     return parser
 
 
@@ -705,12 +710,14 @@ def _gen(args) -> int:
 
 
 def _policies(args) -> int:
+    origin = {name: path for path in args.policy_module for name in registry.load_policy_module(path)}
     for name in registry.names():
         p = registry.get(name)
         options = ", ".join(f"{k}={v}" for k, v in p.options.items()) or "none"
         reads = ", ".join(p.reads) or "nothing beyond M and the prices"
         print(f"{name:12s} {p.summary}\n{'':12s} reads: {reads}; options: {options}"
-              + ("; estimates outputs (--estimator)" if p.uses_estimator else ""))
+              + ("; estimates outputs (--estimator)" if p.uses_estimator else "")
+              + (f"; from {origin[name]}" if name in origin else ""))
     return 0
 
 
