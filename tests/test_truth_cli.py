@@ -128,3 +128,20 @@ def test_policies_lists_a_policy_module(capsys):
     assert cli.main(["policies", "--policy-module", str(module)]) == 0
     out = capsys.readouterr().out
     assert "round_robin" in out and f"from {module}" in out and "vtc " in out  # built-ins listed too
+
+
+def test_compare_applies_an_option_to_the_policies_that_have_it(tmp_path, capsys):
+    rows = "".join(f"{3 * i},{i % 2},50,{10 + i % 3}\n" for i in range(10))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    base = ["compare", str(trace), "--policies", "drr,las", "--kv-budget", "200", "--no-plots", "--no-cache"]
+    assert cli.main(base + ["--option", "quantum=8", "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "note: --option quantum does not apply to las" in err
+    result = json.loads((tmp_path / "a" / "results.json").read_text())
+    options = {r["label"]: r["setting"].get("options") for r in result["rows"]}
+    assert "quantum" in str(options["drr"]) and "quantum" not in str(options["las"])
+    # an option no listed policy has is refused before the run, naming it
+    code = cli.main(base + ["--option", "quantumm=8", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--option quantumm" in err and "drr, las" in err
+    assert not (tmp_path / "b" / "results.json").exists()

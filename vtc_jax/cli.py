@@ -120,8 +120,11 @@ def ignored_flags(args, policy: str) -> list[str]:
                    f"{', '.join(n for n in registry.names() if registry.get(n).uses_estimator)} do)")
     if args.no_last_left and "lift_last_left" not in spec.reads:
         out.append(f"--no-last-left: policy {policy} has no lift with a last_left clause")
-    if args.option and not spec.options:
-        out.append(f"--option: policy {policy} has no options")
+    known = ", ".join(sorted(spec.options))
+    for name in dict(args.option):  # one line per option, so a comparison drops only those a policy lacks
+        if name not in spec.options:
+            out.append(f"--option {name}: policy {policy} " + (f"has no option {name!r} (its options: {known})"
+                                                               if known else "has no options"))
     return out
 
 
@@ -147,7 +150,8 @@ def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool 
                     weights=weights, rpm_limit=args.rpm, rpm_window=args.rpm_window, rpm_mode=args.rpm_mode,
                     kv_cap=args.kv_cap, bands=tuple(args.bands) if args.bands else None,
                     lift_last_left=not (args.no_last_left and "--no-last-left" not in drop),
-                    options=tuple(args.option) if "--option" not in drop else (), share_window=share_window,
+                    options=tuple((n, v) for n, v in args.option if f"--option {n}" not in drop),
+                    share_window=share_window,
                     **estimator)
 
 
@@ -509,7 +513,9 @@ def _compare(args) -> int:
     for line in ignored[args.policies[0]]:  # a flag no listed policy reads is refused
         flag = line.split(":")[0]
         if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in args.policies):
-            raise InputError(line)
+            raise InputError(line if len(args.policies) == 1 else
+                             f"{flag}: none of the policies {', '.join(args.policies)} takes it "
+                             f"({line.split(': ', 1)[1]})")
     for p, lines in ignored.items():
         for line in lines:
             print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
