@@ -145,3 +145,19 @@ def test_compare_applies_an_option_to_the_policies_that_have_it(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--option quantumm" in err and "drr, las" in err
     assert not (tmp_path / "b" / "results.json").exists()
+
+
+def test_compare_writes_results_and_plots_as_one_set(tmp_path, capsys, monkeypatch):
+    rows = "".join(f"{3 * i},{i % 2},50,{10 + i % 3}\n" for i in range(10))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    out = tmp_path / "out"
+
+    def full_disk(result, names, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "draw_tenants", full_disk)
+    code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "200", "--out", str(out),
+                     "--no-cache"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "tenants.png" in err and "No space left" in err
+    assert sorted(p.name for p in out.iterdir()) == []  # no results without plots, no temporaries

@@ -544,13 +544,26 @@ def _compare(args) -> int:
     print("per tenant (means over seeds; waits in steps"
           + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
     print(sweep_mod.format_clients(result, names))
-    written = sweep_mod.write_outputs(sweep, result, args.out, plots=False)
-    if not args.no_plots:
-        written += fileio.write_outputs_atomically(
-            [(args.out / p.filename, lambda path, p=p: sweep_mod.draw(result, p, path)) for p in plots]
-            + [(args.out / "tenants.png", lambda path: draw_tenants(result, names, path))])
+    written = fileio.write_outputs_atomically(compare_files(result, names, args.out, () if args.no_plots else plots))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def compare_files(result: dict, names, out_dir: Path, plots) -> list:
+    """(path, writer) pairs of everything compare writes: results.json, results.csv and
+    every plot (`plots` and tenants.png; none when `plots` is empty), to be written as ONE
+    set: a full disk or a Ctrl-C leaves the previous results, never results without plots.
+    (The first two are sweep.write_outputs' files; it cannot take extra files yet.)"""
+    from vtc_jax import sweep as sweep_mod
+
+    main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
+    files = [(out_dir / "results.json",
+              lambda p: p.write_text(json.dumps(main_keys, indent=1, default=sweep_mod._json_default))),
+             (out_dir / "results.csv", lambda p: p.write_text(sweep_mod.results_csv(result)))]
+    files += [(out_dir / plot.filename, lambda path, plot=plot: sweep_mod.draw(result, plot, path)) for plot in plots]
+    if plots:
+        files.append((out_dir / "tenants.png", lambda path: draw_tenants(result, names, path)))
+    return files
 
 
 def draw_tenants(result: dict, names, path) -> None:
