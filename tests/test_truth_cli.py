@@ -161,3 +161,12 @@ def test_compare_writes_results_and_plots_as_one_set(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err.strip()
     assert code == 2 and "tenants.png" in err and "No space left" in err
     assert sorted(p.name for p in out.iterdir()) == []  # no results without plots, no temporaries
+
+
+def test_replay_refuses_json_and_details_on_one_file(tmp_path, capsys, monkeypatch):
+    _write(tmp_path / "t.csv", "arrival,client,prompt,output\n0,0,10,3\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _replay(capsys, "t.csv", "--policy", "vtc", "--kv-budget", "100", "--json", "x.json",
+                             "--details", f"../{tmp_path.name}/x.json")  # the same file, spelled two ways
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "same file" in err
+    assert not (tmp_path / "x.json").exists()

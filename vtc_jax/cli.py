@@ -407,6 +407,9 @@ def _summary(out: dict, details: dict, policy: str) -> str:
 
 
 def _replay(args) -> int:
+    if args.json and args.details and Path(args.json).resolve() == Path(args.details).resolve():
+        raise InputError(f"--json {args.json} and --details {args.details} are the same file: one would overwrite "
+                         "the other; give two paths")
     for path in (args.json, args.details):
         if path:
             fileio.check_writable_file(path)
