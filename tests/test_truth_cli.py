@@ -170,3 +170,22 @@ def test_replay_refuses_json_and_details_on_one_file(tmp_path, capsys, monkeypat
                              "--details", f"../{tmp_path.name}/x.json")  # the same file, spelled two ways
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "same file" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    closed = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig))
+    clients = {"served_share": [0.5, 0.5], "offered_share": [0.5, 0.5], "wait_p99": [0.0, 0.0]}
+    result = {"rows": [{"label": "vtc", "clients": clients}]}
+    cli.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
+    waits = closed[0].axes[1]
+    y = waits.lines[0].get_ydata()
+    assert list(y) == [0.0, 0.0]  # drawn, not NaN
+    low, high = waits.get_ylim()
+    assert low <= 0 <= high  # and inside the visible range
+    assert (tmp_path / "t.png").stat().st_size > 0

@@ -570,8 +570,8 @@ def compare_files(result: dict, names, out_dir: Path, plots) -> list:
 
 
 def draw_tenants(result: dict, names, path) -> None:
-    """Per tenant and policy: share of service beside share of demand, and wait p99 (log
-    axis): every tenant drawn, whatever their number."""
+    """Per tenant and policy: share of service beside share of demand, and wait p99 (symlog
+    axis: zero waits drawn too): every tenant drawn, whatever their number."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -587,11 +587,14 @@ def draw_tenants(result: dict, names, path) -> None:
     for i, r in enumerate(rows):
         c = r["clients"]
         axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in c["served_share"]], width, label=r["label"])
-        axes[1].plot(x, [v if v else np.nan for v in c["wait_p99"]], "o-", label=r["label"])
+        axes[1].plot(x, [np.nan if v is None else v for v in c["wait_p99"]], "o-", label=r["label"])
     axes[0].set_ylabel("share")
     axes[0].legend(fontsize=7)
     axes[1].set_ylabel("wait p99 (steps)")
-    axes[1].set_yscale("log")
+    # symlog: log above 1 step, linear through 0, so a wait of 0 (a light log) is drawn
+    # instead of vanishing from a log axis
+    axes[1].set_yscale("symlog", linthresh=1.0)
+    axes[1].set_ylim(bottom=0)
     axes[1].set_xticks(x, names, rotation=45, ha="right", fontsize=7)
     axes[1].legend(fontsize=7)
     for ax in axes:
