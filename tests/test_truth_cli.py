@@ -189,3 +189,14 @@ def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
     low, high = waits.get_ylim()
     assert low <= 0 <= high  # and inside the visible range
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", ["arrival,client,prompt,output\n0,0,10,3\n1,1,500,3\n",
+                                  "timestamp,tenant,prompt,output\n0,a,10,3\n1,b,500,3\n"])
+def test_prompt_larger_than_m_names_the_file_and_line(tmp_path, capsys, text):
+    log = _write(tmp_path / "log.csv", text)
+    code = cli.main(["compare", str(log), "--policies", "vtc", "--kv-budget", "100", "--out", str(tmp_path / "o"),
+                     "--no-cache"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"vtc_jax: error: {log}: line 3: prompt 500 is larger than the KV budget M=100")

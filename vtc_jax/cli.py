@@ -271,8 +271,11 @@ def _plain(value: float):
     return int(value) if float(value).is_integer() else float(value)
 
 
-def _fail_rows(trace: Trace, err: InputError, source: str):
-    raise InputError(f"{source}: {err}") from None
+def _in_file(source, err: InputError) -> InputError:
+    """`err` with the file it is about named in front (once): a row's problem found after
+    reading (a prompt larger than M) names its line, and the line alone does not say where."""
+    message = str(err)
+    return InputError(message if message.startswith(str(source)) else f"{source}: {message}")
 
 
 def load_for_replay(args) -> tuple[Trace, int]:
@@ -302,8 +305,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
         result = replay(trace, settings, num_clients=num_clients, steps=args.steps, record_every=args.record_every,
                         measures=MeasureConfig.of(measures))
     except InputError as err:
-        message = str(err)
-        raise InputError(message if message.startswith(str(args.trace)) else f"{args.trace}: {message}") from None
+        raise _in_file(args.trace, err) from None
     if not result.finished[0]:
         raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
     if args.check and result.conservation[0]:
@@ -528,7 +530,10 @@ def _compare(args) -> int:
     source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit,
                          drain=args.steps is None)
     for s in settings:
-        sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)
+        try:
+            sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)
+        except InputError as err:
+            raise _in_file(args.log, err) from None
         rows.append(sweep_mod.Row(s, source, s.policy))
     fileio.check_writable_dir(args.out)
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
