@@ -272,6 +272,7 @@ def test_extra_client_and_exact_numbers(tmp_path, capsys):
     assert data == {
         "steps": 6, "clients": 3, "service": [16, 13, 0], "counters": [16, 27, 0],
         "admitted": [1, 1, 0], "completed": [1, 1, 0], "max_drift": 16, "max_drift_step": 2,
+        "bound_2u": 400, "max_drift_over_2u": 16 / 400,  # 2U = 2 max(w_p 10, w_q 100)
         "throughput": 29 / 6, "checkpoints": {"steps": [3, 5], "service": [[16, 9, 0], [16, 13, 0]]},
     }
     assert data["throughput"] == float(Fraction(sum(data["service"]), data["steps"]))
