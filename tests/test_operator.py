@@ -71,7 +71,8 @@ def test_load_line_warns_only_past_the_threshold():
 
 def test_sweep_load_lines_flag_overloaded_rows():
     def row(label, off, srv, waiting):
-        m = {"offered_per_step": {"mean": off}, "served_per_step": {"mean": srv}, "waiting_at_end": {"mean": waiting}}
+        m = {"offered_per_step": {"mean": off}, "served_per_step": {"mean": srv}, "waiting_at_end": {"mean": waiting},
+             "waiting_at_span_end": {"mean": waiting}}
         return {"label": label, "metrics": m}
     text = sweep.format_load({"rows": [row("a", 200.0, 100.0, 40.0), row("b", 90.0, 90.0, 0.0)]})
     lines = text.splitlines()
