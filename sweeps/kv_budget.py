@@ -40,7 +40,7 @@ def build(args) -> Sweep:
     config = dict(workload_config(args), budgets=args.budgets, policy=args.policy)
     return Sweep(
         name="kv_budget", config=config, rows=rows, metrics=metrics,
-        columns=("max_drift", "bound", "drift_over_total", "drift_over_2u", "throughput"),
+        columns=("max_drift", "bound", "drift_over_total", "max_drift_over_2u", "throughput"),
         paper_values=PAPER_VALUES, default_workload=workload_is_default(args, RATES) and args.policy == "vtc",
         plots=(Plot("metric", "drift_vs_kv_budget.png", "max drift vs KV budget (bound 2 w_q M dashed)",
                     "kv_budget", "max_drift", extra="bound", xlog=True),))

@@ -47,7 +47,8 @@ def build(args) -> Sweep:
     return Sweep(
         name="rpm", config=dict(workload_config(args), limits=args.limits, rpm_window=args.rpm_window,
                                 rpm_mode=args.rpm_mode), rows=rows, metrics=base_metrics,
-        columns=("max_drift", "throughput", "drift_over_2u"), measures=("pair_drift",), paper_values=PAPER_VALUES,
+        columns=("max_drift", "throughput", "max_drift_over_2u", "backlogged_drift_over_2u"), measures=("pair_drift",),
+        paper_values=PAPER_VALUES,
         default_workload=default,
         plots=(Plot("scatter", "throughput_vs_drift.png", "throughput vs max drift per RPM limit and VTC",
                     "max_drift", "throughput", ylabel="throughput (weighted tokens/step)", xlog=True),))

@@ -217,7 +217,7 @@ def test_module_subprocess(tmp_path, content, extra, words):
 # ---------------------------------------------------------------------------------------
 
 KEYS = {"steps", "clients", "service", "counters", "admitted", "completed", "max_drift", "max_drift_step",
-        "throughput", "checkpoints"}
+        "bound_2u", "max_drift_over_2u", "throughput", "checkpoints"}
 
 
 def test_small_trace_json_matches_reference(tmp_path, capsys):
@@ -245,6 +245,8 @@ def test_small_trace_json_matches_reference(tmp_path, capsys):
     drifts = [max(row) - min(row) for row in expected.service]
     assert data["max_drift"] == max(drifts)
     assert data["max_drift_step"] == drifts.index(max(drifts))
+    assert data["bound_2u"] == 2 * max(max(r.prompt for r in requests), 2 * 2000)  # 2 max(w_p L_input, w_q M)
+    assert data["max_drift_over_2u"] == pytest.approx(data["max_drift"] / data["bound_2u"])
     assert data["throughput"] == sum(data["service"]) / steps
 
     ckpt = data["checkpoints"]
@@ -270,6 +272,7 @@ def test_extra_client_and_exact_numbers(tmp_path, capsys):
     assert data == {
         "steps": 6, "clients": 3, "service": [16, 13, 0], "counters": [16, 27, 0],
         "admitted": [1, 1, 0], "completed": [1, 1, 0], "max_drift": 16, "max_drift_step": 2,
+        "bound_2u": 400, "max_drift_over_2u": 16 / 400,  # 2U = 2 max(w_p 10, w_q 100)
         "throughput": 29 / 6, "checkpoints": {"steps": [3, 5], "service": [[16, 9, 0], [16, 13, 0]]},
     }
     assert data["throughput"] == float(Fraction(sum(data["service"]), data["steps"]))

@@ -33,6 +33,7 @@ from vtc_jax.errors import InputError
 from vtc_jax.estimators import ESTIMATORS
 from vtc_jax.measures import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.results import bound_metrics, load_values, overloaded
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
 from vtc_jax.workload import Trace, read_trace_csv
 
@@ -96,8 +97,12 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, kv_budget_required: 
                         help="the VTC artifact's lift variant: no last_left clause (vtc, vtc_predict)")
     parser.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
                         help="a policy option (see `python -m vtc_jax policies`), repeatable")
+    add_policy_module_flag(parser)
+
+
+def add_policy_module_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-module", action="append", default=[], metavar="FILE.py",
-                        help="load policies defined in your own file (a POLICY or POLICIES attribute)")
+                        help="load policies defined in your own file (a POLICY or POLICIES attribute), repeatable")
 
 
 def ignored_flags(args, policy: str) -> list[str]:
@@ -115,8 +120,11 @@ def ignored_flags(args, policy: str) -> list[str]:
                    f"{', '.join(n for n in registry.names() if registry.get(n).uses_estimator)} do)")
     if args.no_last_left and "lift_last_left" not in spec.reads:
         out.append(f"--no-last-left: policy {policy} has no lift with a last_left clause")
-    if args.option and not spec.options:
-        out.append(f"--option: policy {policy} has no options")
+    known = ", ".join(sorted(spec.options))
+    for name in dict(args.option):  # one line per option, so a comparison drops only those a policy lacks
+        if name not in spec.options:
+            out.append(f"--option {name}: policy {policy} " + (f"has no option {name!r} (its options: {known})"
+                                                               if known else "has no options"))
     return out
 
 
@@ -142,7 +150,8 @@ def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool 
                     weights=weights, rpm_limit=args.rpm, rpm_window=args.rpm_window, rpm_mode=args.rpm_mode,
                     kv_cap=args.kv_cap, bands=tuple(args.bands) if args.bands else None,
                     lift_last_left=not (args.no_last_left and "--no-last-left" not in drop),
-                    options=tuple(args.option) if "--option" not in drop else (), share_window=share_window,
+                    options=tuple((n, v) for n, v in args.option if f"--option {n}" not in drop),
+                    share_window=share_window,
                     **estimator)
 
 
@@ -235,15 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
                                     "cached=F (fraction of every prompt cached, default 0), and a pattern: "
                                     "pattern=constant (default), on_off:PERIOD (silent every other PERIOD steps), "
                                     "ramp:END_RATE (rate ramps linearly to END_RATE), or silence:FROM:TO (silent "
-                                    "in steps [FROM, TO)). Arrivals are Poisson per step.")
+                                    "in steps [FROM, TO)); PERIOD, FROM and TO are whole steps (a fraction is "
+                                    "refused). Arrivals are Poisson per step.")
     gp.add_argument("--out", required=True, type=Path, help="trace CSV to write")
     gp.add_argument("--tenant", required=True, action="append", default=[], metavar="SPEC",
-                    help="one tenant: rate=R[,prompt=LO:HI][,output=LO:HI][,cached=F][,pattern=...]")
+                    help="one tenant: rate=R[,prompt=LO:HI][,output=LO:HI][,cached=F][,pattern=constant|on_off:PERIOD|"
+                         "ramp:END_RATE|silence:FROM:TO] (PERIOD, FROM, TO: whole steps)")
     gp.add_argument("--steps", type=int_arg(1, 1 << 26), default=6000, help="horizon in steps (default 6000)")
     gp.add_argument("--seed", type=int_arg(0, 2**31 - 1), default=0, help="random seed (default 0)")
 
-    sub.add_parser("policies", help="list the registered policies, what they read and their options",
-                   description="List the registered policies.")
+    pp = sub.add_parser("policies", help="list the registered policies, what they read and their options",
+                        description="List the registered policies, and those of every --policy-module file.")
+    add_policy_module_flag(pp)
     return parser
 
 
@@ -254,8 +266,16 @@ def _number(value: Fraction):
     return int(value) if value.denominator == 1 else float(value)
 
 
-def _fail_rows(trace: Trace, err: InputError, source: str):
-    raise InputError(f"{source}: {err}") from None
+def _plain(value: float):
+    """A float that holds an integer as an int (JSON and the summary print it plainly)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _in_file(source, err: InputError) -> InputError:
+    """`err` with the file it is about named in front (once): a row's problem found after
+    reading (a prompt larger than M) names its line, and the line alone does not say where."""
+    message = str(err)
+    return InputError(message if message.startswith(str(source)) else f"{source}: {message}")
 
 
 def load_for_replay(args) -> tuple[Trace, int]:
@@ -285,8 +305,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
         result = replay(trace, settings, num_clients=num_clients, steps=args.steps, record_every=args.record_every,
                         measures=MeasureConfig.of(measures))
     except InputError as err:
-        message = str(err)
-        raise InputError(message if message.startswith(str(args.trace)) else f"{args.trace}: {message}") from None
+        raise _in_file(args.trace, err) from None
     if not result.finished[0]:
         raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
     if args.check and result.conservation[0]:
@@ -302,6 +321,8 @@ def replay_command(args) -> tuple[dict, dict, object]:
         "completed": [int(x) for x in result.completed[0]],
         "max_drift": _number(result.max_drift_exact[0]),
         "max_drift_step": int(result.max_drift_step[0]),
+        "bound_2u": _plain(result.bound_2u[0]),
+        "max_drift_over_2u": float(result.max_drift_over_2u[0]),
         "throughput": float(sum(service) / steps),
         "checkpoints": {"steps": [int(s) for s in result.checkpoint_steps],
                         "service": [[_number(Fraction(v)) for v in row] for row in result.checkpoints[0]]},
@@ -309,6 +330,8 @@ def replay_command(args) -> tuple[dict, dict, object]:
     details = client_report(result, 0)
     drift = result.backlogged_drift_exact[0]
     details["backlogged_drift"] = None if drift is None else _number(drift)
+    details["bound_2u"] = out["bound_2u"]
+    details["backlogged_drift_over_2u"] = None if drift is None else float(drift) / float(result.bound_2u[0])
     if args.share_window:
         details["share_window"] = list(args.share_window)
         details["window_share"] = [None if not np.isfinite(x) else float(x) for x in result.share[0]]
@@ -322,8 +345,7 @@ def client_report(result, lane: int) -> dict:
     def floats(x):
         return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64)]
 
-    offered = float(result.offered[lane].sum()) / max(int(result.offered_steps[lane]), 1)  # drain: arrival span
-    served = float(result.service[lane].sum()) / max(int(result.steps[lane]), 1)
+    load = {k: float(v[lane]) for k, v in load_values(result).items()}
     return {
         "share_of_service": floats(result.served_share[lane]),
         "share_of_demand": floats(result.offered_share[lane]),
@@ -334,9 +356,10 @@ def client_report(result, lane: int) -> dict:
         "wait_p90": floats(result.latency_percentile("wait", 0.9)[lane]),
         "wait_p99": floats(result.latency_percentile("wait", 0.99)[lane]),
         "wait_mean": floats(result.wait_mean[lane]),
-        "load": {"offered_per_step": offered, "served_per_step": served,
-                 "offered_over_served": offered / served if served > 0 else None,
-                 "waiting_at_end": int(result.waiting[lane].sum())},
+        "load": {"offered_per_step": load["offered_per_step"], "served_per_step": load["served_per_step"],
+                 "offered_over_served": load["offered_over_served"] if math.isfinite(load["offered_over_served"])
+                 else None, "waiting_at_span_end": int(load["waiting_at_span_end"]),
+                 "waiting_at_end": int(load["waiting_at_end"])},
     }
 
 
@@ -349,10 +372,13 @@ def _fmt(x) -> str:
 
 
 def load_line(load: dict) -> str:
+    """The load line of `client_report`'s "load": offered and served over the arrival span,
+    and the overload warning where `results.overloaded` says so."""
     ratio = load["offered_over_served"]
     line = (f"load: offered {load['offered_per_step']:.4g} vs served {load['served_per_step']:.4g} weighted "
-            f"tokens/step; {load['waiting_at_end']} requests still waiting")
-    if ratio is not None and ratio > 1.05:
+            f"tokens/step over the arrival span ({load['waiting_at_span_end']} requests queued when the last "
+            f"arrived); {load['waiting_at_end']} requests still waiting")
+    if overloaded(ratio, load["waiting_at_span_end"]):
         line += (f"\nOVERLOAD: {ratio:.2f}x the served work was offered: queues grow as long as requests arrive, "
                  "so drift and shares describe a backlog, not a steady state")
     return line
@@ -362,9 +388,11 @@ def _summary(out: dict, details: dict, policy: str) -> str:
     lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
              f"throughput {out['throughput']:.2f} weighted tokens/step, "
              f"max drift {out['max_drift']} at step {out['max_drift_step']}, "
-             "drift while jointly backlogged " + (str(details["backlogged_drift"]) if details["backlogged_drift"]
-                                                  is not None else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} "
-                                                                   "clients: it costs K^2 per event)"),
+             "drift while jointly backlogged " + (
+                 f"{details['backlogged_drift']} = {details['backlogged_drift_over_2u']:.3g} x VTC's bound "
+                 f"2U = {details['bound_2u']}" if details["backlogged_drift"] is not None
+                 else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} clients: it costs K^2 per event; VTC's bound "
+                      f"2U = {details['bound_2u']})"),
              f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
              f"{'demand':>7} {'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
@@ -381,6 +409,9 @@ def _summary(out: dict, details: dict, policy: str) -> str:
 
 
 def _replay(args) -> int:
+    if args.json and args.details and Path(args.json).resolve() == Path(args.details).resolve():
+        raise InputError(f"--json {args.json} and --details {args.details} are the same file: one would overwrite "
+                         "the other; give two paths")
     for path in (args.json, args.details):
         if path:
             fileio.check_writable_file(path)
@@ -414,43 +445,33 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     if "timestamp" not in header:
         trace = read_trace_csv(io.StringIO(text), source=str(path))
         return trace, [str(k) for k in range(trace.num_clients)], 1
-    for col in LOG_COLUMNS:
-        if col not in header:
-            raise InputError(f"{path}: missing column {col!r} (a timestamped log needs {','.join(LOG_COLUMNS)})")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    # one table reader for every CSV: an unknown column (a typo such as `cachd`, whose
+    # values would silently read as 0) or a repeated one is refused, naming it and the file
+    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS, ("cached",))
     rows, lines, names = [], [], {}
-    next(reader)
-    try:
-        for row in reader:
-            line_no = reader.line_num
-            if not row or not any(c.strip() for c in row):
-                continue
-            if len(row) != len(header):
-                raise InputError(f"{path}: line {line_no}: {len(row)} fields, header has {len(header)}")
-            cell = dict(zip(header, (c.strip() for c in row)))
-            try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
-                t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
-            except InvalidOperation:
-                raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
-                                 f"got {cell['timestamp'][:24]!r}") from None
-            if not t.is_finite() or t < 0 or t.adjusted() > 12:
-                raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
-                                 f"[0, 1e13), got {cell['timestamp'][:24]!r}")
-            tenant = cell["tenant"]
-            if not tenant:
-                raise InputError(f"{path}: line {line_no}: empty tenant name")
-            if tenant not in names and len(names) >= MAX_CLIENTS:
-                raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
-            ints = []
-            for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
-                if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
-                    raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
-                                     f"got {cell[col][:24]!r}")
-                ints.append(int(cell[col]))
-            rows.append((t, names.setdefault(tenant, len(names)), *ints))
-            lines.append(line_no)
-    except csv.Error as err:
-        raise InputError(f"{path}: malformed CSV ({err})") from None
+    for line_no, cells in records:
+        cell = dict(zip(header, cells))
+        try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
+            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
+        except InvalidOperation:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
+                             f"got {cell['timestamp'][:24]!r}") from None
+        if not t.is_finite() or t < 0 or t.adjusted() > 12:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
+                             f"[0, 1e13), got {cell['timestamp'][:24]!r}")
+        tenant = cell["tenant"]
+        if not tenant:
+            raise InputError(f"{path}: line {line_no}: empty tenant name")
+        if tenant not in names and len(names) >= MAX_CLIENTS:
+            raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
+        ints = []
+        for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
+            if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
+                raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
+                                 f"got {cell[col][:24]!r}")
+            ints.append(int(cell[col]))
+        rows.append((t, names.setdefault(tenant, len(names)), *ints))
+        lines.append(line_no)
     if not rows:
         raise InputError(f"{path}: no requests (header only)")
     t0, step = min(r[0] for r in rows), Decimal(repr(step_seconds))
@@ -466,6 +487,16 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     except InputError as err:
         raise InputError(f"{path}: {err}") from None
     return trace, list(names), max(1, round(1.0 / step_seconds))
+
+
+def compare_metrics(results, rows) -> dict:
+    """compare's per-lane metrics: the sweeps' base metrics and VTC's bound (2U and the
+    drifts over it; `results.bound_metrics`). The old name `drift_over_2u` (max drift / 2U,
+    easily read as the guarantee's ratio) is left out."""
+    from vtc_jax import sweep as sweep_mod
+
+    base = {k: v for k, v in sweep_mod.base_metrics(results, rows).items() if k != "drift_over_2u"}
+    return {**base, **bound_metrics(results)}
 
 
 def _compare(args) -> int:
@@ -487,7 +518,9 @@ def _compare(args) -> int:
     for line in ignored[args.policies[0]]:  # a flag no listed policy reads is refused
         flag = line.split(":")[0]
         if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in args.policies):
-            raise InputError(line)
+            raise InputError(line if len(args.policies) == 1 else
+                             f"{flag}: none of the policies {', '.join(args.policies)} takes it "
+                             f"({line.split(': ', 1)[1]})")
     for p, lines in ignored.items():
         for line in lines:
             print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
@@ -497,7 +530,10 @@ def _compare(args) -> int:
     source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit,
                          drain=args.steps is None)
     for s in settings:
-        sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)
+        try:
+            sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)
+        except InputError as err:
+            raise _in_file(args.log, err) from None
         rows.append(sweep_mod.Row(s, source, s.policy))
     fileio.check_writable_dir(args.out)
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
@@ -506,27 +542,41 @@ def _compare(args) -> int:
     sweep = sweep_mod.Sweep(name="compare", config={"log": str(args.log), "tenants": names,
                                                       "step_seconds": args.step_seconds, "horizon": source.horizon,
                                                       "phase_unit": unit, "policies": args.policies},
-                            rows=rows, metrics=sweep_mod.base_metrics,
+                            rows=rows, metrics=compare_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
-                            columns=("backlogged_drift", "max_drift", "throughput"), plots=plots, clients=True)
+                            columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
+                                     "throughput"), plots=plots, clients=True)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_mod.format_table(sweep, result))
     print(sweep_mod.format_load(result))
     print("per tenant (means over seeds; waits in steps"
           + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
     print(sweep_mod.format_clients(result, names))
-    written = sweep_mod.write_outputs(sweep, result, args.out, plots=False)
-    if not args.no_plots:
-        written += fileio.write_outputs_atomically(
-            [(args.out / p.filename, lambda path, p=p: sweep_mod.draw(result, p, path)) for p in plots]
-            + [(args.out / "tenants.png", lambda path: draw_tenants(result, names, path))])
+    written = fileio.write_outputs_atomically(compare_files(result, names, args.out, () if args.no_plots else plots))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
 
+def compare_files(result: dict, names, out_dir: Path, plots) -> list:
+    """(path, writer) pairs of everything compare writes: results.json, results.csv and
+    every plot (`plots` and tenants.png; none when `plots` is empty), to be written as ONE
+    set: a full disk or a Ctrl-C leaves the previous results, never results without plots.
+    (The first two are sweep.write_outputs' files; it cannot take extra files yet.)"""
+    from vtc_jax import sweep as sweep_mod
+
+    main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
+    files = [(out_dir / "results.json",
+              lambda p: p.write_text(json.dumps(main_keys, indent=1, default=sweep_mod._json_default))),
+             (out_dir / "results.csv", lambda p: p.write_text(sweep_mod.results_csv(result)))]
+    files += [(out_dir / plot.filename, lambda path, plot=plot: sweep_mod.draw(result, plot, path)) for plot in plots]
+    if plots:
+        files.append((out_dir / "tenants.png", lambda path: draw_tenants(result, names, path)))
+    return files
+
+
 def draw_tenants(result: dict, names, path) -> None:
-    """Per tenant and policy: share of service beside share of demand, and wait p99 (log
-    axis): every tenant drawn, whatever their number."""
+    """Per tenant and policy: share of service beside share of demand, and wait p99 (symlog
+    axis: zero waits drawn too): every tenant drawn, whatever their number."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -542,11 +592,14 @@ def draw_tenants(result: dict, names, path) -> None:
     for i, r in enumerate(rows):
         c = r["clients"]
         axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in c["served_share"]], width, label=r["label"])
-        axes[1].plot(x, [v if v else np.nan for v in c["wait_p99"]], "o-", label=r["label"])
+        axes[1].plot(x, [np.nan if v is None else v for v in c["wait_p99"]], "o-", label=r["label"])
     axes[0].set_ylabel("share")
     axes[0].legend(fontsize=7)
     axes[1].set_ylabel("wait p99 (steps)")
-    axes[1].set_yscale("log")
+    # symlog: log above 1 step, linear through 0, so a wait of 0 (a light log) is drawn
+    # instead of vanishing from a log axis
+    axes[1].set_yscale("symlog", linthresh=1.0)
+    axes[1].set_ylim(bottom=0)
     axes[1].set_xticks(x, names, rotation=45, ha="right", fontsize=7)
     axes[1].legend(fontsize=7)
     for ax in axes:
@@ -583,23 +636,37 @@ def parse_tenant(text: str, horizon: int) -> dict:
             elif key == "cached":
                 spec["cached"] = float_arg(0.0, 0.999)(value)
             else:
-                kind, *rest = value.split(":")
-                nums = [float(x) for x in rest]
-                if (kind, len(nums)) not in (("constant", 0), ("on_off", 1), ("ramp", 1), ("silence", 2)):
-                    raise ValueError
-                spec["pattern"] = (kind, *nums)
+                spec["pattern"] = _pattern(value)
+        except InputError:
+            raise
         except (ValueError, argparse.ArgumentTypeError):
             raise InputError(f"--tenant {text[:60]!r}: bad {key} {value[:30]!r}") from None
     if "rate" not in spec:
         raise InputError(f"--tenant {text[:60]!r}: rate=R (requests per step) is required")
     kind, *nums = spec["pattern"]
     if kind == "on_off" and not 1 <= nums[0] < horizon:
-        raise InputError(f"--tenant: on_off period must be in [1, --steps), got {nums[0]:g}")
+        raise InputError(f"--tenant: on_off period must be in [1, --steps), got {nums[0]}")
     if kind == "ramp" and not 0 <= nums[0] <= 1e4:
         raise InputError(f"--tenant: ramp end rate must be in [0, 1e4], got {nums[0]:g}")
     if kind == "silence" and not 0 <= nums[0] < nums[1] <= horizon:
-        raise InputError(f"--tenant: silence needs 0 <= FROM < TO <= --steps, got {nums[0]:g}:{nums[1]:g}")
+        raise InputError(f"--tenant: silence needs 0 <= FROM < TO <= --steps, got {nums[0]}:{nums[1]}")
     return spec
+
+
+def _pattern(value: str) -> tuple:
+    """A --tenant pattern: ("constant",), ("on_off", PERIOD), ("ramp", END_RATE) or
+    ("silence", FROM, TO). PERIOD, FROM and TO are steps: whole numbers (a fraction such
+    as 10.5 has no step to fall on, and was once silently truncated or ignored); END_RATE
+    is any rate. ValueError when malformed."""
+    kind, *rest = value.split(":")
+    if (kind, len(rest)) not in (("constant", 0), ("on_off", 1), ("ramp", 1), ("silence", 2)):
+        raise ValueError(value)
+    if kind == "ramp":
+        return kind, float(rest[0])
+    for x in rest:
+        if not re.fullmatch(r"\s*\+?\d{1,9}\s*", x):
+            raise InputError(f"--tenant pattern {value[:30]!r}: {kind} takes whole steps, got {x.strip()[:20]!r}")
+    return (kind, *(int(x) for x in rest))
 
 
 def tenant_phases(specs, horizon: int) -> list:
@@ -608,9 +675,9 @@ def tenant_phases(specs, horizon: int) -> list:
     for s in specs:
         kind, *nums = s["pattern"]
         if kind == "on_off":
-            cuts |= set(range(0, horizon, int(nums[0])))
+            cuts |= set(range(0, horizon, nums[0]))
         elif kind == "silence":
-            cuts |= {int(nums[0]), int(nums[1])}
+            cuts |= {nums[0], nums[1]}
     cuts = sorted(c for c in cuts if 0 <= c <= horizon)
     if len(cuts) > 4097:
         raise InputError(f"the patterns need {len(cuts) - 1} phases, over the limit of 4096: use longer periods")
@@ -621,7 +688,7 @@ def tenant_phases(specs, horizon: int) -> list:
             kind, *nums = s["pattern"]
             r = s["rate"]
             if kind == "on_off":
-                on = (a // int(nums[0])) % 2 == 0
+                on = (a // nums[0]) % 2 == 0
                 start.append(r if on else 0.0)
                 end.append(r if on else 0.0)
             elif kind == "silence":
@@ -673,12 +740,14 @@ def _gen(args) -> int:
 
 
 def _policies(args) -> int:
+    origin = {name: path for path in args.policy_module for name in registry.load_policy_module(path)}
     for name in registry.names():
         p = registry.get(name)
         options = ", ".join(f"{k}={v}" for k, v in p.options.items()) or "none"
         reads = ", ".join(p.reads) or "nothing beyond M and the prices"
         print(f"{name:12s} {p.summary}\n{'':12s} reads: {reads}; options: {options}"
-              + ("; estimates outputs (--estimator)" if p.uses_estimator else ""))
+              + ("; estimates outputs (--estimator)" if p.uses_estimator else "")
+              + (f"; from {origin[name]}" if name in origin else ""))
     return 0
 
 

@@ -3,7 +3,8 @@
 Everything a sweep reports is folded into `Measures` as the lane runs; time series exist
 only at the checkpoint stride `record_every`. A `MeasureConfig` (static) says which
 measures the carry holds: a part that is off is `None` in the pytree and costs nothing.
-Drift (max over steps of max_k W_k - min_k W_k, and its step) is always on. The engine
+Drift (max over steps of max_k W_k - min_k W_k, and its step) and the load snapshot (W and
+the requests waiting after the last step in which a request arrived) are always on. The engine
 calls two hooks:
 
   on_admit(m, ...)     one admission (latency histograms, the token ledger);
@@ -94,6 +95,10 @@ class Measures:
     Attributes:
       max_drift: int32[(2)]  max over steps of max_k W_k - min_k W_k (negative before any step).
       max_drift_step: int32[]  first step reaching it.
+      span_arrived: int32[]  requests arrived by the last step in which one arrived;
+        span_service: int32[K(, 2)] W after that step; span_waiting: int32[] requests
+        waiting after its admissions (the end of the arrival span: the load line compares
+        offered and served work over the same span, MODEL.md).
       checkpoints: int32[C, K, 2]  W after steps (i+1)*record_every - 1 (high word -1:
         not written, the lane jumped over it; results.py fills it from the previous row).
       backlogged_in: bool[C, K]  client backlogged (after arrivals) at some step of bucket i.
@@ -113,6 +118,9 @@ class Measures:
 
     max_drift: jax.Array
     max_drift_step: jax.Array
+    span_arrived: jax.Array
+    span_service: jax.Array
+    span_waiting: jax.Array
     checkpoints: jax.Array | None = None
     backlogged_in: jax.Array | None = None
     service_at_start: jax.Array | None = None
@@ -147,7 +155,8 @@ def pairs(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
 def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig, num) -> Measures:
     k, c = num_clients, num_checkpoints
     wk = lambda: num.zeros((k,))  # noqa: E731
-    parts = dict(max_drift=num.constant((), -1), max_drift_step=jnp.zeros((), I32))
+    parts = dict(max_drift=num.constant((), -1), max_drift_step=jnp.zeros((), I32), span_arrived=jnp.zeros((), I32),
+                 span_service=wk(), span_waiting=jnp.zeros((), I32))
     if c:
         parts["checkpoints"] = num.constant((c, k), -1)  # negative: not written (an idle jump)
     if config.demand and c:
@@ -232,8 +241,12 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
     drift = num.sub(num.max_of(service), num.min_of(service))
     new_max = mask & num.less(m.max_drift, drift)
     m32 = mask.astype(I32)
+    arrivals = mask & (arrived.sum() > m.span_arrived)  # a request arrived in this step
     updates = dict(max_drift=num.where(new_max, drift, m.max_drift),
-                   max_drift_step=jnp.where(new_max, step, m.max_drift_step))
+                   max_drift_step=jnp.where(new_max, step, m.max_drift_step),
+                   span_arrived=jnp.where(arrivals, arrived.sum(), m.span_arrived),
+                   span_service=num.where(arrivals, service, m.span_service),
+                   span_waiting=jnp.where(arrivals, (arrived - head).sum(), m.span_waiting))
     if m.head_at_start is not None:
         backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
         updates["head_at_start"] = jnp.where(mask, head, m.head_at_start)

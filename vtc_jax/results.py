@@ -43,14 +43,20 @@ class LaneResults:
       offered: float64[B, K] full cost (weighted tokens) of the requests that arrived
         (rejected ones included): the demand beside `service`.
       offered_steps: int64[B] the steps the offered rate is measured over: `steps`, or in
-        drain mode the arrival span (last arrival + 1), so that a log whose queue takes 3x
-        its span to drain reads as 3x overloaded.
+        drain mode the arrival span S (last arrival + 1).
+      span_service: float64[B, K] W over the same span: in drain mode W after the last step
+        in which a request arrived (the end of the span), else W at the horizon.
+      span_waiting: int64[B] requests waiting at the end of that span (after its admissions).
       max_drift: float64[B] max over steps of max_k W_k - min_k W_k; max_drift_step: int64[B].
       pair_drift: float64[B, K, K] max over jointly backlogged intervals of
         |W_f(t1..t2) - W_g(t1..t2)| (None: not measured).
       backlogged_drift: float64[B] max of pair_drift over pairs (NaN: not measured).
       kv_budget: int64[B] M; max_prompt: int64[B] L_input, the largest arrived prompt.
-      bound_u: float64[B] U = max(w_p * L_input, w_q * M); drift_over_2u = max_drift / 2U.
+      bound_u: float64[B] U = max(w_p * L_input, w_q * M); bound_2u: float64[B] 2U, VTC's
+        bound on backlogged_drift (MODEL.md).
+      backlogged_drift_over_2u: float64[B] backlogged_drift / 2U, the guarantee's ratio (NaN:
+        pair drift not measured); max_drift_over_2u: float64[B] max_drift / 2U, NOT the
+        guarantee (max_drift also grows with differences in demand).
       throughput: float64[B] weighted tokens per step (sum_k W_k / steps).
       raw_throughput: float64[B] tokens per step (prompt tokens admitted + tokens decoded).
       mean_occupancy: float64[B] mean over steps of KV tokens held at decode, / M.
@@ -86,6 +92,8 @@ class LaneResults:
     running: np.ndarray
     offered: np.ndarray
     offered_steps: np.ndarray
+    span_service: np.ndarray
+    span_waiting: np.ndarray
     max_drift: np.ndarray
     max_drift_step: np.ndarray
     pair_drift: np.ndarray | None
@@ -93,7 +101,9 @@ class LaneResults:
     kv_budget: np.ndarray
     max_prompt: np.ndarray
     bound_u: np.ndarray
-    drift_over_2u: np.ndarray
+    bound_2u: np.ndarray
+    backlogged_drift_over_2u: np.ndarray
+    max_drift_over_2u: np.ndarray
     throughput: np.ndarray
     raw_throughput: np.ndarray
     mean_occupancy: np.ndarray
@@ -156,6 +166,12 @@ class LaneResults:
         pairs_exact = _exact(self.pair_units, self.cost_scale, self._num)
         return np.asarray([max(row, default=Fraction(0)) for row in pairs_exact.reshape(len(self.steps), -1)],
                           dtype=object)
+
+    @property
+    def drift_over_2u(self) -> np.ndarray:
+        """The old name of `max_drift_over_2u`, read by sweep.base_metrics and
+        tests/test_measures.py until they move to the explicit names."""
+        return self.max_drift_over_2u
 
     @property
     def share(self) -> np.ndarray:
@@ -225,6 +241,41 @@ class LaneResults:
         jain = np.where(valid, yb.sum(axis=2) ** 2 / np.maximum(n * sq, 1e-300), np.nan)
         with np.errstate(all="ignore"):
             return np.nanmean(jain, axis=1), np.nanmin(jain, axis=1)
+
+
+OVERLOAD = 1.05  # offered / served over the arrival span above this, with a queue left, is overload
+
+
+def load_values(results: LaneResults) -> dict:
+    """The load line per lane (float64[B] each), offered and served work measured over the
+    same span (MODEL.md, "Load line"): offered_per_step and served_per_step over
+    `offered_steps`, their ratio (NaN when nothing was served), waiting_at_span_end (the
+    queue when the last request arrived) and waiting_at_end (at the horizon)."""
+    span = np.maximum(results.offered_steps, 1).astype(np.float64)
+    offered = results.offered.sum(axis=1) / span
+    served = results.span_service.sum(axis=1) / span
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(served > 0, offered / np.where(served > 0, served, 1.0), np.nan)
+    return {"offered_per_step": offered, "served_per_step": served, "offered_over_served": ratio,
+            "waiting_at_span_end": results.span_waiting.astype(np.float64),
+            "waiting_at_end": results.waiting.sum(axis=1).astype(np.float64)}
+
+
+def bound_metrics(results: LaneResults) -> dict:
+    """VTC's bound per lane (float64[B] each): bound_2u = 2U, backlogged_drift_over_2u (the
+    guarantee's ratio; left out where pair drift was not measured) and max_drift_over_2u
+    (not the guarantee: max drift grows with differences in demand)."""
+    out = {"bound_2u": results.bound_2u, "max_drift_over_2u": results.max_drift_over_2u}
+    if not np.isnan(results.backlogged_drift_over_2u).all():
+        out["backlogged_drift_over_2u"] = results.backlogged_drift_over_2u
+    return out
+
+
+def overloaded(ratio, waiting_at_span_end) -> bool:
+    """Overload: over the arrival span more work was offered than served (by over 5%) and a
+    queue was left when the last request arrived; requests still running then (a drain
+    tail) are not a queue."""
+    return ratio is not None and bool(np.isfinite(ratio)) and ratio > OVERLOAD and waiting_at_span_end > 0
 
 
 def shares(values: np.ndarray) -> np.ndarray:
@@ -377,6 +428,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         f, g = pairs(config.num_clients)
         pair = np.zeros((b, config.num_clients, config.num_clients))
         pair[:, f, g] = pair[:, g, f] = _tokens(m.pair_drift, q, num)
+    backlogged_drift = pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b)
     has_window = np.asarray([s.share_window[1] > 0 for s in settings])
     share = (_tokens(m.share_end, q, num) - _tokens(m.share_start, q, num)) if m.share_start is not None else _nan(shape_bk)
     ckpt_steps, ckpt_units = _checkpoints(host, config, steps, num)
@@ -388,16 +440,19 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         else:
             wait_mean = done_mean = _nan(shape_bk)
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
+    span_mode = bool(config.drain and last_arrival is not None)  # drain: the load is read over the arrival span
     results = LaneResults(
         events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],
-        offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps)
-                       if config.drain and last_arrival is not None else steps),
+        offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps) if span_mode else steps),
+        span_service=_tokens(m.span_service, q, num) if span_mode else service,
+        span_waiting=(np.asarray(m.span_waiting, np.int64) if span_mode else (arrived - admitted).sum(axis=1)),
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
-        pair_drift=pair, backlogged_drift=pair.reshape(b, -1).max(axis=1) if pair is not None else _nan(b),
-        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, drift_over_2u=max_drift / (2 * bound_u),
+        pair_drift=pair, backlogged_drift=backlogged_drift,
+        kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, bound_2u=2 * bound_u,
+        backlogged_drift_over_2u=backlogged_drift / (2 * bound_u), max_drift_over_2u=max_drift / (2 * bound_u),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
         raw_throughput=(np.where(steps > 0, (num.to_float(m.prompt_tokens) + num.to_float(m.decoded_tokens)).sum(
             axis=1) / per_step, 0.0) if ledger else _nan(b)),
