@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -286,20 +285,13 @@ def _main(argv) -> int:
     args = parser.parse_args(argv)
     sweep.setup_runtime(args)
     sw = build(args)
-    fileio.check_writable_dir(args.out)
+    fileio.check_writable_dir(args.out, sweep.output_names(sw, plots=False)
+                              + ["ratio_vs_skew.png"] * (not args.no_plots))
     result = sweep.run_sweep(sw, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
                              measures=MeasureConfig())
     print(sweep.format_table(sw, result))
-    out = Path(args.out)
-    main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
-    import json
-
-    files = [(out / "results.json", lambda p: p.write_text(json.dumps(main_keys, indent=1,
-                                                                      default=sweep._json_default))),
-             (out / "results.csv", lambda p: p.write_text(sweep.results_csv(result)))]
-    if not args.no_plots:
-        files.append((out / "ratio_vs_skew.png", lambda p: draw_ratio(result, p)))
-    written = fileio.write_outputs_atomically(files)
+    plots = [] if args.no_plots else [(Path(args.out) / "ratio_vs_skew.png", lambda p: draw_ratio(result, p))]
+    written = sweep.write_outputs(sw, result, Path(args.out), plots=False, extra=plots)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 

@@ -28,7 +28,7 @@ def build(args) -> Sweep:
     rows.append(Row(make_settings(args, args.policy), source, "uncapped", {"cap_value": args.kv_budget}))
     return Sweep(
         name="kv_cap", config=dict(workload_config(args), caps=args.caps, policy=args.policy), rows=rows,
-        metrics=base_metrics, columns=("max_drift", "throughput", "mean_occupancy", "drift_over_2u"),
+        metrics=base_metrics, columns=("max_drift", "throughput", "mean_occupancy", "max_drift_over_2u"),
         measures=("occupancy",),
         plots=(Plot("scatter", "throughput_vs_drift.png", "KV caps: throughput vs max drift",
                     "max_drift", "throughput"),

@@ -449,7 +449,7 @@ def _main(argv) -> int:
     plans, config = build(args)
     driver.setup_runtime(args)
     if jax.process_index() == 0:
-        fileio.check_writable_dir(args.out)
+        fileio.check_writable_dir(args.out, ["results.json", "results.csv"])
     results = [driver.run_sweep(s, seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
                                 log=sys.stderr) for s, seeds in plans]
     if jax.process_index() != 0:

@@ -170,8 +170,6 @@ def test_gen_refuses_bad_tenants(tmp_path, capsys, spec, words):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="compare's load line comes from sweep.load_metrics, which must return "
-                   "results.load_values (the sweep.py patch in hC's report); remove this mark with that patch")
 def test_compare_drains_like_replay(tmp_path, capsys):
     """compare without --steps runs each lane until its log has completed: its throughput
     and load line are replay's (not diluted over the drain bound), and a log served 3x

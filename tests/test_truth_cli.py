@@ -155,7 +155,9 @@ def test_compare_writes_results_and_plots_as_one_set(tmp_path, capsys, monkeypat
     def full_disk(result, names, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli, "draw_tenants", full_disk)
+    from vtc_jax import sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "draw_tenants", full_disk)
     code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "200", "--out", str(out),
                      "--no-cache"])
     err = capsys.readouterr().err.strip()
@@ -168,7 +170,7 @@ def test_replay_refuses_json_and_details_on_one_file(tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     code, out, err = _replay(capsys, "t.csv", "--policy", "vtc", "--kv-budget", "100", "--json", "x.json",
                              "--details", f"../{tmp_path.name}/x.json")  # the same file, spelled two ways
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "same file" in err
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "same output file" in err
     assert not (tmp_path / "x.json").exists()
 
 
@@ -182,7 +184,9 @@ def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
     monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig))
     clients = {"served_share": [0.5, 0.5], "offered_share": [0.5, 0.5], "wait_p99": [0.0, 0.0]}
     result = {"rows": [{"label": "vtc", "clients": clients}]}
-    cli.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
+    from vtc_jax import sweep as sweep_mod
+
+    sweep_mod.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
     waits = closed[0].axes[1]
     y = waits.lines[0].get_ydata()
     assert list(y) == [0.0, 0.0]  # drawn, not NaN

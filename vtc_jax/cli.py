@@ -33,7 +33,7 @@ from vtc_jax.errors import InputError
 from vtc_jax.estimators import ESTIMATORS
 from vtc_jax.measures import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.policies import registry
-from vtc_jax.results import bound_metrics, load_values, overloaded
+from vtc_jax.results import load_values, overloaded
 from vtc_jax.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
 from vtc_jax.workload import Trace, read_trace_csv
 
@@ -409,12 +409,8 @@ def _summary(out: dict, details: dict, policy: str) -> str:
 
 
 def _replay(args) -> int:
-    if args.json and args.details and Path(args.json).resolve() == Path(args.details).resolve():
-        raise InputError(f"--json {args.json} and --details {args.details} are the same file: one would overwrite "
-                         "the other; give two paths")
-    for path in (args.json, args.details):
-        if path:
-            fileio.check_writable_file(path)
+    for path in fileio.check_distinct_outputs([args.json, args.details]):
+        fileio.check_writable_file(path)
     out, details, _ = replay_command(args)
     files = []
     if args.json:
@@ -489,16 +485,6 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     return trace, list(names), max(1, round(1.0 / step_seconds))
 
 
-def compare_metrics(results, rows) -> dict:
-    """compare's per-lane metrics: the sweeps' base metrics and VTC's bound (2U and the
-    drifts over it; `results.bound_metrics`). The old name `drift_over_2u` (max drift / 2U,
-    easily read as the guarantee's ratio) is left out."""
-    from vtc_jax import sweep as sweep_mod
-
-    base = {k: v for k, v in sweep_mod.base_metrics(results, rows).items() if k != "drift_over_2u"}
-    return {**base, **bound_metrics(results)}
-
-
 def _compare(args) -> int:
     from vtc_jax import sweep as sweep_mod
     from vtc_jax.run import drain_horizon
@@ -535,83 +521,31 @@ def _compare(args) -> int:
         except InputError as err:
             raise _in_file(args.log, err) from None
         rows.append(sweep_mod.Row(s, source, s.policy))
-    fileio.check_writable_dir(args.out)
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)
     sweep = sweep_mod.Sweep(name="compare", config={"log": str(args.log), "tenants": names,
                                                       "step_seconds": args.step_seconds, "horizon": source.horizon,
                                                       "phase_unit": unit, "policies": args.policies},
-                            rows=rows, metrics=compare_metrics,
+                            rows=rows, metrics=sweep_mod.base_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
                             columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
                                      "throughput"), plots=plots, clients=True)
+    draw = not args.no_plots
+    fileio.check_writable_dir(args.out, sweep_mod.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_mod.format_table(sweep, result))
     print(sweep_mod.format_load(result))
     print("per tenant (means over seeds; waits in steps"
           + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
     print(sweep_mod.format_clients(result, names))
-    written = fileio.write_outputs_atomically(compare_files(result, names, args.out, () if args.no_plots else plots))
+    # results, plots and tenants.png as ONE set: a full disk or a Ctrl-C leaves the previous
+    # results, never results without plots
+    tenants = [(args.out / "tenants.png", lambda path: sweep_mod.draw_tenants(result, names, path))] * draw
+    written = sweep_mod.write_outputs(sweep, result, args.out, plots=draw, extra=tenants)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
-
-def compare_files(result: dict, names, out_dir: Path, plots) -> list:
-    """(path, writer) pairs of everything compare writes: results.json, results.csv and
-    every plot (`plots` and tenants.png; none when `plots` is empty), to be written as ONE
-    set: a full disk or a Ctrl-C leaves the previous results, never results without plots.
-    (The first two are sweep.write_outputs' files; it cannot take extra files yet.)"""
-    from vtc_jax import sweep as sweep_mod
-
-    main_keys = {k: v for k, v in result.items() if k not in ("series", "overlays")}
-    files = [(out_dir / "results.json",
-              lambda p: p.write_text(json.dumps(main_keys, indent=1, default=sweep_mod._json_default))),
-             (out_dir / "results.csv", lambda p: p.write_text(sweep_mod.results_csv(result)))]
-    files += [(out_dir / plot.filename, lambda path, plot=plot: sweep_mod.draw(result, plot, path)) for plot in plots]
-    if plots:
-        files.append((out_dir / "tenants.png", lambda path: draw_tenants(result, names, path)))
-    return files
-
-
-def draw_tenants(result: dict, names, path) -> None:
-    """Per tenant and policy: share of service beside share of demand, and wait p99 (symlog
-    axis: zero waits drawn too): every tenant drawn, whatever their number."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result["rows"] if r.get("clients")]
-    k = len(names)
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.5 * k + 2), 6.4), dpi=110, sharex=True)
-    width = 0.8 / (len(rows) + 1)
-    x = np.arange(k)
-    demand = rows[0]["clients"]["offered_share"] if rows else [0] * k
-    axes[0].bar(x - 0.4 + width / 2, [d or 0 for d in demand], width, color="0.7", label="share of demand")
-    for i, r in enumerate(rows):
-        c = r["clients"]
-        axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in c["served_share"]], width, label=r["label"])
-        axes[1].plot(x, [np.nan if v is None else v for v in c["wait_p99"]], "o-", label=r["label"])
-    axes[0].set_ylabel("share")
-    axes[0].legend(fontsize=7)
-    axes[1].set_ylabel("wait p99 (steps)")
-    # symlog: log above 1 step, linear through 0, so a wait of 0 (a light log) is drawn
-    # instead of vanishing from a log axis
-    axes[1].set_yscale("symlog", linthresh=1.0)
-    axes[1].set_ylim(bottom=0)
-    axes[1].set_xticks(x, names, rotation=45, ha="right", fontsize=7)
-    axes[1].legend(fontsize=7)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.suptitle("per tenant: share of service vs demand, and wait p99", fontsize=10)
-    fig.tight_layout()
-    with open(path, "wb") as fh:
-        fig.savefig(fh, format="png")
-    plt.close(fig)
-
-
-# ---- gen: a trace from per-tenant specs -------------------------------------------------
 
 def parse_tenant(text: str, horizon: int) -> dict:
     spec = {"prompt": (64, 512), "output": (32, 384), "cached": 0.0, "pattern": ("constant",)}

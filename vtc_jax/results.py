@@ -168,12 +168,6 @@ class LaneResults:
                           dtype=object)
 
     @property
-    def drift_over_2u(self) -> np.ndarray:
-        """The old name of `max_drift_over_2u`, read by sweep.base_metrics and
-        tests/test_measures.py until they move to the explicit names."""
-        return self.max_drift_over_2u
-
-    @property
     def share(self) -> np.ndarray:
         """float64[B, K]: each client's fraction of the service in the share window."""
         return shares(self.share_service)

@@ -43,12 +43,12 @@ from vtc_jax.devices import (DEFAULT_CACHE_DIR, available_bytes, enable_compilat
 from vtc_jax.errors import InputError
 from vtc_jax.measures import MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.results import bound_metrics, load_values, overloaded
 from vtc_jax.settings import Settings
 from vtc_jax.stats import summarize
 
 DEFAULT_SEEDS = 4096
 MAX_LANES = 1 << 24
-OVERLOAD = 1.05  # offered / served above this is flagged as overload
 PROGRESS_SECONDS = 3.0
 
 
@@ -270,14 +270,9 @@ def client_values(results) -> dict:
 
 
 def load_metrics(results) -> dict:
-    """The load line per lane: offered and served weighted tokens per step, requests left
-    waiting at the horizon, and their ratio (offered / served > 1.05: overload)."""
-    offered = results.offered.sum(axis=1) / np.maximum(results.offered_steps, 1)  # drain: over the arrival span
-    served = results.service.sum(axis=1) / np.maximum(results.steps, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {"offered_per_step": offered, "served_per_step": served,
-                "offered_over_served": np.where(served > 0, offered / served, np.nan),
-                "waiting_at_end": results.waiting.sum(axis=1).astype(np.float64)}
+    """The load line per lane: `results.load_values` (offered and served over the same
+    span, the queue when the last request arrived and at the end; MODEL.md)."""
+    return load_values(results)
 
 
 def base_metrics(results, rows: Sequence[Row]) -> dict:
@@ -286,7 +281,7 @@ def base_metrics(results, rows: Sequence[Row]) -> dict:
     total = results.service.sum(axis=1)
     out = {
         "max_drift": results.max_drift,
-        "drift_over_2u": results.drift_over_2u,
+        **bound_metrics(results),
         "drift_over_total": np.divide(results.max_drift, total, out=np.full_like(total, np.nan), where=total > 0),
         "throughput": results.throughput,
     }
@@ -563,12 +558,13 @@ def format_load(result: dict) -> str:
         if "offered_per_step" not in m or m["offered_per_step"]["mean"] is None:
             continue
         off, srv = m["offered_per_step"]["mean"], m["served_per_step"]["mean"]
-        waiting = m["waiting_at_end"]["mean"]
+        waiting, queued = m["waiting_at_end"]["mean"], m["waiting_at_span_end"]["mean"]
         ratio = off / srv if srv else float("inf")
         warn = (f"  OVERLOAD: {ratio:.2f}x what was served was offered; queues grow as long as requests "
-                "arrive, so drift and shares describe a backlog, not a steady state") if ratio > OVERLOAD else ""
-        lines.append(f"  {entry['label']}: offered {_fmt(off)} vs served {_fmt(srv)} weighted tokens/step, "
-                     f"{_fmt(waiting)} requests waiting at the end{warn}")
+                "arrive, so drift and shares describe a backlog, not a steady state") if overloaded(ratio, queued) else ""
+        lines.append(f"  {entry['label']}: offered {_fmt(off)} vs served {_fmt(srv)} weighted tokens/step over the "
+                     f"arrival span ({_fmt(queued)} requests queued when the last arrived), {_fmt(waiting)} requests "
+                     f"waiting at the end{warn}")
     return ("load:\n" + "\n".join(lines)) if lines else ""
 
 
@@ -802,8 +798,8 @@ def top_tenants(demand: Sequence, limit: int = MAX_TENANT_BARS) -> list[int]:
 
 
 def draw_tenants(result: dict, names: Sequence[str], path) -> None:
-    """Per tenant and policy: share of service beside share of demand, and wait p99 (log
-    axis). Up to MAX_TENANT_BARS tenants each (those of most demand); beyond that the rest
+    """Per tenant and policy: share of service beside share of demand, and wait p99 (symlog
+    axis: zero waits drawn too). Up to MAX_TENANT_BARS tenants each (those of most demand); beyond that the rest
     are one "others" group (their shares summed, their largest wait p99), as the title says,
     so the figure stays under MAX_FIGURE_PIXELS whatever the number of tenants."""
     import matplotlib
@@ -833,11 +829,14 @@ def draw_tenants(result: dict, names: Sequence[str], path) -> None:
         c = r["clients"]
         axes[0].bar(x - 0.4 + width * (i + 1.5), [v or 0 for v in grouped(c["served_share"], sum)], width,
                     label=r["label"])
-        axes[1].plot(x, [v if v else np.nan for v in grouped(c["wait_p99"], max)], "o-", label=r["label"])
+        axes[1].plot(x, [np.nan if v is None else v for v in grouped(c["wait_p99"], max)], "o-", label=r["label"])
     axes[0].set_ylabel("share")
     axes[0].legend(fontsize=7)
     axes[1].set_ylabel("wait p99 (steps)")
-    axes[1].set_yscale("log")
+    # symlog: log above 1 step, linear through 0, so a wait of 0 (a light log) is drawn
+    # instead of vanishing from a log axis
+    axes[1].set_yscale("symlog", linthresh=1.0)
+    axes[1].set_ylim(bottom=0)
     axes[1].set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
     axes[1].legend(fontsize=7)
     for ax in axes:
