@@ -744,7 +744,7 @@ def block_layout(plan: ServeGenPlan) -> tuple[np.ndarray, np.ndarray]:
     return first.astype(np.int32), size.astype(np.int32)
 
 
-def _check_lane_bytes(rows: int | float) -> None:
+def _check_lane_bytes(rows: float) -> None:
     """Refuse a lane of `rows` request rows over MAX_LANE_BYTES; a float count (inf too)
     is checked before it becomes an integer, so no count wraps."""
     est = float(rows) * NUM_FIELDS * 4
