@@ -101,3 +101,8 @@ def test_prompt_over_m_names_the_file(tmp_path):
     with pytest.raises(InputError) as err:
         read_trace_csv(path)
     assert str(err.value).startswith(f"{path}: line 2: prompt must be >= 1") and str(err.value).count(str(path)) == 1
+
+
+def test_phase_unit_bounded_so_window_ends_fit_int32():
+    with pytest.raises(InputError, match=r"phase unit must be in \[1, 1073741823\] steps, got 2147483648"):
+        sources.TraceSource(_trace(), num_clients=2, horizon=100, phase_unit=1 << 31)

@@ -32,6 +32,7 @@ from vtc_jax.workload import (ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Trace, Work
                               padding_rows, requests_per_client)
 
 I32 = jnp.int32
+MAX_PHASE_UNIT = INT32_MAX // 2  # arrivals are <= 2^30 (workload.MAX_ARRIVAL): start + unit fits int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +98,8 @@ class TraceSource:
 
     def __post_init__(self):
         self.trace.validate(self.num_clients)
-        if self.phase_unit < 1:
-            raise InputError(f"phase unit must be >= 1 step, got {self.phase_unit}")
+        if not 1 <= self.phase_unit <= MAX_PHASE_UNIT:  # a window's end stays below 2^31
+            raise InputError(f"phase unit must be in [1, {MAX_PHASE_UNIT}] steps, got {self.phase_unit}")
         if self.drain and self.horizon <= self.last_arrival:
             raise InputError(f"a drained run's horizon {self.horizon} must pass the trace's last arrival "
                              f"{self.last_arrival}")
@@ -224,7 +225,7 @@ def stack(sources: Sequence[Source]):
 
 
 def generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
-                   num_clients: int, exact=None) -> Workload:
+                   num_clients: int, exact: np.ndarray | None = None) -> Workload:
     """Every lane's Workload (leading lane axis), lane i from keys[i] and params lane i.
     `exact` (bool[B], default none): trace lanes that replay the trace without a redraw
     (`replays_exactly(seeds)`: seed 0)."""
