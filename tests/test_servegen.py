@@ -124,6 +124,7 @@ CASES = {
     "negative rate": ("chunk-6-trace.csv", 4, _set_field(1, "-0.5"), "line 4: rate -0.5 is negative"),
     "negative cv": ("chunk-6-trace.csv", 9, _set_field(2, "-1"), "line 9: cv -1 is negative"),
     "bad timestamp": ("chunk-6-trace.csv", 1, _set_field(0, "8424x0"), "line 1: timestamp '8424x0'"),
+    "huge rate": ("chunk-6-trace.csv", 5, _set_field(1, "1e306"), "line 5: rate 1e306 is over the limit of 1e+06"),
     "gap in timestamps": ("chunk-6-trace.csv", 12, _set_field(0, "849601"),
                           "line 12: timestamp 849601 is not 600 s"),
 }
@@ -131,6 +132,8 @@ ACTIVE_CASES = {  # applied to the first row with rate > 0 of the file
     "unknown pattern": (_set_field(3, "Poisson"), "unknown pattern 'Poisson'"),
     "pattern missing": (_set_field(3, ""), "> 0 but no pattern"),
     "zero shape": (_set_field(4, "0"), "needs shape arg1 > 0"),
+    "huge shape": (_set_field(4, "1e300"), "shape arg1 1e300 is outside"),
+    "tiny shape": (_set_field(4, "1e-300"), "shape arg1 1e-300 is outside"),
 }
 PMF_CASES = {
     "unparsable dict": ("input_tokens", "{1: 0.5, 2: 0.5", "unparsable dict literal"),
@@ -239,6 +242,18 @@ def test_malformed_files(tmp_path, monkeypatch):
     fails(d, "chunk-102-dataset.json: not a text ServeGen dataset (contains NUL bytes)")
 
     fails(tmp_path / "nowhere", "not a directory")
+
+
+@pytest.mark.parametrize("kind", ["trace.csv", "dataset.json"])
+def test_two_files_for_one_client_refused(tmp_path, kind):
+    """chunk-01-... beside chunk-1-...: one client id, so one file would be dropped; both named."""
+    d = _copy(tmp_path)
+    shutil.copy(d / f"chunk-6-{kind}", d / f"chunk-01-{kind}")
+    with pytest.raises(InputError) as err:
+        sg.read_servegen(d)
+    assert str(d / f"chunk-01-{kind}") in str(err.value) and str(d / f"chunk-1-{kind}") in str(err.value), \
+        str(err.value)
+    assert "two files for client 1" in str(err.value)
 
 
 def test_native_layout_variants(tmp_path):
@@ -358,6 +373,8 @@ def test_plan_servegen_rule(data):
     (dict(max_output=0), "max_output must be an integer >= 1"),
     (dict(load=1e6), "over the 1024 MiB limit per lane"),
     (dict(load=1e6, counting="servegen"), "over the 1024 MiB limit per lane"),
+    (dict(load=1e300), "over the 1024 MiB limit per lane"),  # checked before counts become int64
+    (dict(load=1e300, counting="servegen"), "over the 1024 MiB limit per lane"),
     (dict(counting="poisson"), "counting must be one of unbiased, servegen"),
     (dict(pad=-1), "pad must be an integer >= 0"),
     (dict(pad=True), "pad must be an integer >= 0"),

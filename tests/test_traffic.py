@@ -132,6 +132,15 @@ def test_invalid_traffic_is_refused(make, message):
         make()
 
 
+@pytest.mark.parametrize("rate", [1e17, 1e306])
+def test_huge_rate_refused_before_sizes_wrap(rate):
+    """A finite but huge rate: its block size, checked as a float, is refused (it wrapped to a
+    negative int64 that passed every row limit)."""
+    traffic = overload([0.5, rate], 100)
+    with pytest.raises(InputError, match=r"client 1's rates give about .* requests over 100 steps: over the limit"):
+        sources.layout([sources.TrafficSource(traffic)], 5)
+
+
 def test_confidence_interval_covers_the_mean_about_95_percent():
     rng = np.random.default_rng(0)
     hits = 0

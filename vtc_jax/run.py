@@ -3,7 +3,8 @@
 `run_workloads` is the one path: it applies the rpm rejections, hands the lanes to the
 runner (runner.py: chunked compiled calls until every lane is done or the event budget,
 which always suffices for a valid input, is spent), and collects `LaneResults`, flagging
-any lane that did not finish. `run_traces` / `replay_lanes` / `replay` feed it traces,
+any lane that did not finish (a drained lane also when a request it holds never arrived).
+`run_traces` / `replay_lanes` / `replay` feed it traces,
 `simulate_traffic` generated traffic.
 """
 
@@ -28,7 +29,7 @@ from vtc_jax.policies import registry
 from vtc_jax.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.traffic import Traffic
-from vtc_jax.workload import Trace, Workload, add_timeline, block_sizes, make_workload, requests_per_client
+from vtc_jax.workload import ARRIVAL, Trace, Workload, add_timeline, make_workload, requests_per_client
 
 MAX_HORIZON = INT32_MAX // 2
 
@@ -168,8 +169,22 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     if rejecting.any():
         arrived_streams = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)[0]
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
+    if config.drain:  # every request of a drained lane arrives: one that did not vanished
+        done = done & (arrived_offered.sum(axis=1) == existing_requests(workload, given_shared, b))
     return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand,
                    last_arrival)
+
+
+@jax.jit
+def _existing(requests: jax.Array) -> jax.Array:
+    return (requests[..., ARRIVAL] != INT32_MAX).sum(axis=-1, dtype=jnp.int32)
+
+
+def existing_requests(workload: Workload, shared: bool, lanes: int) -> np.ndarray:
+    """int64[lanes]: the real (non-padding) request rows of each lane's blocks, whether
+    or not they arrive before the horizon."""
+    count = np.asarray(_existing(workload.requests), np.int64)
+    return np.broadcast_to(count, (lanes,)) if shared else count
 
 
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
@@ -388,13 +403,14 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
 
 def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
                        base_seed: int = 0) -> Workload:
-    """Lane i's requests from seeds[i] and srcs[i], laid out for `config` (device)."""
+    """Lane i's requests from seeds[i] and srcs[i], laid out for `config` (device); a
+    trace's seed 0 is the trace itself (`sources.replays_exactly`)."""
     lay = sources.layout(sources.unique(srcs), config.arrival_width + 1)
     extra = config.num_rows - lay.num_rows  # a larger shared config: pad the last block
     lay = dataclasses.replace(lay, size=lay.size[:-1] + (lay.size[-1] + extra,))
     return sources.generate_lanes(lane_keys(seeds, base_seed), sources.stack(srcs), kind=srcs[0].kind,
                                   horizon=srcs[0].horizon, lay=lay, pad=config.arrival_width + 1,
-                                  num_clients=config.num_clients)
+                                  num_clients=config.num_clients, exact=sources.replays_exactly(seeds))
 
 
 def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,

@@ -13,10 +13,13 @@ a plain `{int: number, ...}` is split by a strict regular expression, anything e
 to `ast.literal_eval`, and the result's types are checked). Rules, each violation one `InputError` naming the
 file and the 1-based line (traces) or the key (datasets), nothing dropped silently:
   - a trace row has 6 fields; timestamp an integer in [0, 2^32); rate, cv, arg1, arg2 finite
-    decimals; rate >= 0 and cv >= 0; pattern "Gamma", "Weibull" or empty; rate > 0 needs a
-    pattern and arg1 > 0, arg2 > 0 (shape and scale: scipy's `gamma(a=arg1, scale=arg2)`,
-    `weibull_min(c=arg1, scale=arg2)`); rows are exactly 600 s apart and every client has
-    the same timestamps (ServeGen's own pool validation requires this too);
+    decimals; 0 <= rate <= MAX_RATE (1e6 requests/s) and cv >= 0; pattern "Gamma", "Weibull"
+    or empty; rate > 0 needs a pattern and arg1 > 0, arg2 > 0 (shape and scale: scipy's
+    `gamma(a=arg1, scale=arg2)`, `weibull_min(c=arg1, scale=arg2)`), the shape in
+    SHAPE_RANGE [1e-9, 1e9] (drawn in float32); rows are exactly 600 s apart and every
+    client has the same timestamps (ServeGen's own pool validation requires this too);
+  - one client id, one trace file and one dataset file: `chunk-01-...` beside `chunk-1-...`
+    is refused, naming both;
   - a PMF's keys are ints >= 0 (not bools) and at most 2^29 - 1, its probabilities
     finite int/float >= 0 summing to 1 within 1e-6 (ServeGen's tolerance), no duplicate key
     (in the dict literal or in the JSON object);
@@ -156,6 +159,8 @@ MAX_TOKENS = INT32_MAX // 4  # largest PMF key accepted (as for trace CSV length
 DEFAULT_MAX_OUTPUT = 16384
 PMF_TOLERANCE = 1e-6
 COUNT_TOLERANCE = 1e-6
+MAX_RATE = 1e6  # requests per second of one client-row (the sample's largest is 395.5)
+SHAPE_RANGE = (1e-9, 1e9)  # Gamma / Weibull shapes drawn in float32 (the sample's: 0.017 to 39)
 MAX_WINDOW_STEPS = 1 << 24
 PATTERNS = {"": 0, "Gamma": 1, "Weibull": 2}
 IDLE, GAMMA, WEIBULL = 0, 1, 2
@@ -290,6 +295,8 @@ def read_trace(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
         a2 = _number(arg2, path, n, "arg2")
         if r < 0:
             raise InputError(f"{path}, line {n}: rate {rate} is negative")
+        if r > MAX_RATE:  # rate x 600 x the load's factor sizes the blocks: bounded before any float overflows
+            raise InputError(f"{path}, line {n}: rate {rate} is over the limit of {MAX_RATE:g} requests/s")
         if c < 0:
             raise InputError(f"{path}, line {n}: cv {cv} is negative")
         if pat not in PATTERNS:
@@ -300,6 +307,9 @@ def read_trace(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
             if a1 <= 0 or a2 <= 0:
                 raise InputError(f"{path}, line {n}: {pat} needs shape arg1 > 0 and scale arg2 > 0, "
                                  f"got {arg1}, {arg2}")
+            if not SHAPE_RANGE[0] <= a1 <= SHAPE_RANGE[1]:  # drawn in float32: 0 or inf there gives NaN gaps
+                raise InputError(f"{path}, line {n}: {pat} shape arg1 {arg1} is outside "
+                                 f"[{SHAPE_RANGE[0]:g}, {SHAPE_RANGE[1]:g}]")
         if cols[0] and t != cols[0][-1] + WINDOW_SECONDS:
             raise InputError(f"{path}, line {n}: timestamp {t} is not {WINDOW_SECONDS} s after the "
                              f"previous row's {cols[0][-1]}")
@@ -426,7 +436,12 @@ def _scan(directory: str) -> dict[int, dict[str, str]]:
         if m and os.path.isfile(os.path.join(directory, entry)):
             if len(m.group(1)) > 9:
                 raise InputError(f"{os.path.join(directory, entry)}: client id {m.group(1)} is over 10^9")
-            found.setdefault(int(m.group(1)), {})[m.group(2)] = os.path.join(directory, entry)
+            files = found.setdefault(int(m.group(1)), {})
+            path = os.path.join(directory, entry)
+            if m.group(2) in files:  # e.g. chunk-01-... and chunk-1-...: one client id, two files
+                raise InputError(f"{files[m.group(2)]} and {path}: two files for client {int(m.group(1))}; "
+                                 "keep one")
+            files[m.group(2)] = path
     return found
 
 
@@ -729,10 +744,15 @@ def block_layout(plan: ServeGenPlan) -> tuple[np.ndarray, np.ndarray]:
     return first.astype(np.int32), size.astype(np.int32)
 
 
-def _check_lane_bytes(rows: int) -> None:
-    est = rows * NUM_FIELDS * 4
-    if est > MAX_LANE_BYTES:
-        raise InputError(f"one lane would hold {rows} request rows ({est / (1 << 20):.0f} MiB of int32[R, 5]), "
+def _check_lane_bytes(rows: float) -> None:
+    """Refuse a lane of `rows` request rows over MAX_LANE_BYTES; a float count (inf too)
+    is checked before it becomes an integer, so no count wraps."""
+    est = float(rows) * NUM_FIELDS * 4
+    if not est <= MAX_LANE_BYTES:
+        def shown(x):
+            return f"{x:.0f}" if x < 1e15 else f"{x:.3g}"
+        raise InputError(f"one lane would hold {shown(rows)} request rows ({shown(est / (1 << 20))} MiB of "
+                         "int32[R, 5]), "
                          f"over the {MAX_LANE_BYTES >> 20} MiB limit per lane: lower the load or the horizon")
 
 
@@ -855,6 +875,7 @@ def plan(data: ServeGenData, *, load: float, kv_budget: int, horizon: int,
     if counting == "servegen" and match_load:
         s = _match_load(lambda s_: (_servegen_counts(s_ * native, active) * demand).sum() / (m * h), load, s)
     x = s * native
+    _check_lane_bytes(float(np.ceil(x).sum()) + pad * k)  # the most rows, before counts become integers
     if counting == "servegen":
         base, thr = _servegen_counts(x, active), np.zeros(x.shape, np.uint32)
     else:

@@ -7,7 +7,9 @@ the same requests in any batch). Three kinds, each a frozen dataclass:
   TrafficSource   synthetic Poisson traffic (traffic.py: rates per phase, length ranges);
   TraceSource     a fixed trace (a user's log); seed 0 replays it exactly, other seeds
                   redraw each arrival uniformly inside its own `phase_unit` steps (the
-                  paper's resampling of arrival phases within their second);
+                  paper's resampling of arrival phases within their second), never past
+                  the trace's last arrival (so a bound that drains the trace drains every
+                  redraw);
   ServeGenSource  ServeGen's production tenants (servegen.py), at a given load.
 
 Sources of one kind share the engine's static layout: every lane's blocks are sized for
@@ -30,6 +32,7 @@ from vtc_jax.workload import (ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Trace, Work
                               padding_rows, requests_per_client)
 
 I32 = jnp.int32
+MAX_PHASE_UNIT = INT32_MAX // 2  # arrivals are <= 2^30 (workload.MAX_ARRIVAL): start + unit fits int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +83,11 @@ class TraceSource:
     """A fixed trace; `phase_unit` > 1 resamples arrival phases per seed (seed 0: exact).
     `drain`: run each lane until its requests have all completed (`horizon` is then only a
     bound that suffices, and steps, throughput and the load line count to the last
-    completion)."""
+    completion; it must pass the last arrival, which no redraw moves past).
+
+    The trace is kept in (arrival, number) order (a stable sort): the lanes depend on the
+    requests, not on the order of the file's rows, so an unsorted copy of a sorted trace
+    gives the same lanes, every seed."""
 
     trace: Trace
     num_clients: int
@@ -91,8 +98,17 @@ class TraceSource:
 
     def __post_init__(self):
         self.trace.validate(self.num_clients)
-        if self.phase_unit < 1:
-            raise InputError(f"phase unit must be >= 1 step, got {self.phase_unit}")
+        if not 1 <= self.phase_unit <= MAX_PHASE_UNIT:  # a window's end stays below 2^31
+            raise InputError(f"phase unit must be in [1, {MAX_PHASE_UNIT}] steps, got {self.phase_unit}")
+        if self.drain and self.horizon <= self.last_arrival:
+            raise InputError(f"a drained run's horizon {self.horizon} must pass the trace's last arrival "
+                             f"{self.last_arrival}")
+        object.__setattr__(self, "trace", self.trace.in_arrival_order())
+
+    @property
+    def last_arrival(self) -> int:
+        """The trace's last arrival step: no redraw moves a request past it."""
+        return int(self.trace.arrival.max())
 
     def lengths(self) -> tuple[int, int, int]:
         t = self.trace
@@ -108,7 +124,8 @@ class TraceSource:
         t = self.trace
         return {"arrival": t.arrival.astype(np.int32), "client": t.client.astype(np.int32),
                 "prompt": t.prompt.astype(np.int32), "output": t.output.astype(np.int32),
-                "cached": t.cached.astype(np.int32), "unit": np.int32(self.phase_unit)}
+                "cached": t.cached.astype(np.int32), "unit": np.int32(self.phase_unit),
+                "last": np.int32(self.last_arrival)}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -149,6 +166,11 @@ def signature(source: Source) -> tuple:
     shapes = tuple(np.shape(x) for x in jax.tree_util.tree_leaves(source.params()))
     extra = (source.plan.layout,) if source.kind == "servegen" else ()
     return (source.kind, source.num_clients, source.horizon, shapes, drains(source)) + extra
+
+
+def replays_exactly(seeds: Sequence[int]) -> np.ndarray:
+    """bool[B]: the lanes whose trace is taken as it is (seed 0; `generate_lanes`' `exact`)."""
+    return np.asarray(seeds, np.int64) == 0
 
 
 def drains(source: Source) -> bool:
@@ -202,10 +224,19 @@ def stack(sources: Sequence[Source]):
     return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[lanes]), *encoded)
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "horizon", "lay", "pad", "num_clients"))
 def generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
-                   num_clients: int) -> Workload:
-    """Every lane's Workload (leading lane axis), lane i from keys[i] and params lane i."""
+                   num_clients: int, exact: np.ndarray | None = None) -> Workload:
+    """Every lane's Workload (leading lane axis), lane i from keys[i] and params lane i.
+    `exact` (bool[B], default none): trace lanes that replay the trace without a redraw
+    (`replays_exactly(seeds)`: seed 0)."""
+    if kind == "trace":
+        params = dict(params, exact=jnp.zeros(keys.shape[0], bool) if exact is None else jnp.asarray(exact, bool))
+    return _generate_lanes(keys, params, kind=kind, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "horizon", "lay", "pad", "num_clients"))
+def _generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
+                    num_clients: int) -> Workload:
     fn = {"traffic": _traffic_lane, "trace": _trace_lane, "servegen": _servegen_lane}[kind]
     return jax.vmap(functools.partial(fn, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients))(keys, params)
 
@@ -216,12 +247,12 @@ def _traffic_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
 
 
 def _trace_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
-    """A trace with arrivals redrawn inside their phase unit (unit 1: unchanged), laid out
-    in blocks sorted by (arrival, number); ORDER = rank in (arrival, number)."""
+    """A trace with arrivals redrawn inside their phase unit (unit 1 or an exact lane:
+    unchanged), laid out in blocks sorted by (arrival, number); ORDER = rank in (arrival,
+    number)."""
     n = params["arrival"].shape[0]
-    unit = params["unit"]
-    offset = jax.random.randint(key, (n,), 0, jnp.maximum(unit, 1), dtype=I32)
-    arrival = jnp.where(unit > 1, params["arrival"] // unit * unit + offset, params["arrival"])
+    arrival = redraw_arrivals(key, params["arrival"], params["unit"], params["last"])
+    arrival = jnp.where(params["exact"], params["arrival"], arrival)
     number = jnp.arange(n, dtype=I32)
     fcfs = jnp.lexsort((number, arrival))  # (arrival, number)
     rank = jnp.zeros(n, I32).at[fcfs].set(jnp.arange(n, dtype=I32))
@@ -238,6 +269,16 @@ def _trace_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
     arrives = arrival < horizon
     return Workload(requests=requests, first=jnp.asarray(lay.first, I32), size=jnp.asarray(lay.size, I32),
                     num_requests=arrives.sum(dtype=I32), overflow=jnp.zeros((), bool))
+
+
+def redraw_arrivals(key: jax.Array, arrival: jax.Array, unit: jax.Array, last: jax.Array) -> jax.Array:
+    """int32[N]: each arrival redrawn uniformly in its window [a // unit * unit, + unit),
+    cut at `last` (the trace's last arrival), so no request moves past the trace's end and
+    a bound that drains the trace drains every redraw. unit 1: unchanged."""
+    unit = jnp.maximum(unit, 1)
+    start = arrival // unit * unit
+    span = jnp.minimum(start + unit, last + 1) - start  # >= 1: start <= arrival <= last
+    return start + jax.random.randint(key, arrival.shape, 0, span, dtype=I32)
 
 
 def _servegen_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
@@ -260,4 +301,4 @@ def trace_layout_host(trace: Trace, num_clients: int, pad: int) -> np.ndarray:
 
 
 __all__ = ["TrafficSource", "TraceSource", "ServeGenSource", "Layout", "layout", "stack", "generate_lanes",
-           "ARRIVAL", "ORDER", "INT32_MAX"]
+           "replays_exactly", "redraw_arrivals", "ARRIVAL", "ORDER", "INT32_MAX"]

@@ -32,6 +32,7 @@ from vtc_jax.errors import InputError
 from vtc_jax.workload import INT32_MAX, NUM_FIELDS, Workload, padding_rows
 
 F32, I32 = jnp.float32, jnp.int32
+MAX_ROWS = INT32_MAX // 2  # request rows of one lane (workload.block_sizes' limit)
 
 
 @jax.tree_util.register_dataclass
@@ -272,7 +273,12 @@ def client_capacities(traffic: Traffic) -> np.ndarray:
     """int64[K] rows per client block: its mean plus 12 standard deviations plus 32, so
     overflow (flagged, never silent) has negligible probability."""
     mean = traffic.expected_requests()
-    return np.ceil(mean + 12 * np.sqrt(mean) + 32).astype(np.int64)
+    caps = np.ceil(mean + 12 * np.sqrt(mean) + 32)
+    if not caps.sum() <= MAX_ROWS:  # checked as floats: a huge rate must not wrap the int64 sizes
+        k = int(np.argmax(caps))
+        raise InputError(f"client {k}'s rates give about {mean[k]:.3g} requests over {traffic.horizon} steps: "
+                         f"over the limit of {MAX_ROWS:,} request rows per lane; lower the rates or the horizon")
+    return caps.astype(np.int64)
 
 
 def arrival_steps(points: jax.Array, params: TrafficParams, horizon: int) -> jax.Array:

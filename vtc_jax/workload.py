@@ -35,7 +35,8 @@ _INT_RE = re.compile(r"^[+]?\d+$")
 @dataclasses.dataclass(frozen=True)
 class Trace:
     """Requests in trace order (row i is request number i). All columns int64[N].
-    `lines` (optional, int64[N]): the file line of each row, for error messages."""
+    `lines` (optional, int64[N]): the file line of each row, and `source` (optional) the
+    file's name, for error messages."""
 
     arrival: np.ndarray
     client: np.ndarray
@@ -43,6 +44,7 @@ class Trace:
     output: np.ndarray
     cached: np.ndarray
     lines: np.ndarray | None = dataclasses.field(default=None, compare=False)
+    source: str | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         names = ("arrival", "client", "prompt", "output", "cached")
@@ -68,6 +70,15 @@ class Trace:
     def num_clients(self) -> int:
         return int(self.client.max()) + 1 if len(self) else 0
 
+    def in_arrival_order(self) -> "Trace":
+        """The same requests in (arrival, number) order (a stable sort; self when sorted):
+        request numbers among equal arrivals keep their order, so FCFS ranks are unchanged."""
+        if (np.diff(self.arrival) >= 0).all():
+            return self
+        order = np.argsort(self.arrival, kind="stable")
+        return Trace(self.arrival[order], self.client[order], self.prompt[order], self.output[order],
+                     self.cached[order], lines=None if self.lines is None else self.lines[order], source=self.source)
+
     def where(self, row: int) -> str:
         """'line L' of the file (when read from one), else 'row R' (1-based)."""
         return f"line {int(self.lines[row])}" if self.lines is not None else f"row {row + 1}"
@@ -92,7 +103,9 @@ class Trace:
                 self.fail(int(np.argmax(bad)), message)
 
     def fail(self, row: int, message: str):
-        raise InputError(f"{self.where(row)}: {message} ({self._describe(row)})")
+        """Raise InputError: '[source: ]line L: message (the row's fields)'."""
+        prefix = f"{self.source}: " if self.source else ""
+        raise InputError(f"{prefix}{self.where(row)}: {message} ({self._describe(row)})")
 
     def _describe(self, row: int) -> str:
         return (f"arrival={self.arrival[row]}, client={self.client[row]}, prompt={self.prompt[row]}, "
@@ -132,11 +145,8 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
         raise InputError(f"{source}: no requests (header only)")
     cached = columns.get("cached", [0] * n)
     trace = Trace(np.array(columns["arrival"]), np.array(columns["client"]), np.array(columns["prompt"]),
-                  np.array(columns["output"]), np.array(cached), lines=np.asarray(lines, np.int64))
-    try:
-        trace.validate()
-    except InputError as err:
-        raise InputError(f"{source}: {err}") from None
+                  np.array(columns["output"]), np.array(cached), lines=np.asarray(lines, np.int64), source=source)
+    trace.validate()  # names the file: the trace knows its source
     return trace
 
 
