@@ -1,0 +1,44 @@
+"""Rules taken from the policies' sources (docs/POLICIES.md): tiny hand-worked traces where
+our earlier rule and the source's rule admit in a different order. Each case is checked on
+the engine and on the literal reference (tests/test_hand_cases.py's `_check`: W after every
+step, final counters, the step each request was admitted).
+
+Notation as in tests/test_hand_cases.py: a row is (arrival, client, prompt, output); rN is
+the N-th row; w_p = 1, w_q = 2, beta = 0 unless stated.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_hand_cases import _check
+from vtc_jax import Settings
+
+# ---------------------------------------------------------------------------------------
+# las: llm-d forgets a program with nothing in flight and no completion within the TTL,
+# even while its requests wait (plugin.go evictIdle); forget="idle" is our former rule.
+# ---------------------------------------------------------------------------------------
+# M = 4, every request (4, 1): one admission per step, completed in the step it is
+# admitted, charged 4 + 2 = 6 in W and in LAS's X. weights (1, 3), half_life 0 (no decay),
+# wait_weight 0 (service only), idle_ttl 1. Rows: r0, r1 client 0; r2..r5 client 1; all
+# at t=0.
+# t=0: X/weight = [0, 0], tie -> client 0 (r0; completes: X_0 = 6, last completion 0).
+# t=1: [6, 0] -> client 1 (r2; X_1 = 6). Step end: 1 - 0 = 1, not > 1: nothing forgotten.
+# t=2: [6, 2] -> client 1 (r3; X_1 = 12). Step end (before r3 completes): client 0 runs
+#   nothing and 2 - 0 = 2 > 1:
+#   llmd: X_0 = 0 although r1 waits;   idle: client 0 waits, so it is kept (X_0 = 6).
+# t=3: llmd: [0, 4] -> client 0 (r1); t=4, 5: client 1 (r4, r5).
+#      idle: [6, 4] -> client 1 (r4); t=4: [6, 6] tie -> client 0 (r1); t=5: r5.
+LAS_ROWS = [(0, 0, 4, 1)] * 2 + [(0, 1, 4, 1)] * 4
+LAS_OPTIONS = (("half_life", 0), ("wait_weight", 0.0), ("idle_ttl", 1))
+LAS_LLMD = {"W": [[6, 0], [6, 6], [6, 12], [12, 12], [12, 18], [12, 24]], "counters": [12, 8],
+            "admit_steps": [0, 3, 1, 2, 4, 5]}
+LAS_IDLE = {"W": [[6, 0], [6, 6], [6, 12], [6, 18], [12, 18], [12, 24]], "counters": [12, 8],
+            "admit_steps": [0, 4, 1, 2, 3, 5]}
+
+
+@pytest.mark.parametrize("forget, expect", [(None, LAS_LLMD), ("llmd", LAS_LLMD), ("idle", LAS_IDLE)],
+                         ids=["default", "llmd", "idle"])
+def test_las_forgets_a_waiting_program_as_llmd_does(forget, expect):
+    options = LAS_OPTIONS + ((("forget", forget),) if forget else ())
+    _check(LAS_ROWS, Settings("las", 4, weights=(1, 3), options=options), **expect)
