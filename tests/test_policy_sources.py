@@ -42,3 +42,33 @@ LAS_IDLE = {"W": [[6, 0], [6, 6], [6, 12], [6, 18], [12, 18], [12, 24]], "counte
 def test_las_forgets_a_waiting_program_as_llmd_does(forget, expect):
     options = LAS_OPTIONS + ((("forget", forget),) if forget else ())
     _check(LAS_ROWS, Settings("las", 4, weights=(1, 3), options=options), **expect)
+
+
+# ---------------------------------------------------------------------------------------
+# wfq, sfq: equal tags are served by the head's arrival, then the client id (vLLM PR
+# 31909: Request.__lt__ falls back to arrival_time when virtual_finish_time is equal).
+# ---------------------------------------------------------------------------------------
+# M = 4, three clients. r0 = (0, 2, 4, 2): admitted at t=0, holds 5 > 4 - 4 tokens at
+# t=1, completes at t=1 (W_2 = 4 + 2 + 2 = 8). Its tags: S = 0, F = 8 (cost 4 + 2 * 2).
+# End of t=0: nobody waits, so V = max(V, F_max) = 8.
+# t=1: r1 = (1, 1, 4, 1) arrives: S = max(8, F_tail[1] = 0) = 8, F = 8 + 6 = 14; it does
+#   not fit (5 + 4 > 4) and waits, so V stays 8.
+# t=2: r2 = (2, 0, 4, 1) arrives: S = max(8, 0) = 8, F = 14: both tags equal r1's.
+#   Arrival first: r1 (arrival 1) at t=2, r2 at t=3. (Smallest client first, the old
+#   rule, took r2 at t=2.)
+FQ_ROWS = [(0, 2, 4, 2), (1, 1, 4, 1), (2, 0, 4, 1)]
+
+
+@pytest.mark.parametrize("policy", ["wfq", "sfq"])
+def test_fair_queueing_ties_go_to_the_earlier_arrival(policy):
+    _check(FQ_ROWS, Settings(policy, 4), num_clients=3,
+           W=[[0, 0, 6], [0, 0, 8], [0, 6, 8], [6, 6, 8]], counters=[6, 6, 8], admit_steps=[0, 2, 3])
+
+
+@pytest.mark.parametrize("policy", ["wfq", "sfq"])
+def test_fair_queueing_equal_tags_and_arrivals_go_to_the_smaller_client(policy):
+    # The same with r1 and r2 both arriving at t=1 (S = 8 each): the client id decides,
+    # client 0 (r2) at t=2, client 1 (r1) at t=3.
+    rows = [(0, 2, 4, 2), (1, 1, 4, 1), (1, 0, 4, 1)]
+    _check(rows, Settings(policy, 4), num_clients=3,
+           W=[[0, 0, 6], [0, 0, 8], [6, 0, 8], [6, 6, 8]], counters=[6, 6, 8], admit_steps=[0, 3, 2])
