@@ -9,10 +9,13 @@ the N-th row; w_p = 1, w_q = 2, beta = 0 unless stated.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from tests import reference as ref
+from tests.helpers import run_reference, service_matrix
 from tests.test_hand_cases import _check
-from vtc_jax import Settings
+from vtc_jax import Settings, Trace, replay
 
 # ---------------------------------------------------------------------------------------
 # las: llm-d forgets a program with nothing in flight and no completion within the TTL,
@@ -72,3 +75,26 @@ def test_fair_queueing_equal_tags_and_arrivals_go_to_the_smaller_client(policy):
     rows = [(0, 2, 4, 2), (1, 1, 4, 1), (1, 0, 4, 1)]
     _check(rows, Settings(policy, 4), num_clients=3,
            W=[[0, 0, 6], [0, 0, 8], [6, 0, 8], [6, 6, 8]], counters=[6, 6, 8], admit_steps=[0, 3, 2])
+
+
+# ---------------------------------------------------------------------------------------
+# drr: Dynamo's code (policy_queue.rs pop_candidate) always moves the cursor past the
+# dispatched class; its documentation says the cursor stays on a class whose next head is
+# affordable. We follow the code: the carry lasts one drain of the queue (one step here).
+# ---------------------------------------------------------------------------------------
+# M = 4, every request (4, 1), cost = prefill = 4, quantum 10 (weights 1): one admission
+# per step. Client 0 has r0, r1 at t=0; client 1 has r2, r3 at t=0.
+# t=0: cursor 0: client 0 gets 10, pays 4 (D_0 = 6, cursor 1, carried). The next pick
+#   (carry: 6 >= 4) does not fit M: admission stops, the step ends, the carry is dropped.
+# t=1: the ring starts at the cursor, client 1: +10, pays (D_1 = 6, cursor 0).
+# t=2: client 0 pays from its credit (D_0 = 2); t=3: client 1 (D_1 = 2).
+# Order 0, 1, 0, 1. Under the documented rule the cursor would have stayed on client 0
+# (its next head was affordable) and client 0 would have taken t=0 and t=1.
+def test_drr_cursor_moves_on_as_dynamo_code_does():
+    rows = [(0, 0, 4, 1)] * 2 + [(0, 1, 4, 1)] * 2
+    s = Settings("drr", 4, options=(("quantum", 10), ("cost", "prefill")))
+    got = replay(Trace.from_rows(rows), s, num_clients=2, record_every=1)
+    expect = run_reference([ref.Request(*r) for r in rows], 2, s, None)
+    assert expect.admit_step == [0, 2, 1, 3]
+    np.testing.assert_array_equal(got.checkpoints[0], service_matrix(expect))
+    np.testing.assert_array_equal(got.checkpoints[0], [[6, 0], [6, 6], [12, 6], [12, 12]])
