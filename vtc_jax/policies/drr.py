@@ -17,7 +17,9 @@ Rule (docs/POLICIES.md has the source notes):
     quantum), and the first client in ring order that can now pay is dispatched.
   * A dispatch: D -= cost; the cursor moves to the next client; if the client's FIFO is
     now empty its deficit resets to 0, else it is carried when D > 0. The carry lasts for
-    the step (Dynamo's drain loop always ends with an empty pick, which clears it).
+    the step (Dynamo's drain loop always ends with an empty pick, which clears it). This
+    is Dynamo's code (`pop_candidate`); its documentation instead keeps the cursor on a
+    class whose next head is affordable (docs/POLICIES.md cites both).
   * A candidate that does not fit M changes nothing (admission stops for the step).
     Clients that are backlogged but not eligible (an rpm limit, a kv cap, a lower band)
     are skipped with their deficit kept and no quantum, as Dynamo skips busy classes.

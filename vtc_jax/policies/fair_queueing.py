@@ -9,13 +9,15 @@ cost = the request's estimated cost (w_p * (prompt - cached) + w_q * e + beta * 
 least one unit; e = the estimator's output prediction at arrival). Several arrivals of a
 client in one step chain in trace order. `sfq` (start-time fair queueing, Goyal et al.)
 dispatches the eligible head with the smallest start tag S, `wfq` the one with the
-smallest finish tag F (ties: smallest client index). At a dispatch V = max(V, S) (the
-start tag of the request in service, as SFQ and the PR do) and F_max = max(F_max, F). At
-the end of a step in which no client is left waiting (the busy period ended: Goyal's
-rule), V = max(V, F_max), so no client carries history across an uncontended period; a
-returning idle client starts at max(V, F_tail), which removes banked credit as VTC's lift
-does. A candidate that does not fit M changes nothing. Tags are exact integers (the run's number format, wide.py) in
-counter units (1 / (Q * D) tokens).
+smallest finish tag F; equal tags go to the head that arrived first, then to the smallest
+client index (the PR's Request.__lt__ orders equal virtual finish times by arrival_time).
+At a dispatch V = max(V, S) (the start tag of the request in service, as SFQ and the PR
+do) and F_max = max(F_max, F). At the end of a step in which no client is left waiting
+(the busy period ended: Goyal's rule), V = max(V, F_max), so no client carries history
+across an uncontended period; a returning idle client starts at max(V, F_tail), which
+removes banked credit as VTC's lift does. A candidate that does not fit M changes
+nothing. Tags are exact integers (the run's number format, wide.py) in counter units
+(1 / (Q * D) tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 
-from vtc_jax.policies.base import Policy, argmin_choice, estimated_cost, no_params
+from vtc_jax.policies.base import Choice, Policy, estimated_cost, no_params
+from vtc_jax.workload import ARRIVAL
+
+I32 = jnp.int32
 
 
 def init(params, shape):
@@ -54,11 +59,20 @@ def on_arrival(state, view, arrivals, params):
                 f_tail=state["f_tail"].at[jnp.where(last, client, k)].set(finish, mode="drop")), view.counter
 
 
+def first_by_tag_then_arrival(tags, arrival, eligible, num):
+    """int32[]: the eligible client with the smallest tag (exact, [K] in the number format
+    `num`), ties by the smallest head arrival (int32[K]), then the smallest index."""
+    lowest = num.min_of(tags, eligible)
+    tied = eligible & ~num.less(lowest, tags)  # tags >= lowest: not above it means equal
+    return jnp.argmin(jnp.where(tied, arrival, jnp.iinfo(jnp.int32).max)).astype(I32)
+
+
 def _select(tag: str):
     def select(state, view, eligible, params):
         start, finish = state["start"][view.head_index], state["finish"][view.head_index]
-        choice = argmin_choice(start if tag == "start" else finish, eligible, state, view.num)
-        return choice._replace(state=dict(state, chosen_start=start[choice.client], chosen_finish=finish[choice.client]))
+        client = first_by_tag_then_arrival(start if tag == "start" else finish, view.heads[:, ARRIVAL], eligible,
+                                           view.num)
+        return Choice(client, eligible.any(), dict(state, chosen_start=start[client], chosen_finish=finish[client]))
     return select
 
 
@@ -95,12 +109,9 @@ class ReferenceSFQ:
         self.f_tail[r.client] = self.finish[n]
 
     def select(self, eligible):
-        tags = getattr(self, self.by)
-        best = None
-        for k in eligible:
-            if best is None or tags[self.sim.fifo[k][0]] < tags[self.sim.fifo[best][0]]:
-                best = k
-        return best
+        tags, sim = getattr(self, self.by), self.sim
+        keys = [(tags[sim.fifo[k][0]], sim.reqs[sim.fifo[k][0]].arrival, k) for k in eligible]
+        return min(keys)[2] if keys else None  # smallest tag, then earliest head, then client
 
     def on_admit(self, n):
         self.v = max(self.v, self.start[n])

@@ -13,8 +13,12 @@ Rule, per client ("program"):
     (options service_weight 0.8, wait_weight 0.2), head wait = t - the head's arrival,
     norm = min-max over the eligible clients (0.5 when max == min, as llm-d), and picks the
     highest (ties: smallest index; llm-d's are random map order).
-  * forgetting: a client with nothing running or waiting and no arrival or completion for
-    more than `idle_ttl` steps (option; llm-d: 3600 s) is reset to X = 0 at a step's end.
+  * forgetting, at a step's end, with TTL = option idle_ttl steps (llm-d: 3600 s):
+      forget="llmd" (default, llm-d's evictIdle in plugin.go): a client with nothing
+        running and no completion for more than TTL steps is reset to X = 0, even while
+        its requests wait (arrivals do not touch the clock);
+      forget="idle" (our former rule): only a client with nothing running or waiting and
+        no arrival or completion for more than TTL steps is reset.
 Float32 throughout, written so that no multiply is ever followed by an add in the same
 expression (XLA fuses those into FMAs): the score is computed as (1 - nS) + nW / r with
 r = w_s / w_w (the same order), and charges of a step's completions wait in `pending`
@@ -34,11 +38,14 @@ from vtc_jax.policies.base import Choice, Policy, power, reference_power
 from vtc_jax.workload import ARRIVAL
 
 F32, I32 = jnp.float32, jnp.int32
-OPTIONS = {"half_life": 2000, "service_weight": 0.8, "wait_weight": 0.2, "idle_ttl": 120_000}
+FORGET = ("llmd", "idle")
+OPTIONS = {"half_life": 2000, "service_weight": 0.8, "wait_weight": 0.2, "idle_ttl": 120_000, "forget": "llmd"}
 
 
 def validate(settings) -> None:
-    h, ws, ww, ttl = (settings.option(n) for n in OPTIONS)
+    h, ws, ww, ttl = (settings.option(n) for n in ("half_life", "service_weight", "wait_weight", "idle_ttl"))
+    if settings.option("forget") not in FORGET:
+        raise InputError(f"las option forget must be one of {', '.join(FORGET)}, got {settings.option('forget')!r}")
     if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= 1 << 30:
         raise InputError(f"las option half_life must be an integer number of steps >= 0, got {h!r}")
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 1 << 30:
@@ -60,10 +67,12 @@ def encode(settings, ctx) -> dict:
         if _option(settings, "wait_weight") > 0 else math.inf
     return {"decay": np.float32(2.0 ** (-1.0 / h) if h else 1.0), "ratio": np.float32(ratio),
             "weight": np.asarray([float(w) for w in ctx.weights], np.float32),
-            "ttl": np.int32(_option(settings, "idle_ttl"))}
+            "ttl": np.int32(_option(settings, "idle_ttl")), "forget_idle": np.bool_(_option(settings, "forget") == "idle")}
 
 
 def init(params, shape):
+    """attained, pending: float32[K]; last_event: int32[K] the last step that restarted a
+    client's TTL clock (a completion; with forget="idle" also an arrival)."""
     k = shape.num_clients
     return {"attained": jnp.zeros(k, F32), "pending": jnp.zeros(k, F32), "last_event": jnp.zeros(k, I32)}
 
@@ -83,14 +92,15 @@ def select(state, view, eligible, params) -> Choice:
 
 
 def on_arrival(state, view, arrivals, params):
-    joined = arrivals.joining > 0
+    joined = (arrivals.joining > 0) & params["forget_idle"]  # llm-d's clock counts completions only
     return dict(state, last_event=jnp.where(joined, view.step, state["last_event"])), view.counter
 
 
 def on_step(state, view, step_end, params):
     decayed = (state["attained"] + state["pending"]) * power(params["decay"], step_end.elapsed)
     t = view.step + step_end.elapsed - 1  # the last step that ended
-    idle = (view.running == 0) & ~view.backlogged & (t - state["last_event"] > params["ttl"])
+    quiet = (view.running == 0) & (~view.backlogged | ~params["forget_idle"])
+    idle = quiet & (t - state["last_event"] > params["ttl"])
     return dict(state, attained=jnp.where(idle, 0.0, decayed), pending=jnp.zeros_like(state["pending"]))
 
 
@@ -109,6 +119,7 @@ class Reference:
         self.settings, self.sim = settings, sim
         p = encode(settings, type("Ctx", (), {"weights": sim.omega})())
         self.decay, self.ratio, self.weight, self.ttl = p["decay"], p["ratio"], p["weight"], int(p["ttl"])
+        self.forget_idle = bool(p["forget_idle"])
         k = sim.K
         self.attained = [np.float32(0)] * k
         self.pending = [np.float32(0)] * k
@@ -133,7 +144,8 @@ class Reference:
         return eligible[scores.index(best)]  # the first (smallest k) of the best
 
     def on_arrival(self, n):
-        self.last_event[self.sim.reqs[n].client] = self.sim.t
+        if self.forget_idle:
+            self.last_event[self.sim.reqs[n].client] = self.sim.t
 
     def on_step_end(self, elapsed):
         sim, factor = self.sim, reference_power(self.decay, elapsed)
@@ -141,7 +153,8 @@ class Reference:
         for k in range(sim.K):
             decayed = np.float32(np.float32(self.attained[k] + self.pending[k]) * factor)
             running = any(sim.reqs[n].client == k for n in sim.running)
-            idle = not running and not sim.fifo[k] and last - self.last_event[k] > self.ttl
+            quiet = not running and (not sim.fifo[k] or not self.forget_idle)
+            idle = quiet and last - self.last_event[k] > self.ttl
             self.attained[k] = np.float32(0) if idle else decayed
             self.pending[k] = np.float32(0)
 
@@ -154,7 +167,8 @@ class Reference:
 
 def fuzz_options(rng) -> dict:
     return {"half_life": rng.choice([0, 1, 3, 20, 2000]), "service_weight": rng.choice([0.8, 1.0, 0.5]),
-            "wait_weight": rng.choice([0.2, 0.0, 1.5]), "idle_ttl": rng.choice([1, 5, 120_000])}
+            "wait_weight": rng.choice([0.2, 0.0, 1.5]), "idle_ttl": rng.choice([1, 5, 120_000]),
+            "forget": rng.choice(FORGET)}
 
 
 LAS = Policy(name="las", summary="least attained service (llm-d): decayed completed service and head wait, min-max scored",
