@@ -2,10 +2,12 @@
 `--policy-module` is one InputError line naming the file, the policy and the hook, never an
 "internal error" later in a run.
 
-`check_policy` checks what a `Policy` holds (types, callables), then traces a tiny 2-client
-lane through the real engine (jax.eval_shape: tracing only, nothing compiles or runs) with
-every hook wrapped so that an exception or a wrong output (structure, shape or dtype) is
-reported as that hook's. `jax_flags` / `changed_flags` snapshot the jax configuration a
+`check_policy` checks what a `Policy` holds (types, callables), then traces a tiny batch
+(one lane of the policy, one of fcfs, 2 clients) through the real engine in both number
+formats (jax.eval_shape: tracing only, nothing compiles or runs; under a second each) with
+every function wrapped so that an exception or a wrong output (structure, shape or dtype)
+is reported as that function's. Hooks the cluster's routers call with their own views are
+the same functions with the same contract, so they are not traced separately. `jax_flags` / `changed_flags` snapshot the jax configuration a
 module must leave alone (a module that turns on jax_enable_x64 breaks every policy).
 """
 
