@@ -50,7 +50,8 @@ from vtc_jax.devices import lane_mesh
 from vtc_jax.errors import InputError
 from vtc_jax.measures import LATENCY_BINS, latency_bin
 from vtc_jax.policies import registry
-from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, estimated_cost, onehot
+from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, estimated_cost,
+                                   onehot)
 from vtc_jax.settings import INT32_MAX, Params, Settings, encode_settings, lane_scales, to_fraction
 from vtc_jax.wide import WIDE
 from vtc_jax.workload import (ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT, Trace, Workload, make_workload,
@@ -521,11 +522,13 @@ def _rep_view(rep: Replica, heads, step, costs) -> View:
 
 
 def _rep_select(rep: Replica, heads, step, eparams: Params, cfg: ClusterConfig):
+    """The replica's candidate (client, has, states); `has` only where the policy chose a
+    backlogged tenant (base.admissible): any other choice admits nothing and the step ends."""
     view = _rep_view(rep, heads, step, eparams.costs)
     choices = [registry.get(n).select(rep.policy[n], view, view.backlogged, eparams.policy[n])
                for n in cfg.engine_policies]
     client = _pick(eparams.policy_id, [c.client for c in choices]).astype(I32)
-    has = _pick(eparams.policy_id, [c.has for c in choices])
+    has = _pick(eparams.policy_id, [c.has for c in choices]) & admissible(view.backlogged, client)
     return client, has, {n: c.state for n, c in zip(cfg.engine_policies, choices)}
 
 
@@ -741,7 +744,7 @@ def _router_offer(state: ClusterState, routers: _Routers, params: ClusterParams,
         view = _router_view(state.step, vb, vh, vi, vw, counter, last, gp.costs)
         loc = [registry.get(n).select(st[n], view, back, gp.policy[n]) for n in names]
         lc = _pick(gp.policy_id, [c.client for c in loc]).astype(I32)
-        lh = _pick(gp.policy_id, [c.has for c in loc])
+        lh = _pick(gp.policy_id, [c.has for c in loc]) & admissible(back, lc)  # only a tenant it holds
         ls = {n: c.state for n, c in zip(names, loc)}
         if not cfg.union:
             return lc, lh, _strip(ls, flags), lh, lc, _strip(ls, flags)
@@ -749,7 +752,7 @@ def _router_offer(state: ClusterState, routers: _Routers, params: ClusterParams,
         uc = _pick(gp.policy_id, [c.client for c in uni]).astype(I32)
         uh = _pick(gp.policy_id, [c.has for c in uni])
         us = {n: c.state for n, c in zip(names, uni)}
-        ok = jnp.where(holdback, uh & back[uc], lh)
+        ok = jnp.where(holdback, uh & admissible(back, uc), lh)
         return (lc, lh, _strip(ls, flags), ok, jnp.where(holdback, uc, lc).astype(I32),
                 _strip(_choose(holdback, us, ls), flags))
 

@@ -9,7 +9,8 @@ One lane is one simulated server. Its `State` advances by *events*, one per call
               `arrival_width` requests of the workload's timeline (all clients, in
               trace order) that have arrived join (phase 1; the policy's arrival hook,
               e.g. VTC's lift, runs here);
-  * ADMIT   : otherwise, the policy's candidate exists and fits: admit it (phase 2);
+  * ADMIT   : otherwise, the policy's candidate exists, is eligible (`select`) and fits:
+              admit it (phase 2);
   * FINISH  : otherwise, step t ends: decode (phase 3), t += 1 (or, when nothing runs or
               waits, a jump to the next arrival: idle steps cost nothing), then in the
               same event the first completion and the first arrivals of the new step.
@@ -40,7 +41,7 @@ from vtc_jax import completions, estimators, limits
 from vtc_jax.wide import numbers
 from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import registry
-from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View
+from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible
 from vtc_jax.settings import Params
 from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, TIMELINE_PAD, Workload
 
@@ -335,19 +336,24 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
 
 def select(state: State, view: View, params: Params, config: EngineConfig):
     """The lane's candidate: eligible clients (limits, bands), then each policy's choice,
-    dispatched on the lane's policy. Returns a choice with `.states` (one per policy)."""
+    dispatched on the lane's policy. Returns a choice with `.states` (one per policy).
+
+    `has` holds only where the policy's client is eligible: a policy's choice of a client
+    the limits, bands or an empty FIFO rule out is refused like a candidate that does not
+    fit (nothing is admitted and the step ends), so no policy can bypass --rpm, --kv-cap or
+    --bands. A client outside [0, K) is ineligible too (never clamped to a real one)."""
     eligible = limits.eligible(state.limits, view.heads, view.backlogged, params, config.bands)
     choices = [registry.get(name).select(state.policy[name], view, eligible, params.policy[name])
                for name in config.policies]
-    client = _dispatch(config, params, [c.client for c in choices])
+    client = _dispatch(config, params, [c.client for c in choices]).astype(I32)
     has = _dispatch(config, params, [c.has for c in choices])
-    return _Selected(client=client.astype(I32), has=has, states=[c.state for c in choices])
+    return _Selected(client=client, has=has & admissible(eligible, client), states=[c.state for c in choices])
 
 
 @dataclasses.dataclass(frozen=True)
 class _Selected:
     client: jax.Array
-    has: jax.Array
+    has: jax.Array  # the policy has a candidate and it is admissible (base.admissible)
     states: list
 
 

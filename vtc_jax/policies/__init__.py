@@ -19,7 +19,7 @@ from vtc_jax.policies.vtc import LCF, VTC
 from vtc_jax.policies.vtc_predict import VTC_PREDICT
 
 for _policy in (FCFS, LCF, VTC, RPM, DRR, WFQ, SFQ, LAS, VTC_PREDICT, VTC_GATEWAY):
-    registry.register(_policy)
+    registry.register(_policy, source="a built-in policy")
 
 names = registry.names
 get = registry.get

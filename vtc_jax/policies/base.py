@@ -232,6 +232,13 @@ def argmin_choice(key: jax.Array, eligible: jax.Array, state, num=None) -> Choic
     return Choice(client.astype(I32), eligible.any(), state)
 
 
+def admissible(eligible: jax.Array, client: jax.Array) -> jax.Array:
+    """bool[]: `client` (int32[]) is in [0, K) and `eligible` (bool[K]) lets it through. The
+    engines admit a policy's choice only where this holds (a policy cannot bypass limits)."""
+    k = eligible.shape[0]
+    return (client >= 0) & (client < k) & eligible[jnp.clip(client, 0, k - 1)]
+
+
 def onehot(client: jax.Array, num_clients: int, mask=True) -> jax.Array:
     """int32[K]: 1 at `client` where `mask`."""
     return ((jnp.arange(num_clients) == client) & mask).astype(I32)

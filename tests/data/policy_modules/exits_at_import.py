@@ -1,0 +1,5 @@
+"""A module that calls sys.exit(0) at import (it must not end the command silently)."""
+
+import sys
+
+sys.exit(0)

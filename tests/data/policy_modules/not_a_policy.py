@@ -1,0 +1,3 @@
+"""POLICY is not a Policy."""
+
+POLICY = 42
