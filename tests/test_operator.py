@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,8 +33,8 @@ def test_timestamped_log_converts_to_steps(tmp_path):
 def test_timestamped_log_with_cached_column_and_any_order(tmp_path):
     log = _write(tmp_path / "log.csv", "tenant,output,timestamp,prompt,cached\nx,3,5.5,10,4\ny,2,5.0,8,0\n")
     trace, names, _ = cli.read_log(log, 0.5)
-    assert names == ["x", "y"]
-    assert list(trace.arrival) == [1, 0] and list(trace.cached) == [4, 0]
+    assert names == ["y", "x"]  # time order: y's request (5.0 s) comes first
+    assert list(trace.arrival) == [0, 1] and list(trace.cached) == [0, 4] and list(trace.lines) == [3, 2]
 
 
 @pytest.mark.parametrize("text, words", [
@@ -189,3 +190,31 @@ def test_compare_drains_like_replay(tmp_path, capsys):
     assert metrics["served_per_step"]["mean"] == pytest.approx(replayed["served_per_step"], rel=1e-12)
     assert metrics["offered_per_step"]["mean"] == pytest.approx(replayed["offered_per_step"], rel=1e-12)
     assert replayed["offered_over_served"] > 1.05 and "OVERLOAD" in out
+
+
+TENANT_LOG = Path(__file__).resolve().parents[1] / "examples" / "tenant_log.csv"
+
+
+def _compare_rows(tmp_path, log, *flags):
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+    assert cli.main(["compare", str(log), "--policies", "fcfs,vtc", "--kv-budget", "4096", "--out", str(out),
+                     "--no-plots", "--no-cache", *flags]) == 0
+    return [(r["label"], r["metrics"], r["clients"]) for r in json.loads((out / "results.json").read_text())["rows"]]
+
+
+def test_compare_log_row_order_is_no_input(tmp_path):
+    header, *rows = TENANT_LOG.read_text().splitlines()
+    by_time = sorted(rows, key=lambda r: float(r.split(",")[0]))
+    shuffled = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+    (tmp_path / "sorted.csv").write_text("\n".join([header, *by_time]) + "\n")
+    (tmp_path / "shuffled.csv").write_text("\n".join([header, *shuffled]) + "\n")
+    want = _compare_rows(tmp_path, tmp_path / "sorted.csv", "--seeds", "2")
+    assert _compare_rows(tmp_path, tmp_path / "shuffled.csv", "--seeds", "2") == want
+    assert _compare_rows(tmp_path, TENANT_LOG, "--seeds", "2") == want  # the example has 6 rows out of time order
+
+
+def test_compare_prompt_over_m_names_the_log(tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("timestamp,tenant,prompt,output\n1.0,a,10,5\n2.0,b,5000,5\n")
+    with pytest.raises(InputError, match=f"^{log}: line 3: prompt 5000 is larger than the KV budget"):
+        cli._main(["compare", str(log), "--kv-budget", "4096", "--out", str(tmp_path / "o"), "--no-cache"])

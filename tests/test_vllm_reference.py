@@ -32,9 +32,18 @@ def test_all_29_goldens_are_present():
         assert (GOLDEN_DIR / f"{name}.schedule.json").is_file()
 
 
-@pytest.mark.parametrize("name", GOLDENS)
-def test_golden_schedule_reproduced_exactly(name):
-    requests, config, golden = load_golden(GOLDEN_DIR, name)
+MORE_DIR = pathlib.Path(__file__).parent / "data" / "vllm_golden_more"
+MORE = sorted(p.name[: -len(".csv")] for p in MORE_DIR.glob("m*.csv"))
+ALL_GOLDENS = [(GOLDEN_DIR, n) for n in GOLDENS] + [(MORE_DIR, n) for n in MORE]
+
+
+def test_the_further_goldens_are_all_there():
+    assert len(MORE) == 40
+
+
+@pytest.mark.parametrize("directory, name", ALL_GOLDENS, ids=[n for _, n in ALL_GOLDENS])
+def test_golden_schedule_reproduced_exactly(directory, name):
+    requests, config, golden = load_golden(directory, name)
     got = simulate(requests, config)
     assert got["num_steps"] == golden["num_steps"]
     for mine, real in zip(got["steps"], golden["steps"]):
@@ -135,23 +144,27 @@ def test_prefix_hit_in_the_same_step():
 
 # Hits are at most P + g - 1 tokens: r1's 192-token prompt equals r0's (prefix "p" of 192),
 # and arrives after r0 finished (O = 1, step 0). Its hit is capped at 191 tokens, i.e. 11
-# whole blocks = 176, so it recomputes its whole last block: 16 tokens.
+# whole blocks = 176, so it recomputes its whole last block: 16 tokens. (Step 1 is the
+# empty schedule call vLLM makes after a step in which a request finished.)
 def test_a_fully_cached_prompt_recomputes_its_last_block():
     rows = [_req(0, 192, 1, prefix_id="p", prefix_len=192), _req(5, 192, 1, prefix_id="p", prefix_len=192)]
     result = simulate(rows, _config(prefix_caching=True))
-    assert result["steps"][1] == {"step": 5, "sched": {"1": 16}, "preempted": [], "finished": [1]}
+    assert result["steps"][1:] == [{"step": 1, "sched": {}, "preempted": [], "finished": []},
+                                   {"step": 5, "sched": {"1": 16}, "preempted": [], "finished": [1]}]
 
 
 # O = 1 finishes in its prefill step: P = 40 with a budget of 32 takes 32 tokens at step 0
 # (mid-prefill: no token), then 8 at step 1, which computes the last prompt token, samples
-# the one output token and finishes. The idle clock jump: r1 arrives at step 9, and the
-# clock jumps from 2 to 9.
+# the one output token and finishes. The idle clock jump: r1 arrives at step 9; step 2 is
+# one empty schedule call (vLLM still counts the request that finished in step 1 as a
+# request until it is reported), then the clock jumps from 3 to 9.
 def test_output_one_finishes_in_its_prefill_step():
     result = simulate([_req(0, 40, 1), _req(9, 16, 2)], _config(max_num_batched_tokens=32, max_num_seqs=4))
     assert result["steps"][:2] == [{"step": 0, "sched": {"0": 32}, "preempted": [], "finished": []},
                                    {"step": 1, "sched": {"0": 8}, "preempted": [], "finished": [0]}]
     assert result["requests"]["0"] == {"first_token_step": 1, "finish_step": 1, "preemptions": 0}
-    assert [s["step"] for s in result["steps"][2:]] == [9, 10]
+    assert [s["step"] for s in result["steps"][2:]] == [2, 9, 10]
+    assert result["steps"][2]["sched"] == {}
 
 
 # Chunking off: the whole P + g must fit the budget. Budget 64; r0 (40), r1 (48), r2 (8)
@@ -214,18 +227,19 @@ def test_priority_victim_is_the_largest_priority_arrival():
     assert newest["steps"][2] == {"step": 2, "sched": {"0": 1}, "preempted": [1], "finished": []}
 
 
-# A request that must preempt itself ends the running phase, under priority too (vLLM's
-# scheduler.py: `if new_blocks is None: break`), even with running requests after it.
-# 5 usable blocks. Step 0: r0 (32 tokens, prio 1): 2 blocks. Step 1: r0's decode takes a
-# 3rd; r1 (16, prio 0) takes 1: free 1. Step 2: r1 (c = 16) takes the last. At step k >= 1,
-# r0 has c = 31 + k before the step and r1 c = 15 + k; at step 17 r0 (c = 48) needs a 4th
-# block, none free, and the victim (largest key) is r0 itself: the phase ends, r1 (which
-# needs no block for c = 32) is not scheduled, and nothing is admitted.
-def test_self_preemption_ends_the_running_phase_under_priority():
+# A request that must preempt itself leaves the running list and the walk goes on with the
+# next request (vLLM 0.33's scheduler.py `continue`; the real scheduler does this in golden
+# m000 step 22, tests/data/vllm_golden_more). 5 usable blocks. Step 0: r0 (32 tokens,
+# prio 1): 2 blocks. Step 1: r0's decode takes a 3rd; r1 (16, prio 0) takes 1: free 1.
+# Step 2: r1 (c = 16) takes the last. At step k >= 1, r0 has c = 31 + k before the step and
+# r1 c = 15 + k; at step 17 r0 (c = 48) needs a 4th block, none free, and the victim
+# (largest key) is r0 itself: it frees its 3 blocks, and r1 (c = 32, needing a 3rd block)
+# is scheduled from them; nothing is admitted (a preemption happened).
+def test_self_preemption_goes_on_with_the_next_request_under_priority():
     rows = [_req(0, 32, 30, priority=1), _req(1, 16, 30, priority=0)]
     result = simulate(rows, _config(num_blocks=6, policy="priority"))
     assert all(s["sched"] == {"0": 1, "1": 1} for s in result["steps"][2:17])
-    assert result["steps"][17] == {"step": 17, "sched": {}, "preempted": [0], "finished": []}
+    assert result["steps"][17] == {"step": 17, "sched": {"1": 1}, "preempted": [0], "finished": []}
 
 
 class _ShortestPromptFirst(vr.WaitingOrder):

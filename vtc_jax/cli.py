@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="horizon in steps (default: the last arrival + the sum of outputs, enough to drain)")
     cp.add_argument("--seeds", type=int_arg(1, 1 << 16), default=1,
                     help="seeds: seed 0 replays the log; others redraw each arrival inside its own second "
-                         "(timestamped logs) or --phase-unit steps (default 1)")
+                         "(timestamped logs) or --phase-unit steps (default 1), never past the log's last arrival")
     cp.add_argument("--phase-unit", type=int_arg(1, 1 << 20), default=None,
                     help="steps inside which --seeds redraws arrivals (default: one second for a timestamped "
                          "log, 1 step for a trace in steps)")
@@ -460,34 +460,39 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
             raise InputError(f"{path}: line {line_no}: empty tenant name")
         if tenant not in names and len(names) >= MAX_CLIENTS:
             raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
+        names.setdefault(tenant, len(names))
         ints = []
         for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
             if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
                 raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
                                  f"got {cell[col][:24]!r}")
             ints.append(int(cell[col]))
-        rows.append((t, names.setdefault(tenant, len(names)), *ints))
+        rows.append((t, tenant, *ints))
         lines.append(line_no)
     if not rows:
         raise InputError(f"{path}: no requests (header only)")
-    t0, step = min(r[0] for r in rows), Decimal(repr(step_seconds))
+    # Time order (stable: equal timestamps keep the file's order) and tenants numbered by
+    # first appearance in time: the order of the file's rows is no input.
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    rows, lines = [rows[i] for i in order], [lines[i] for i in order]
+    names = {}
+    for r in rows:
+        names.setdefault(r[1], len(names))
+    t0, step = rows[0][0], Decimal(repr(step_seconds))
     steps = np.asarray([min(int((r[0] - t0) // step), 1 << 31) for r in rows], np.int64)
     if steps.max() > (1 << 30):
         raise InputError(f"{path}: the log spans {steps.max():,} steps of {step_seconds} s, over the limit of "
                          f"{1 << 30:,}: use a larger --step-seconds")
     cached = [r[4] if len(r) > 4 else 0 for r in rows]
-    trace = Trace(steps, np.asarray([r[1] for r in rows]), np.asarray([r[2] for r in rows]),
-                  np.asarray([r[3] for r in rows]), np.asarray(cached), lines=np.asarray(lines))
-    try:
-        trace.validate()
-    except InputError as err:
-        raise InputError(f"{path}: {err}") from None
+    trace = Trace(steps, np.asarray([names[r[1]] for r in rows]), np.asarray([r[2] for r in rows]),
+                  np.asarray([r[3] for r in rows]), np.asarray(cached), lines=np.asarray(lines), source=str(path))
+    trace.validate()  # names the file: the trace knows its source
     return trace, list(names), max(1, round(1.0 / step_seconds))
 
 
 def _compare(args) -> int:
     from vtc_jax import sweep as sweep_mod
-    from vtc_jax.run import drain_horizon
+    from vtc_jax.run import MAX_HORIZON, drain_horizon
     from vtc_jax.sources import TraceSource
 
     for p in args.policies:
@@ -512,9 +517,11 @@ def _compare(args) -> int:
             print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
     horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
+    if horizon > MAX_HORIZON:  # a cut drain bound would leave requests unserved
+        raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
+                         f"{MAX_HORIZON:,}: give --steps")
     unit = args.phase_unit or per_second
-    source = TraceSource(trace, num_clients=k, horizon=min(horizon, (1 << 30) - 1), phase_unit=unit,
-                         drain=args.steps is None)
+    source = TraceSource(trace, num_clients=k, horizon=horizon, phase_unit=unit, drain=args.steps is None)
     for s in settings:
         try:
             sweep_mod.run.validate_fits(trace, s, k, source.horizon, False)

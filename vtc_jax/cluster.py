@@ -1312,7 +1312,7 @@ def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
     horizon = uniq[0].horizon
     workload = sources.generate_lanes(lane_keys(seeds, base_seed), sources.stack(srcs), kind=uniq[0].kind,
                                       horizon=horizon, lay=lay, pad=cfg.arrival_width + 2,
-                                      num_clients=cfg.num_clients)
+                                      num_clients=cfg.num_clients, exact=sources.replays_exactly(seeds))
     expected = horizon + int(4 * max(s.expected_requests() for s in uniq))
     return run_lanes(workload, clusters, [horizon] * len(clusters), cfg, shared=False,
                      event_budget=horizon + 4 * cfg.tenant_rows + 2, expected_events=expected, chunk=chunk, mesh=mesh,

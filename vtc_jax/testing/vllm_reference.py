@@ -410,9 +410,11 @@ class _Server:
                     scheduled = False
                     break
             if not scheduled:
-                # vLLM breaks out of the walk here under every policy (scheduler.py: `if
-                # new_blocks is None: break`), even when running requests follow it.
-                break
+                # A request that preempted itself is out of the list and the walk goes on
+                # with the next one (vLLM 0.33 scheduler.py: `continue`; golden m000 step 22
+                # shows requests behind it still decoding). Under fcfs the victim is the
+                # list's tail, so nothing follows it.
+                continue
             sched[req.row] = n
             budget -= n
             i += 1
@@ -536,7 +538,8 @@ def simulate(requests: list[TraceRequest], config: dict,
              order: Callable[[], WaitingOrder] | None = None) -> dict:
     """The schedule of `requests` (row = list index) on one vLLM V1 server (`config`), in
     the goldens' layout (module docstring). The clock is +1 per step and jumps an idle gap
-    to the next arrival; same-step arrivals join in row order. `order` makes the waiting
+    to the next arrival (after one empty step if a request finished in the last one);
+    same-step arrivals join in row order. `order` makes the waiting
     queue (default: the config policy's, `ORDERS`)."""
     cfg = check_config(config)
     check_requests(requests, cfg)
@@ -545,8 +548,12 @@ def simulate(requests: list[TraceRequest], config: dict,
     server = _Server(cfg, reqs, (order or ORDERS[cfg.policy])())
     steps: list[dict] = []
     t = nxt = done = 0
+    just_finished = False
     while done < len(reqs):
-        if server.idle():
+        # Idle: the clock jumps to the next arrival, but not right after a step in which a
+        # request finished: vLLM's `has_requests()` still counts finished requests not yet
+        # reported, so one empty schedule call (a step) comes first (golden m033 step 5).
+        if server.idle() and not just_finished:
             t = max(t, arrivals[nxt].spec.arrival)
         while nxt < len(arrivals) and arrivals[nxt].spec.arrival <= t:
             server.waiting.add(arrivals[nxt])
@@ -556,6 +563,7 @@ def simulate(requests: list[TraceRequest], config: dict,
         record = server.step(t)
         steps.append(record)
         done += len(record["finished"])
+        just_finished = bool(record["finished"])
         t += 1
     return {"steps": steps,
             "requests": {str(r.row): {"first_token_step": r.first_token_step, "finish_step": r.finish_step,
