@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vtc_jax import runner, servegen
+from vtc_jax import servegen
 from vtc_jax import run as run_mod
 from vtc_jax.cli_common import guarded, int_arg, list_arg
 from vtc_jax.engine import PROGRAM, EngineBatch, LaneInput

@@ -24,8 +24,8 @@ from vtc_jax.cli_common import float_arg, int_arg
 from vtc_jax.errors import InputError
 from sweeps.context_cost import long_short_source
 from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, _range, add_workload_arguments, aggregate, evaluate, main,
-                           make_settings, workload_config)
+from vtc_jax.sweep import (Plot, Row, Sweep, _range, add_workload_arguments, aggregate, evaluate, make_settings,
+                           workload_config)
 from vtc_jax.tune import es_minimize
 
 QUANTUM = 1 << 18  # betas are multiples of 2^-18: exact, and every charge fits int32 at M = 16384

@@ -37,7 +37,8 @@ def build(args) -> Sweep:
     rows = [Row(make_settings(args, p, baseline=True), source, p) for p in POLICIES]
     return Sweep(
         name="schedulers", config=workload_config(args), rows=rows, metrics=base_metrics,
-        columns=("max_drift", "max_drift_over_2u", "throughput", "backlogged_drift", "backlogged_drift_over_2u"), measures=("pair_drift",),
+        columns=("max_drift", "max_drift_over_2u", "throughput", "backlogged_drift", "backlogged_drift_over_2u"),
+        measures=("pair_drift",),
         paper_values=PAPER_VALUES, default_workload=workload_is_default(args, RATES),
         series=gap_series, record_every=args.record_every,
         plots=(Plot("series", "gap_over_time.png", "each client's service minus the mean of all clients",

@@ -26,7 +26,7 @@ CHUNK = 256
 
 # ------------------------------------------------------------------ pure-Python reference
 
-def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rpm_limit=None, weights=None,
+def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rpm_limit=None, weights=None,  # noqa: B008 (frozen)
               oracle=None, log=None):
     """The router loop of manager.py `_step`, request by request, in integer microseconds;
     each step's duration is a sum of float32 terms, each rounded to a microsecond, as the
@@ -160,7 +160,7 @@ def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rp
     return status, first, finish
 
 
-def run_engine(arrival_s, client, prompt, output, policies, profile=A.Profile(), rpm_limits=None, weights=None,
+def run_engine(arrival_s, client, prompt, output, policies, profile=A.Profile(), rpm_limits=None, weights=None,  # noqa: B008 (frozen)
                oracle_r=0.0, config=CONFIG):
     """Every policy as one lane of a LANES-lane batch (padded with repeats) on CONFIG."""
     k = max(client) + 1
@@ -252,7 +252,7 @@ def test_kv_need_against_direct_computation():
         left = rng.integers(0, 400, m + 1)
         lo, v = A.sorted_view(held[:m], left[:m])
         slots = 24
-        pad = lambda x: np.concatenate([x, np.zeros(slots - x.size, np.int64)]).astype(np.int32)  # noqa: E731
+        pad = lambda x, slots=slots: np.concatenate([x, np.zeros(slots - x.size, np.int64)]).astype(np.int32)
         need, place, v_new, v_shift = (np.asarray(x) for x in A.kv_need_with(
             pad(lo), pad(v), np.int32(m), np.int32(held[m]), np.int32(left[m])))
         items = sorted(zip(held, left), key=lambda x: -x[1])

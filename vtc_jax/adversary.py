@@ -670,5 +670,6 @@ def random_search(objective: Callable[[np.ndarray], np.ndarray], limits: Limits,
 
 __all__ = ["Limits", "Objective", "SearchConfig", "SearchResult", "Archive", "search", "random_search", "decode",
            "to_genes", "squash", "unsquash", "random_genes", "random_shapes", "structured_genes", "initial_genes",
-           "blocked_decode", "layout_candidates", "candidate_trace", "write_witness_csv", "bound_u", "lower_bound", "replay_drift",
+           "blocked_decode", "layout_candidates", "candidate_trace", "write_witness_csv", "bound_u", "lower_bound",
+           "replay_drift",
            "centered_ranks", "MEASURES"]

@@ -139,7 +139,8 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
         say_error(prog, "output pipe closed; stopped")
         return EXIT_BAD_INPUT
     except MemoryError:
-        say_error(prog, "out of memory: make the run smaller (fewer seeds, lanes or steps; see --help for this command's size flags)")
+        say_error(prog, "out of memory: make the run smaller (fewer seeds, lanes or steps; see --help for this "
+                        "command's size flags)")
         return EXIT_BAD_INPUT
     except Exception as err:  # a defect, not bad input: still one line (VTC_JAX_TRACEBACK=1 shows it)
         if os.environ.get("VTC_JAX_TRACEBACK"):

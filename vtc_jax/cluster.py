@@ -799,7 +799,7 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
               routers: _Routers, offer: _Offer, rheads, room, load, queued, mask) -> ClusterState:
     """One dispatch where `mask`: the offering router's candidate leaves its gateway queue,
     is charged there and joins the chosen replica's FIFO."""
-    g, k, r = cfg.routers, cfg.num_clients, cfg.replicas
+    g, r = cfg.routers, cfg.replicas
     j, c = offer.router, offer.client
     t = state.step
     index = wl.first[j, c] + state.rhead[j, c]
@@ -1009,7 +1009,7 @@ def _flags(params: ClusterParams, cfg: ClusterConfig) -> dict:
 
 def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, cfg: ClusterConfig) -> ClusterState:
     """One event of one cluster lane (see the module docstring)."""
-    g, k, r, w = cfg.routers, cfg.num_clients, cfg.replicas, cfg.arrival_width
+    r, w = cfg.replicas, cfg.arrival_width
     flags = _flags(params, cfg)
     t = state.step
     active = ~state.done

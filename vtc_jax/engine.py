@@ -191,7 +191,8 @@ def _estimates(state: State, params: Params, config: EngineConfig, client, rows,
 
 
 def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
-    return View(num=numbers(config.wide), step=state.step, backlogged=state.head < state.arrived, heads=heads, head_index=head_index,
+    return View(num=numbers(config.wide), step=state.step, backlogged=state.head < state.arrived, heads=heads,
+                head_index=head_index,
                 waiting=state.arrived - state.head,
                 counter=state.counter, running=state.running, context=state.context, last_left=state.last_left,
                 costs=params.costs, estimates=estimates)

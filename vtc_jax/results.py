@@ -409,7 +409,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
     shape_bk = service.shape
     qd = [int(a) * int(c) for a, c in zip(scales.cost_scale, scales.counter_scale)]
     policy_counters = _nan(shape_bk)
-    for i, name in enumerate(config.policies):
+    for name in config.policies:
         counters_fn = registry.get(name).counters
         if counters_fn is None:
             continue
@@ -436,7 +436,8 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
     span_mode = bool(config.drain and last_arrival is not None)  # drain: the load is read over the arrival span
     results = LaneResults(
-        events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service, counters=_tokens(host.counter, qd, num),
+        events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service,
+        counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
         offered=offered_units / np.asarray(q, np.float64)[:, None],

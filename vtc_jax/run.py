@@ -169,8 +169,8 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     if rejecting.any():
         arrived_streams = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)[0]
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
-    if config.drain:  # every request of a drained lane arrives: one that did not vanished
-        done = done & (arrived_offered.sum(axis=1) == existing_requests(workload, given_shared, b))
+    if config.drain:  # every request of a drained lane's served stream (RPM rejections removed) arrives
+        done = done & (arrived_streams.sum(axis=1) == existing_requests(lane_workload, shared, b))
     return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand,
                    last_arrival)
 

@@ -429,7 +429,7 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
             if sweep.series is not None:
                 values["series"] = sweep.series(results, chunk_rows)
                 series_steps = np.asarray(results.checkpoint_steps)
-            values = jax.tree_util.tree_map(lambda x: np.asarray(x)[:keep], values)
+            values = jax.tree_util.tree_map(lambda x, keep=keep: np.asarray(x)[:keep], values)
             collected.append((np.asarray(batch[:keep]) - start, values))
             progress.finished_chunk(keep)
 

@@ -7,8 +7,9 @@
 formats (jax.eval_shape: tracing only, nothing compiles or runs; under a second each) with
 every function wrapped so that an exception or a wrong output (structure, shape or dtype)
 is reported as that function's. Hooks the cluster's routers call with their own views are
-the same functions with the same contract, so they are not traced separately. `jax_flags` / `changed_flags` snapshot the jax configuration a
-module must leave alone (a module that turns on jax_enable_x64 breaks every policy).
+the same functions with the same contract, so they are not traced separately.
+`jax_flags` / `changed_flags` snapshot the jax configuration a module must leave alone (a
+module that turns on jax_enable_x64 breaks every policy).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ finished request has cost exactly what it consumed.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 from fractions import Fraction
 
