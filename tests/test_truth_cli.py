@@ -85,6 +85,20 @@ def test_compare_reports_2u_and_both_ratios_by_explicit_names(tmp_path, capsys):
         assert m["max_drift_over_2u"] == pytest.approx(m["max_drift"] / 1200)
 
 
+def test_drift_over_2u_is_not_reported_with_unequal_weights(tmp_path, capsys):
+    """With weights 1,2 VTC bounds W_k / w_k; the raw drifts measured are not bounded, and a
+    ratio to 2U read as VTC at 3.95x its bound on the README's weighted example."""
+    rows = "".join(f"0,{i % 2},100,{20 + 10 * (i % 2)}\n" for i in range(12))
+    trace = _write(tmp_path / "t.csv", "arrival,client,prompt,output\n" + rows)
+    code = cli.main(["compare", str(trace), "--policies", "vtc", "--kv-budget", "300", "--weights", "1,2",
+                     "--out", str(tmp_path / "out"), "--no-plots", "--no-cache"])
+    capsys.readouterr()
+    assert code == 0
+    m = json.loads((tmp_path / "out" / "results.json").read_text())["rows"][0]["metrics"]
+    assert m["bound_2u"]["mean"] == 1200 and m["backlogged_drift"]["mean"] > 0
+    assert "backlogged_drift_over_2u" not in m and m["max_drift_over_2u"]["mean"] is None
+
+
 @pytest.mark.parametrize("header, words", [
     ("timestamp,tenant,prompt,output,cachd", "unexpected column 'cachd'"),  # a typo: hits would read as 0
     ("timestamp,tenant,prompt,output,prompt", "duplicate column"),  # which prompt?

@@ -55,8 +55,10 @@ class LaneResults:
       bound_u: float64[B] U = max(w_p * L_input, w_q * M); bound_2u: float64[B] 2U, VTC's
         bound on backlogged_drift (MODEL.md).
       backlogged_drift_over_2u: float64[B] backlogged_drift / 2U, the guarantee's ratio (NaN:
-        pair drift not measured); max_drift_over_2u: float64[B] max_drift / 2U, NOT the
-        guarantee (max_drift also grows with differences in demand).
+        pair drift not measured, or unequal weights: the drifts count raw service, which
+        the weighted guarantee does not bound); max_drift_over_2u: float64[B] max_drift / 2U,
+        NOT the guarantee (max_drift also grows with differences in demand; NaN with unequal
+        weights too).
       throughput: float64[B] weighted tokens per step (sum_k W_k / steps).
       raw_throughput: float64[B] tokens per step (prompt tokens admitted + tokens decoded).
       mean_occupancy: float64[B] mean over steps of KV tokens held at decode, / M.
@@ -435,6 +437,9 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
             wait_mean = done_mean = _nan(shape_bk)
     charge_cached = np.asarray([[float(s.w_p) * s.charge_cached] for s in settings])
     span_mode = bool(config.drain and last_arrival is not None)  # drain: the load is read over the arrival span
+    # With unequal weights VTC bounds weighted service (W_k / w_k), not the raw drifts
+    # measured here: their ratio to 2U would read as a broken guarantee.
+    unweighted = np.asarray([len(set(s.weights or ())) <= 1 for s in settings])
     results = LaneResults(
         events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service,
         counters=_tokens(host.counter, qd, num),
@@ -447,7 +452,8 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         max_drift=max_drift, max_drift_step=np.asarray(m.max_drift_step, dtype=np.int64),
         pair_drift=pair, backlogged_drift=backlogged_drift,
         kv_budget=kv_budget, max_prompt=max_prompt, bound_u=bound_u, bound_2u=2 * bound_u,
-        backlogged_drift_over_2u=backlogged_drift / (2 * bound_u), max_drift_over_2u=max_drift / (2 * bound_u),
+        backlogged_drift_over_2u=np.where(unweighted, backlogged_drift / (2 * bound_u), np.nan),
+        max_drift_over_2u=np.where(unweighted, max_drift / (2 * bound_u), np.nan),
         throughput=np.where(steps > 0, service.sum(axis=1) / per_step, 0.0),
         raw_throughput=(np.where(steps > 0, (num.to_float(m.prompt_tokens) + num.to_float(m.decoded_tokens)).sum(
             axis=1) / per_step, 0.0) if ledger else _nan(b)),
