@@ -17,6 +17,7 @@ import jax.numpy as jnp
 I32 = jnp.int32
 BIG = jnp.iinfo(jnp.int32).max
 FUTURE, WAITING, RUNNING, DONE = 0, 1, 2, 3
+SELF_STOP = [True]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,11 +128,14 @@ def step(config: VllmConfig, trace: Trace, s: State):
     victim_pos = in_list & (pos >= victim_from)
     sched_run = jnp.where(sched_pos, n, 0)
     free = s.free + suffix[victim_from] - jnp.where(first_bad > 0, want[jnp.maximum(first_bad - 1, 0)], 0)
-    preempted_any = victim_from < nrun
 
     # Back to row order.
     sched = jnp.zeros(r, I32).at[order].set(sched_run)
     victims = jnp.zeros(r, bool).at[order].set(victim_pos)
+    if config.policy == "priority":
+        sched, victims, _, free = running_phase_loop(config, trace, s, status, cap, SELF_STOP[0])
+    preempted_any = victims.any()
+    sched_run = sched
     front_key = jnp.zeros(r, I32).at[order].set(s.next_front - (nrun - pos))
     next_front = s.next_front - (nrun - victim_from)
     computed = jnp.where(victims, 0, s.computed + sched)
@@ -180,3 +184,68 @@ def step(config: VllmConfig, trace: Trace, s: State):
                 wait_key=wait_key, next_run_key=s.next_run_key + nadmit, next_front=next_front, free=free,
                 preemptions=preemptions, first_token=first_token, finish=finish)
     return new, (t, sched, victims, finished)
+
+
+def running_phase_loop(config: VllmConfig, trace: Trace, s: State, status, cap, self_stop: bool):
+    """The running phase as vLLM's literal loop (priority victims: the largest (priority,
+    arrival) anywhere in the list; a scheduled victim gives its tokens back). Returns
+    (sched int32[R], victims bool[R], free int32[], order of victims key int32[R])."""
+    bs, mbt = config.block_size, config.max_num_batched_tokens
+    r = trace.arrival.shape[0]
+    running = status == RUNNING
+    order = jnp.argsort(jnp.where(running, s.run_key, BIG))
+    nrun = running.sum(dtype=I32)
+    # Victim: the largest (priority, arrival); Python's max keeps the first in list order.
+
+    def body(carry):
+        i, budget, free, alive, sched, vic, count, stop = carry
+        row = order[i]
+        c, g = s.computed[row], s.generated[row]
+        need = jnp.minimum(trace.prompt[row] + g - c, cap)
+        n = jnp.minimum(need, budget)
+        alloc = _blocks(c + n, bs) - _blocks(c, bs)
+
+        def cond(st):
+            free, alive, sched, vic, budget, selfgone = st
+            return (free < alloc) & ~selfgone
+
+        def preempt(st):
+            free, alive, sched, vic, budget, selfgone = st
+            pr = jnp.where(alive, trace.priority, -1)
+            best = jnp.max(pr)
+            # arrival_time is arrival + 1e-6 * row: ties go to the later row.
+            v = jnp.argmax(jnp.where(alive & (pr == best), jnp.arange(r, dtype=I32), -1))
+            held = _blocks(s.computed[v] + sched[v], bs)
+            free = free + held
+            budget = budget + sched[v]
+            sched = sched.at[v].set(0)
+            alive = alive.at[v].set(False)
+            return free, alive, sched, vic, budget, v == row
+
+        free2, alive2, sched2, vic2, budget2, selfgone = jax.lax.while_loop(
+            cond, preempt, (free, alive, sched, vic, budget, jnp.asarray(False)))
+        ok = ~selfgone
+        sched2 = jnp.where(ok, sched2.at[row].set(n), sched2)
+        budget2 = jnp.where(ok, budget2 - n, budget2)
+        free2 = jnp.where(ok, free2 - alloc, free2)
+        stop = selfgone if self_stop else jnp.asarray(False)
+        return i + 1, budget2, free2, alive2, sched2, vic2, count, stop
+
+    def cond_outer(carry):
+        i, budget, free, alive, sched, vic, count, stop = carry
+        return (i < nrun) & (budget > 0) & ~stop & alive[order[jnp.minimum(i, r - 1)]]
+
+    # `alive[order[i]]` false means the request was already preempted: under priority the
+    # loop index is corrected by vLLM (req_index -= 1), which we model by skipping it.
+    def body_skip(carry):
+        i, budget, free, alive, sched, vic, count, stop = carry
+        return jax.lax.cond(alive[order[i]], body, lambda c: (c[0] + 1,) + c[1:], carry)
+
+    def cond_any(carry):
+        i, budget, free, alive, sched, vic, count, stop = carry
+        return (i < nrun) & (budget > 0) & ~stop
+
+    init = (jnp.asarray(0, I32), jnp.asarray(mbt, I32), s.free, running, jnp.zeros(r, I32),
+            jnp.zeros(r, I32), jnp.asarray(1, I32), jnp.asarray(False))
+    _, budget, free, alive, sched, vic, _, _ = jax.lax.while_loop(cond_any, body_skip, init)
+    return sched, running & ~alive, vic, free
