@@ -1,0 +1,1 @@
+"""Slow, literal reference simulators that the fast engine and its tests are checked against."""
