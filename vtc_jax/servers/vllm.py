@@ -1,0 +1,814 @@
+"""One vLLM V1 server's scheduler step in JAX, exact to the reference, for many lanes at once.
+
+The rules are docs/VLLM.md's; the yardstick is vtc_jax/testing/vllm_reference.py, which
+this reproduces step for step (tests/test_vllm_jax.py). A lane is one server replaying one
+trace; `run` vmaps lanes. Two step functions, chosen by the static config:
+
+- `fast_step` (fcfs order, newest victim, preempted to the front, no prefix caching: vLLM's
+  default and the common case) is closed form. Under these rules the running list followed
+  by the preempted requests at the front of the waiting queue is ONE sequence that only
+  changes at its split point (a victim is the running tail and becomes the waiting head; an
+  admission takes the waiting head and appends it to the running list), so the lane keeps
+  it as `max_num_seqs` slots; the never-admitted waiting requests are the rows
+  [next_new, arrived) because rows are in arrival order. The victims are the shortest
+  running tail whose blocks cover what is allocated (a searchsorted on suffix sums); the
+  admissions are the head-of-line prefix of a small window, repeated while a window is
+  admitted whole.
+- `exact_step` (everything else: priority order or victims, prefix caching) is vLLM's loop
+  as lax loops over running positions and admissions, with a block pool (physical blocks,
+  hashes, reference counts, the free queue's order) when prefix caching is on.
+
+Rows are re-ordered by (arrival, trace row) when packed (`pack_lane`); logs and results use
+those packed rows, `LaneTrace.source` maps them back. All arithmetic is int32; `check_lane`
+refuses before the run whatever could wrap or could never be served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.errors import InputError
+
+I32 = jnp.int32
+INT_MAX = 2**31 - 1
+POLICIES = ("fcfs", "priority")
+VICTIMS = ("newest", "policy")
+PREEMPTED_TO = ("front", "policy")
+WINDOW = 4  # fast path: waiting requests tried per window (most steps admit 0-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmConfig:
+    """Static server settings, vLLM's flag names (docs/VLLM.md gives each one's meaning).
+    `victim` and `preempted_to` default to vLLM's own for the policy (None)."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+    victim: str | None = None
+    preempted_to: str | None = None
+
+    def __post_init__(self):
+        for name, low in (("num_gpu_blocks", 2), ("block_size", 1), ("max_num_batched_tokens", 1),
+                          ("max_num_seqs", 1), ("long_prefill_token_threshold", 0)):
+            value = getattr(self, name)
+            if type(value) is not int or not low <= value <= INT_MAX // 4:
+                raise InputError(f"{name} must be an integer in [{low}, {INT_MAX // 4}], got {value!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if type(getattr(self, name)) is not bool:
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise InputError(f"scheduling_policy must be one of {', '.join(POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
+        vllm_own = "newest" if self.scheduling_policy == "fcfs" else "policy"
+        object.__setattr__(self, "victim", self.victim or vllm_own)
+        object.__setattr__(self, "preempted_to", self.preempted_to or ("front" if vllm_own == "newest" else "policy"))
+        for name, allowed in (("victim", VICTIMS), ("preempted_to", PREEMPTED_TO)):
+            if getattr(self, name) not in allowed:
+                raise InputError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InputError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below "
+                             f"max_num_seqs ({self.max_num_seqs}), which vLLM refuses")
+
+    @classmethod
+    def from_golden(cls, config: dict) -> VllmConfig:
+        """The goldens' / reference's config dict (docs/VLLM.md's keys) as a VllmConfig."""
+        names = {"num_blocks": "num_gpu_blocks", "block_size": "block_size",
+                 "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+                 "chunked_prefill": "enable_chunked_prefill", "long_prefill_threshold": "long_prefill_token_threshold",
+                 "policy": "scheduling_policy", "prefix_caching": "enable_prefix_caching",
+                 "victim": "victim", "preempted_to": "preempted_to"}
+        ignored = ("vllm_version", "effective", "max_steps")
+        unknown = [k for k in config if k not in names and k not in ignored]
+        if unknown:
+            raise InputError(f"config: unknown key {unknown[0]!r}")
+        if "num_blocks" not in config:
+            raise InputError("config: missing key 'num_blocks'")
+        return cls(**{names[k]: v for k, v in config.items() if k in names})
+
+    @property
+    def closed_form(self) -> bool:
+        """Whether `fast_step` applies (vLLM's default fcfs rules, no prefix caching)."""
+        return (self.scheduling_policy == "fcfs" and self.victim == "newest" and self.preempted_to == "front"
+                and not self.enable_prefix_caching)
+
+
+# ----------------------------------------------------------------------------------------
+# Lanes: packing and checking a trace (host side, numpy).
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LaneTrace:
+    """One lane's requests in (arrival, trace row) order, padded to R rows: `arrival`
+    (padding INT_MAX), `prompt`, `output`, `rank` (place in the policy's order: (arrival,
+    row) for fcfs, (priority, arrival, row) for priority), `group` (shared-prefix group,
+    -1 none), `prefix_len`: int32[R]; `source`: int32[R], the trace row (-1 padding)."""
+
+    arrival: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    rank: jax.Array
+    group: jax.Array
+    prefix_len: jax.Array
+    source: jax.Array
+
+
+def peak_blocks(prompt, output, block_size: int):
+    """ceil((P + O - 1) / B): a request's most blocks (its last token never gets KV)."""
+    return -(-(np.asarray(prompt, np.int64) + np.asarray(output, np.int64) - 1) // block_size)
+
+
+def check_lane(cfg: VllmConfig, arrival, prompt, output, prefix_len) -> None:
+    """InputError for a lane that could wrap int32 or never be served: a request whose
+    peak blocks exceed the N - 1 usable (it would preempt itself forever), with chunking
+    off a budget below vLLM's max_model_len, values too large for int32 arithmetic."""
+    arrival, prompt, output, prefix_len = (np.asarray(a, np.int64) for a in (arrival, prompt, output, prefix_len))
+    if arrival.size == 0:
+        raise InputError("no requests")
+    if arrival.min() < 0 or prompt.min() < 1 or output.min() < 1:
+        raise InputError("requests need arrival >= 0, prompt >= 1, output >= 1")
+    if arrival.max() > INT_MAX // 2 or (prompt + output).max() > INT_MAX // 4:
+        raise InputError("an arrival, prompt or output is too large for int32 steps and tokens")
+    if (prefix_len < 0).any() or (prefix_len > prompt).any():
+        raise InputError("prefix_len must lie in [0, prompt]")
+    peak = peak_blocks(prompt, output, cfg.block_size)
+    worst = int(peak.argmax())
+    if peak[worst] > cfg.num_gpu_blocks - 1:
+        raise InputError(f"request {worst}: needs {peak[worst]} KV blocks at its peak, more than the "
+                         f"{cfg.num_gpu_blocks - 1} usable (num_gpu_blocks - 1): it could never finish")
+    if not cfg.enable_chunked_prefill:
+        longest = -(-int((prompt + output).max()) // cfg.block_size) * cfg.block_size
+        if cfg.max_num_batched_tokens < longest:
+            raise InputError(f"with chunked prefill off vLLM needs max_num_batched_tokens >= max_model_len "
+                             f"({longest}), got {cfg.max_num_batched_tokens}")
+
+
+def pack_lane(cfg: VllmConfig, rows: int, arrival, prompt, output, priority=None, prefix_group=None,
+              prefix_len=None) -> LaneTrace:
+    """One checked lane as numpy arrays of `rows` rows (`check_lane`). Inputs are per
+    request in trace order: ints, `prefix_group` any hashable per request (None: no shared
+    prefix), `prefix_len` its shared tokens."""
+    n = len(arrival)
+    priority = np.zeros(n, np.int64) if priority is None else np.asarray(priority, np.int64)
+    prefix_len = np.zeros(n, np.int64) if prefix_len is None else np.asarray(prefix_len, np.int64)
+    prefix_group = [None] * n if prefix_group is None else list(prefix_group)
+    check_lane(cfg, arrival, prompt, output, prefix_len)
+    if n > rows:
+        raise InputError(f"a lane has {n} requests, more than the {rows} rows")
+    arrival, prompt, output = (np.asarray(a, np.int64) for a in (arrival, prompt, output))
+    order = np.lexsort((np.arange(n), arrival))  # (arrival, row): vLLM's arrival order
+    if cfg.scheduling_policy == "priority":
+        by_policy = np.lexsort((np.arange(n), priority[order]))  # (priority, arrival, row)
+    else:
+        by_policy = np.arange(n)
+    rank = np.empty(n, np.int64)
+    rank[by_policy] = np.arange(n)
+    ids: dict = {}
+    group = np.array([ids.setdefault(prefix_group[r], len(ids)) if prefix_group[r] is not None and prefix_len[r] > 0
+                      else -1 for r in order], np.int64)
+
+    def pad(values, fill):
+        out = np.full(rows, fill, np.int32)
+        out[:n] = values
+        return out
+
+    return LaneTrace(arrival=pad(arrival[order], INT_MAX), prompt=pad(prompt[order], 1),
+                     output=pad(output[order], 1), rank=pad(rank, INT_MAX), group=pad(group, -1),
+                     prefix_len=pad(prefix_len[order], 0), source=pad(order, -1))
+
+
+def stack_lanes(lanes: list[LaneTrace]) -> LaneTrace:
+    """Lanes of equal rows as one batched LaneTrace (int32[L, R] fields)."""
+    return jax.tree.map(lambda *a: jnp.asarray(np.stack(a)), *lanes)
+
+
+def table_width(cfg: VllmConfig, traces: LaneTrace) -> int:
+    """Columns of the block tables: the largest peak blocks of any request (>= 1)."""
+    peak = peak_blocks(np.asarray(traces.prompt), np.asarray(traces.output), cfg.block_size)
+    return max(int(peak.max()), 1)
+
+
+def check_run(cfg: VllmConfig, traces: LaneTrace, num_steps: int) -> None:
+    """InputError when `num_steps` steps of these lanes could wrap an int32: the clock
+    (steps after the last arrival), or the block pool's stamps (each step stamps at most
+    twice the blocks it can touch), or a hash key (2 R x table width)."""
+    rows, width = traces.arrival.shape[-1], table_width(cfg, traces)
+    arrival = np.asarray(traces.arrival)
+    last = int(np.where(arrival < INT_MAX, arrival, 0).max())
+    if last + num_steps >= INT_MAX // 2:
+        raise InputError(f"{num_steps} steps after arrivals up to {last} exceed the int32 clock")
+    if cfg.enable_prefix_caching:
+        per_step = 2 * (cfg.num_gpu_blocks + cfg.max_num_batched_tokens // cfg.block_size + 2 * rows)
+        if num_steps * per_step + cfg.num_gpu_blocks >= INT_MAX or 2 * rows * width >= INT_MAX:
+            raise InputError(f"{num_steps} steps of a {cfg.num_gpu_blocks}-block pool with {rows} rows "
+                             "exceed the int32 block stamps; run fewer steps or fewer rows")
+
+
+# ----------------------------------------------------------------------------------------
+# Shared pieces of one step.
+
+
+def _cdiv(a, b: int):
+    return (a + (b - 1)) // b
+
+
+def _excl_cumsum(x):
+    return jnp.cumsum(x) - x
+
+
+def _leading(ok):
+    """How many leading entries of bool[K] are True: int32[]."""
+    return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+
+
+def _clock_and_arrivals(trace: LaneTrace, t, arrived, busy):
+    """The step's clock (an idle lane jumps to its next arrival) and how many rows have
+    arrived by then (rows are in arrival order): (int32[], int32[])."""
+    rows = trace.arrival.shape[0]
+    upcoming = trace.arrival[jnp.minimum(arrived, rows - 1)]
+    jump = ~busy & (arrived < rows) & (upcoming < INT_MAX)
+    t = jnp.where(jump, jnp.maximum(t, upcoming), t)
+    return t, jnp.searchsorted(trace.arrival, t, side="right").astype(I32)
+
+
+def _long_cap(cfg: VllmConfig, busy_count):
+    """L when more than one request is running or waiting (after arrivals), else no cap."""
+    if cfg.long_prefill_token_threshold == 0:
+        return jnp.asarray(INT_MAX, I32)
+    return jnp.where(busy_count > 1, cfg.long_prefill_token_threshold, INT_MAX).astype(I32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepLog:
+    """What one step did, over K slots in vLLM's scheduling order (the running list, then
+    admissions): `t` int32[] the step, `active` bool[] (something ran or waited), `rows`
+    int32[K] packed rows (-1 none), `tokens` int32[K] scheduled (0: none), `preempted`,
+    `finished`: bool[K]."""
+
+    t: jax.Array
+    active: jax.Array
+    rows: jax.Array
+    tokens: jax.Array
+    preempted: jax.Array
+    finished: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """Per packed row, int32[R]: `first_token` and `finish` step (-1: not yet), `preemptions`."""
+
+    first_token: jax.Array
+    finish: jax.Array
+    preemptions: jax.Array
+
+
+# ----------------------------------------------------------------------------------------
+# The closed-form step (fcfs, newest victim, front, no prefix caching).
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FastState:
+    """One lane. Scalars int32[]: `t`, `arrived` (rows < arrived have arrived), `next_new`
+    (rows in [next_new, arrived) wait, never admitted), `free` blocks, `nrun`, `nfront`.
+    Slots int32[S + WINDOW] (S = min(max_num_seqs, R)): slots [0, nrun) are the running list
+    in admission order, [nrun, nrun + nfront) the preempted requests at the waiting queue's
+    front, in queue order; per slot its `row`, `prompt`, `output`, `computed`, `generated`,
+    `first` token step, `preempts`. `out`: per-row results, written when a request finishes."""
+
+    t: jax.Array
+    arrived: jax.Array
+    next_new: jax.Array
+    free: jax.Array
+    nrun: jax.Array
+    nfront: jax.Array
+    row: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    computed: jax.Array
+    generated: jax.Array
+    first: jax.Array
+    preempts: jax.Array
+    out: Outcome
+
+
+_SLOT_FIELDS = ("row", "prompt", "output", "computed", "generated", "first", "preempts")
+
+
+def _seats(cfg: VllmConfig, rows: int) -> int:
+    return min(cfg.max_num_seqs, rows)
+
+
+def _fresh_outcome(rows: int) -> Outcome:
+    none = jnp.full(rows, -1, I32)
+    return Outcome(first_token=none, finish=none, preemptions=jnp.zeros(rows, I32))
+
+
+def fast_init(cfg: VllmConfig, trace: LaneTrace) -> FastState:
+    rows = trace.arrival.shape[0]
+    slots = _seats(cfg, rows) + WINDOW
+    zero = jnp.zeros((), I32)
+    empty = jnp.zeros(slots, I32)
+    return FastState(t=zero, arrived=zero, next_new=zero, free=jnp.asarray(cfg.num_gpu_blocks - 1, I32),
+                     nrun=zero, nfront=zero, **{f: empty for f in _SLOT_FIELDS}, out=_fresh_outcome(rows))
+
+
+def _fast_running(cfg: VllmConfig, s: FastState, cap):
+    """The running phase in closed form. Returns (tokens int32[K] per slot, victim_from
+    int32[]: slots [victim_from, nrun) are preempted, free blocks after)."""
+    bs, slots = cfg.block_size, s.row.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    listed = pos < s.nrun
+    need = jnp.where(listed, jnp.minimum(s.prompt + s.generated - s.computed, cap), 0)
+    before = cfg.max_num_batched_tokens - _excl_cumsum(need)  # budget left at each slot
+    n = jnp.clip(before, 0, need)
+    walked = listed & (before > 0)
+    held = jnp.where(listed, _cdiv(s.computed, bs), 0)
+    want = jnp.cumsum(jnp.where(walked, _cdiv(s.computed + n, bs) - held, 0))  # blocks taken by slots <= i
+    tail = jnp.cumsum(held[::-1])[::-1]  # blocks held by slots >= m, non-increasing in m
+    # m_i: the start of the shortest tail whose blocks, freed, cover want_i.
+    covered = jnp.concatenate([tail, jnp.zeros(1, I32)]) >= (want - s.free)[:, None]
+    m = jnp.minimum(covered.sum(axis=1, dtype=I32) - 1, s.nrun)
+    done = _leading(walked & (m > pos))  # slots < done are scheduled
+    last = jnp.maximum(done - 1, 0)
+    m_prev = jnp.where(done > 0, m[last], s.nrun)
+    at = jnp.minimum(done, slots - 1)
+    # The next slot walks, is still listed, and even the whole tail after it is not enough:
+    # it preempts itself and the phase ends.
+    self_preempt = (done < s.nrun) & walked[at] & (done < m_prev) & (m[at] <= done)
+    victim_from = jnp.where(self_preempt, done, m_prev)
+    free = s.free + jnp.where(victim_from < s.nrun, tail[jnp.minimum(victim_from, slots - 1)], 0)
+    free = free - jnp.where(done > 0, want[last], 0)
+    return jnp.where(pos < done, n, 0), victim_from, free
+
+
+def _fast_window(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget):
+    """Admit the head-of-line prefix of the next WINDOW waiting requests into slots
+    [nrun, nrun + WINDOW). Returns (state, tokens int32[WINDOW], admitted int32[], budget,
+    whole: bool[], all WINDOW admitted and more may follow)."""
+    bs = cfg.block_size
+    k = jnp.arange(WINDOW, dtype=I32)
+    win = {f: jax.lax.dynamic_slice(getattr(s, f), (s.nrun,), (WINDOW,)) for f in _SLOT_FIELDS}
+    new_row = s.next_new + k - s.nfront
+    is_new = k >= s.nfront
+    fresh = {"row": new_row, "prompt": trace.prompt[jnp.clip(new_row, 0, trace.prompt.shape[0] - 1)],
+             "output": trace.output[jnp.clip(new_row, 0, trace.output.shape[0] - 1)],
+             "computed": jnp.zeros(WINDOW, I32), "generated": jnp.zeros(WINDOW, I32),
+             "first": jnp.full(WINDOW, -1, I32), "preempts": jnp.zeros(WINDOW, I32)}
+    win = {f: jnp.where(is_new, fresh[f], win[f]) for f in _SLOT_FIELDS}
+    waiting = s.nfront + s.arrived - s.next_new
+    exists = k < waiting
+    total = win["prompt"] + win["generated"]
+    ask = jnp.minimum(total, cap)
+    left = budget - _excl_cumsum(ask)
+    n = jnp.clip(left, 0, ask)
+    free_before = s.free - _excl_cumsum(_cdiv(n, bs))
+    # The whole P + g must fit the free blocks (a check); only the first chunk is allocated.
+    ok = exists & (left > 0) & (s.nrun + k < _seats(cfg, trace.arrival.shape[0])) & (_cdiv(total, bs) <= free_before)
+    if not cfg.enable_chunked_prefill:
+        ok &= ask <= left
+    a = _leading(ok)
+    taken = k < a
+    tokens = jnp.where(taken, n, 0)
+    # Front slots get their own values back; a new row written past the queue is unused.
+    s = dataclasses.replace(
+        s, **{f: jax.lax.dynamic_update_slice(getattr(s, f), win[f], (s.nrun,)) for f in _SLOT_FIELDS},
+        nrun=s.nrun + a, nfront=jnp.maximum(s.nfront - a, 0), next_new=s.next_new + jnp.maximum(a - s.nfront, 0),
+        free=s.free - _cdiv(tokens, bs).sum(dtype=I32))
+    return s, tokens, budget - tokens.sum(dtype=I32), (a == WINDOW) & (waiting > WINDOW)
+
+
+def _fast_waiting(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget, tokens):
+    """The waiting phase: windows of admissions while a window is admitted whole (an exact
+    fallback for steps that admit many). Returns (state, tokens int32[K])."""
+
+    def window(carry):
+        s, tokens, budget, _ = carry
+        start = s.nrun
+        s, got, budget, whole = _fast_window(cfg, trace, s, cap, budget)
+        return s, jax.lax.dynamic_update_slice(tokens, got, (start,)), budget, whole
+
+    def again(carry):
+        return carry[3]
+
+    s, tokens, _, _ = jax.lax.while_loop(again, window, window((s, tokens, budget, jnp.asarray(True))))
+    return s, tokens
+
+
+def _compact(values: dict, keep, slots: int) -> dict:
+    """Slot arrays with the kept slots moved to the front, in order (int32[K] each)."""
+    dest = jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)
+    return {f: jnp.zeros_like(v).at[dest].set(v, mode="drop") for f, v in values.items()}
+
+
+def fast_step(cfg: VllmConfig, trace: LaneTrace, s: FastState) -> tuple[FastState, StepLog]:
+    """One schedule() + update_from_output() of one lane under fcfs rules (module docstring)."""
+    bs, slots = cfg.block_size, s.row.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    busy = (s.nrun + s.nfront > 0) | (s.next_new < s.arrived)
+    t, arrived = _clock_and_arrivals(trace, s.t, s.arrived, busy)
+    s = dataclasses.replace(s, arrived=arrived)
+    active = (s.nrun + s.nfront > 0) | (s.next_new < arrived)
+    cap = _long_cap(cfg, s.nrun + s.nfront + arrived - s.next_new)
+
+    tokens, victim_from, free = _fast_running(cfg, s, cap)
+    victims = (pos >= victim_from) & (pos < s.nrun)
+    # No admission in a step that preempted: a zero budget admits nothing.
+    budget = jnp.where(victims.any(), 0, cfg.max_num_batched_tokens - tokens.sum(dtype=I32))
+    # Victims keep their slots: the running tail becomes the waiting queue's front.
+    s = dataclasses.replace(s, computed=jnp.where(victims, 0, s.computed), preempts=s.preempts + victims,
+                            nfront=s.nfront + s.nrun - victim_from, nrun=victim_from, free=free)
+    s, tokens = _fast_waiting(cfg, trace, s, cap, budget, tokens)
+
+    computed = s.computed + tokens
+    samples = (tokens > 0) & (computed == s.prompt + s.generated)
+    generated = s.generated + samples
+    first = jnp.where(samples & (s.first < 0), t, s.first)
+    finished = samples & (generated == s.output)
+    dest = jnp.where(finished, s.row, trace.arrival.shape[0])
+    out = Outcome(first_token=s.out.first_token.at[dest].set(first, mode="drop"),
+                  finish=s.out.finish.at[dest].set(t, mode="drop"),
+                  preemptions=s.out.preemptions.at[dest].set(s.preempts, mode="drop"))
+    log = StepLog(t=t, active=active, rows=jnp.where(pos < s.nrun + s.nfront, s.row, -1), tokens=tokens,
+                  preempted=victims, finished=finished)
+    keep = (pos < s.nrun + s.nfront) & ~finished
+    moved = _compact({"row": s.row, "prompt": s.prompt, "output": s.output, "computed": computed,
+                      "generated": generated, "first": first, "preempts": s.preempts}, keep, slots)
+    nfin = finished.sum(dtype=I32)
+    s = dataclasses.replace(s, **moved, t=t + 1, nrun=s.nrun - nfin,
+                            free=s.free + jnp.where(finished, _cdiv(computed, bs), 0).sum(dtype=I32), out=out)
+    return s, log
+
+
+# ----------------------------------------------------------------------------------------
+# The block pool (prefix caching): physical blocks with hash identity.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """vLLM's BlockPool for one lane. Per physical block, int32[N]: `ref` holders (the
+    null block 0 keeps 1 forever), `key` its hash (-1 none; block j of row r hashes to
+    `_block_keys`), `cached_at` when it was hashed (a lookup returns the copy hashed
+    first), `freed_at` when it was last freed (hashed free blocks are reused least
+    recently freed first). `clock` int32[] stamps both; `table` int32[R, J] each row's
+    blocks by position (stale past what the row holds)."""
+
+    ref: jax.Array
+    key: jax.Array
+    cached_at: jax.Array
+    freed_at: jax.Array
+    clock: jax.Array
+    table: jax.Array
+
+
+def blocks_init(cfg: VllmConfig, rows: int, width: int) -> Blocks:
+    n = cfg.num_gpu_blocks
+    return Blocks(ref=jnp.zeros(n, I32).at[0].set(1), key=jnp.full(n, -1, I32), cached_at=jnp.zeros(n, I32),
+                  freed_at=jnp.zeros(n, I32), clock=jnp.zeros((), I32), table=jnp.zeros((rows, width), I32))
+
+
+def _block_keys(cfg: VllmConfig, trace: LaneTrace, row, width: int):
+    """The hash of each block position of `row`, int32[J]: a block wholly inside a shared
+    prefix is its group's (group * J + j), any other the row's own ((R + row) * J + j)."""
+    j = jnp.arange(width, dtype=I32)
+    shared = (trace.group[row] >= 0) & (cfg.block_size * (j + 1) <= trace.prefix_len[row])
+    return jnp.where(shared, trace.group[row], trace.arrival.shape[0] + row) * width + j
+
+
+def _take(bp: Blocks, row, start, count) -> Blocks:
+    """Give `row` `count` new blocks at table positions [start, start + count): unhashed
+    free blocks first, then hashed ones least recently freed first, whose hash is evicted.
+    The caller checked they are free."""
+    nblocks, width = bp.ref.shape[0], bp.table.shape[1]
+    ids = jnp.arange(nblocks, dtype=I32)
+    free = bp.ref == 0
+    queue = jnp.where(free & (bp.key < 0), ids - nblocks, jnp.where(free, bp.freed_at, INT_MAX))
+    picked = jnp.argsort(queue).astype(I32)
+    j = jnp.arange(width, dtype=I32)
+    mine = (j >= start) & (j < start + count)
+    got = picked[jnp.clip(j - start, 0, nblocks - 1)]
+    hit = jnp.where(mine, got, nblocks)
+    return dataclasses.replace(bp, ref=bp.ref.at[hit].set(1, mode="drop"), key=bp.key.at[hit].set(-1, mode="drop"),
+                               table=bp.table.at[row].set(jnp.where(mine, got, bp.table[row])))
+
+
+def _hash(cfg: VllmConfig, trace: LaneTrace, bp: Blocks, row, lo, hi) -> Blocks:
+    """Hash the full blocks at positions [lo, hi) of `row` (when they are allocated, so a
+    later admission in the same step can hit them), in position order."""
+    width = bp.table.shape[1]
+    j = jnp.arange(width, dtype=I32)
+    mine = (j >= lo) & (j < hi)
+    dest = jnp.where(mine, bp.table[row], bp.ref.shape[0])
+    return dataclasses.replace(bp, key=bp.key.at[dest].set(_block_keys(cfg, trace, row, width), mode="drop"),
+                               cached_at=bp.cached_at.at[dest].set(bp.clock + j - lo, mode="drop"),
+                               clock=bp.clock + jnp.maximum(hi - lo, 0))
+
+
+def _release(bp: Blocks, row, held):
+    """Drop `row`'s hold on its first `held` blocks, last block first (so its tail is
+    evicted first). Returns (Blocks, blocks that became free int32[])."""
+    width = bp.table.shape[1]
+    j = jnp.arange(width, dtype=I32)
+    mine = j < held
+    blocks = bp.table[row]
+    dest = jnp.where(mine, blocks, bp.ref.shape[0])
+    freed = mine & (bp.ref[blocks] == 1)
+    stamp = jnp.where(freed, bp.clock + held - 1 - j, bp.freed_at[blocks])
+    bp = dataclasses.replace(bp, ref=bp.ref.at[dest].add(-1, mode="drop"),
+                             freed_at=bp.freed_at.at[dest].set(stamp, mode="drop"), clock=bp.clock + held)
+    return bp, freed.sum(dtype=I32)
+
+
+def _lookup(cfg: VllmConfig, trace: LaneTrace, bp: Blocks, row, tokens):
+    """The prefix hit of `row` knowing `tokens` tokens: the longest run of leading blocks
+    whose hash is cached, whole blocks of at most tokens - 1 tokens. Returns (hit blocks
+    int32[], each position's first-hashed copy int32[J])."""
+    width = bp.table.shape[1]
+    keys = _block_keys(cfg, trace, row, width)
+    stamp = jnp.where(bp.key[None, :] == keys[:, None], bp.cached_at[None, :], INT_MAX)
+    copy = jnp.argmin(stamp, axis=1).astype(I32)
+    found = (stamp.min(axis=1) < INT_MAX) & (jnp.arange(width) < (tokens - 1) // cfg.block_size)
+    return _leading(found), copy
+
+
+# ----------------------------------------------------------------------------------------
+# The literal step (any policy, victims, prefix caching).
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ExactState:
+    """One lane. Scalars int32[]: `t`, `arrived`, `free` blocks, `nrun`, `nfront`. Per
+    packed row int32[R]: `computed`, `generated`; `pooled` bool[R] (waiting in the policy's
+    order: arrived or re-queued, not at the front). `seq` int32[S]: rows, the running list
+    in admission order then the requests preempted to the waiting queue's front (newest
+    preempted first). `out`: per-row results. `blocks`: the pool (prefix caching) or None."""
+
+    t: jax.Array
+    arrived: jax.Array
+    free: jax.Array
+    nrun: jax.Array
+    nfront: jax.Array
+    computed: jax.Array
+    generated: jax.Array
+    pooled: jax.Array
+    seq: jax.Array
+    out: Outcome
+    blocks: Blocks | None
+
+
+def exact_init(cfg: VllmConfig, trace: LaneTrace, width: int) -> ExactState:
+    rows = trace.arrival.shape[0]
+    zero = jnp.zeros((), I32)
+    return ExactState(t=zero, arrived=zero, free=jnp.asarray(cfg.num_gpu_blocks - 1, I32), nrun=zero, nfront=zero,
+                      computed=jnp.zeros(rows, I32), generated=jnp.zeros(rows, I32), pooled=jnp.zeros(rows, bool),
+                      seq=jnp.full(_seats(cfg, rows), -1, I32), out=_fresh_outcome(rows),
+                      blocks=blocks_init(cfg, rows, width) if cfg.enable_prefix_caching else None)
+
+
+def _grow(cfg: VllmConfig, trace: LaneTrace, s: ExactState, row, n) -> ExactState:
+    """allocate_slots for running `row` scheduled for n tokens (the caller checked the
+    new blocks are free): take them, hash the blocks this step fills."""
+    bs = cfg.block_size
+    c = s.computed[row]
+    count = _cdiv(c + n, bs) - _cdiv(c, bs)
+    if s.blocks is None:
+        return dataclasses.replace(s, free=s.free - count)
+    bp = _take(s.blocks, row, _cdiv(c, bs), count)
+    return dataclasses.replace(s, free=s.free - count, blocks=_hash(cfg, trace, bp, row, c // bs, (c + n) // bs))
+
+
+def _drop_blocks(s: ExactState, row, held) -> ExactState:
+    """`row` gives up its first `held` blocks, last first."""
+    if s.blocks is None:
+        return dataclasses.replace(s, free=s.free + held)
+    bp, freed = _release(s.blocks, row, held)
+    return dataclasses.replace(s, free=s.free + freed, blocks=bp)
+
+
+def _pick_victim(cfg: VllmConfig, trace: LaneTrace, order, alive):
+    """The slot to preempt: the newest admitted alive one, or the policy's largest rank."""
+    if cfg.victim == "newest":
+        return jnp.argmax(jnp.where(alive, jnp.arange(order.shape[0]), -1)).astype(I32)
+    return jnp.argmax(jnp.where(alive, trace.rank[jnp.maximum(order, 0)], -1)).astype(I32)
+
+
+def _exact_running(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap):
+    """vLLM's running loop over the running list `order = seq[:nrun]`. Returns (state,
+    tokens int32[S] per slot, victim sequence int32[S]: -1, or the order of preemption)."""
+    bs = cfg.block_size
+    order = s.seq
+    slots = order.shape[0]
+
+    def preempt(carry):
+        s, i, need, budget, tokens, alive, vic, nvic, _ = carry
+        v = _pick_victim(cfg, trace, order, alive)
+        row = order[v]
+        s = _drop_blocks(s, row, _cdiv(s.computed[row] + tokens[v], bs))
+        s = dataclasses.replace(s, computed=s.computed.at[row].set(0))
+        # A victim already scheduled in this step gives its tokens back.
+        return (s, i, need, budget + tokens[v], tokens.at[v].set(0), alive.at[v].set(False), vic.at[v].set(nvic),
+                nvic + 1, v == i)
+
+    def short(carry):
+        s, need, gone = carry[0], carry[2], carry[-1]
+        return ~gone & (s.free < need)
+
+    def visit(carry):
+        s, i, budget, tokens, alive, vic, nvic, _ = carry
+        row = order[i]
+        c = s.computed[row]
+        n = jnp.minimum(jnp.minimum(trace.prompt[row] + s.generated[row] - c, cap), budget)
+        need = _cdiv(c + n, bs) - _cdiv(c, bs)
+        s, _, _, budget, tokens, alive, vic, nvic, gone = jax.lax.while_loop(
+            short, preempt, (s, i, need, budget, tokens, alive, vic, nvic, jnp.asarray(False)))
+        grown = _grow(cfg, trace, s, row, n)
+        s = jax.tree.map(lambda a, b: jnp.where(gone, a, b), s, grown)
+        # vLLM breaks out of the walk when a request preempts itself, under every policy.
+        return (s, i + 1, jnp.where(gone, budget, budget - n), jnp.where(gone, tokens, tokens.at[i].set(n)),
+                alive, vic, nvic, gone)
+
+    def step(carry):
+        i, alive = carry[1], carry[4]
+        return jax.lax.cond(alive[i], visit, lambda c: (*c[:1], i + 1, *c[2:]), carry)
+
+    def walking(carry):
+        _, i, budget, _, _, _, _, stop = carry
+        return (i < s.nrun) & (budget > 0) & ~stop
+
+    alive = jnp.arange(slots) < s.nrun
+    init = (s, jnp.zeros((), I32), jnp.asarray(cfg.max_num_batched_tokens, I32), jnp.zeros(slots, I32), alive,
+            jnp.full(slots, -1, I32), jnp.zeros((), I32), jnp.asarray(False))
+    s, _, _, tokens, alive, vic, nvic, _ = jax.lax.while_loop(walking, step, init)
+    return s, tokens, vic, nvic
+
+
+def _requeue(cfg: VllmConfig, s: ExactState, vic, nvic) -> ExactState:
+    """After the running phase: the seq without the victims, who go to the waiting queue's
+    front (newest preempted first, ahead of the old front) or back to the policy's pool."""
+    slots = s.seq.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    running = (pos < s.nrun) & (vic < 0)
+    nalive = running.sum(dtype=I32)
+    front = cfg.preempted_to == "front"
+    moved = nvic if front else 0
+    dest = jnp.where(running, _excl_cumsum(running.astype(I32)), slots)
+    if front:
+        dest = jnp.where(vic >= 0, nalive + nvic - 1 - vic, dest)
+    old_front = (pos >= s.nrun) & (pos < s.nrun + s.nfront)
+    dest = jnp.where(old_front, nalive + moved + pos - s.nrun, dest)
+    seq = jnp.full(slots, -1, I32).at[dest].set(s.seq, mode="drop")
+    pooled = s.pooled
+    if not front:
+        pooled = pooled.at[jnp.where(vic >= 0, s.seq, pooled.shape[0])].set(True, mode="drop")
+    return dataclasses.replace(s, seq=seq, nrun=nalive, nfront=s.nfront + moved, pooled=pooled)
+
+
+def _exact_waiting(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap, budget, tokens):
+    """vLLM's waiting loop: admit the head while budget, seats and blocks last; the first
+    head that fails ends it. Returns (state, tokens int32[S] per seq slot)."""
+    bs = cfg.block_size
+    slots = s.seq.shape[0]
+
+    def head(s):
+        from_front = s.nfront > 0
+        pooled_head = jnp.argmin(jnp.where(s.pooled, trace.rank, INT_MAX)).astype(I32)
+        return from_front, jnp.where(from_front, s.seq[jnp.minimum(s.nrun, slots - 1)], pooled_head)
+
+    def admit(carry):
+        s, budget, tokens, _ = carry
+        from_front, row = head(s)
+        total = trace.prompt[row] + s.generated[row]
+        if s.blocks is None:
+            hits, copy, spare = jnp.zeros((), I32), None, jnp.zeros((), I32)
+        else:
+            hits, copy = _lookup(cfg, trace, s.blocks, row, total)
+            # A free hit block counts as needed: using it takes it out of the free queue.
+            spare = ((jnp.arange(copy.shape[0]) < hits) & (s.blocks.ref[copy] == 0)).sum(dtype=I32)
+        n = jnp.minimum(total - hits * bs, cap)
+        fits = (n <= budget) if not cfg.enable_chunked_prefill else jnp.asarray(True)
+        n = jnp.minimum(n, budget)
+        whole = _cdiv(total, bs) - hits + spare
+        chunk = _cdiv(hits * bs + n, bs) - hits
+        ok = fits & (whole <= s.free) & (chunk + spare <= s.free)
+        new = dataclasses.replace(s, computed=s.computed.at[row].set(hits * bs), seq=s.seq.at[s.nrun].set(row),
+                                  nrun=s.nrun + 1, nfront=s.nfront - from_front, pooled=s.pooled.at[row].set(False),
+                                  free=s.free - spare)
+        if s.blocks is not None:
+            j = jnp.arange(copy.shape[0])
+            hit = jnp.where(j < hits, copy, s.blocks.ref.shape[0])
+            bp = dataclasses.replace(s.blocks, ref=s.blocks.ref.at[hit].add(1, mode="drop"),
+                                     table=s.blocks.table.at[row].set(jnp.where(j < hits, copy, s.blocks.table[row])))
+            new = dataclasses.replace(new, blocks=bp)
+        new = _grow(cfg, trace, new, row, n)
+        tokens = jnp.where(ok, tokens.at[s.nrun].set(n), tokens)
+        s = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
+        return s, jnp.where(ok, budget - n, budget), tokens, ~ok
+
+    def admitting(carry):
+        s, budget, _, stop = carry
+        return ~stop & (budget > 0) & (s.nrun < slots) & ((s.nfront > 0) | s.pooled.any())
+
+    s, _, tokens, _ = jax.lax.while_loop(admitting, admit, (s, budget, tokens, jnp.asarray(False)))
+    return s, tokens
+
+
+def _finish(cfg: VllmConfig, s: ExactState, rows, finished) -> ExactState:
+    """Finished requests release their blocks in scheduling order, each last block first."""
+    bs = cfg.block_size
+    if s.blocks is None:
+        held = jnp.where(finished, _cdiv(s.computed[jnp.maximum(rows, 0)], bs), 0)
+        return dataclasses.replace(s, free=s.free + held.sum(dtype=I32))
+
+    def release(k, s):
+        row = jnp.maximum(rows[k], 0)
+        done = _drop_blocks(s, row, _cdiv(s.computed[row], bs))
+        return jax.tree.map(lambda a, b: jnp.where(finished[k], a, b), done, s)
+
+    return jax.lax.fori_loop(0, rows.shape[0], release, s)
+
+
+def exact_step(cfg: VllmConfig, trace: LaneTrace, s: ExactState) -> tuple[ExactState, StepLog]:
+    """One schedule() + update_from_output() of one lane, vLLM's loops literally."""
+    nrows, slots = trace.arrival.shape[0], s.seq.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    busy = (s.nrun + s.nfront > 0) | s.pooled.any()
+    t, arrived = _clock_and_arrivals(trace, s.t, s.arrived, busy)
+    rows_all = jnp.arange(nrows, dtype=I32)
+    pooled = s.pooled | ((rows_all >= s.arrived) & (rows_all < arrived))
+    s = dataclasses.replace(s, arrived=arrived, pooled=pooled)
+    active = (s.nrun + s.nfront > 0) | pooled.any()
+    cap = _long_cap(cfg, s.nrun + s.nfront + pooled.sum(dtype=I32))
+
+    walked = jnp.where(pos < s.nrun, s.seq, -1)
+    s, tokens, vic, nvic = _exact_running(cfg, trace, s, cap)
+    preempted = vic >= 0
+    victim_rows = jnp.where(preempted, walked, nrows)
+    out = dataclasses.replace(s.out, preemptions=s.out.preemptions.at[victim_rows].add(1, mode="drop"))
+    s = _requeue(cfg, dataclasses.replace(s, out=out), vic, nvic)
+    budget = cfg.max_num_batched_tokens - tokens.sum(dtype=I32)
+    # No admission in a step that preempted; without victims the seq's running part is
+    # the walked list, so admissions append to it slot for slot.
+    admitted_s, admitted_tokens = _exact_waiting(cfg, trace, s, cap, budget, tokens)
+    s, tokens = jax.tree.map(lambda a, b: jnp.where(nvic > 0, a, b), (s, tokens), (admitted_s, admitted_tokens))
+    rows = jnp.where(nvic > 0, walked, jnp.where(pos < s.nrun, s.seq, -1))
+
+    safe = jnp.maximum(rows, 0)
+    computed = s.computed.at[jnp.where(tokens > 0, rows, nrows)].add(tokens, mode="drop")
+    samples = (tokens > 0) & (computed[safe] == trace.prompt[safe] + s.generated[safe])
+    generated = s.generated.at[jnp.where(samples, rows, nrows)].add(1, mode="drop")
+    finished = samples & (generated[safe] == trace.output[safe])
+    first = jnp.where(samples & (s.out.first_token[safe] < 0), rows, nrows)
+    out = dataclasses.replace(s.out, first_token=s.out.first_token.at[first].set(t, mode="drop"),
+                              finish=s.out.finish.at[jnp.where(finished, rows, nrows)].set(t, mode="drop"))
+    s = _finish(cfg, dataclasses.replace(s, computed=computed, generated=generated, out=out), rows, finished)
+    done = jnp.zeros(nrows, bool).at[jnp.where(finished, rows, nrows)].set(True, mode="drop")
+    keep = (pos < s.nrun + s.nfront) & ~done[jnp.maximum(s.seq, 0)]
+    seq = _compact({"seq": s.seq}, keep, slots)["seq"]
+    s = dataclasses.replace(s, t=t + 1, seq=jnp.where(pos < keep.sum(), seq, -1), nrun=s.nrun - finished.sum(dtype=I32))
+    return s, StepLog(t=t, active=active, rows=rows, tokens=tokens, preempted=preempted, finished=finished)
+
+
+# ----------------------------------------------------------------------------------------
+# Running lanes.
+
+
+def init(cfg: VllmConfig, trace: LaneTrace, width: int):
+    """The start state of one lane: FastState for `cfg.closed_form`, else ExactState."""
+    return fast_init(cfg, trace) if cfg.closed_form else exact_init(cfg, trace, width)
+
+
+def step(cfg: VllmConfig, trace: LaneTrace, state):
+    """One step of one lane (`fast_step` or `exact_step` per the static config)."""
+    return fast_step(cfg, trace, state) if cfg.closed_form else exact_step(cfg, trace, state)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
+def run(cfg: VllmConfig, traces: LaneTrace, num_steps: int, width: int, log: bool = True):
+    """`num_steps` steps of every lane (LaneTrace int32[L, R]). Returns (Outcome int32[L, R],
+    StepLog with a leading [L, num_steps] or None). Steps after a lane is done are inactive
+    no-ops. `width` is `table_width(cfg, traces)`; call `check_run` first."""
+
+    def lane(trace):
+        def body(state, _):
+            state, record = step(cfg, trace, state)
+            return state, record if log else None
+
+        state, records = jax.lax.scan(body, init(cfg, trace, width), None, length=num_steps)
+        return state.out, records
+
+    return jax.vmap(lane)(traces)
