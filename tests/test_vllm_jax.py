@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -23,14 +24,19 @@ def pack(cfg: vllm.VllmConfig, requests: list[TraceRequest], rows: int) -> vllm.
                           [r.prefix_id for r in requests], [r.prefix_len for r in requests])
 
 
-def schedules(cfg: vllm.VllmConfig, lanes: list[list[TraceRequest]], rows: int, num_steps: int) -> list[dict]:
-    """Each lane's schedule from the JAX step, in the reference's layout (rows as strings)."""
-    traces = vllm.stack_lanes([pack(cfg, reqs, rows) for reqs in lanes])
-    vllm.check_run(cfg, traces, num_steps)
-    out, log = vllm.run(cfg, traces, num_steps, vllm.table_width(cfg, traces))
-    out, log, source = (jax_to_np(x) for x in (out, log, traces.source))
+def schedules(configs: list[dict], lanes: list[list[TraceRequest]], num_steps: int) -> list[dict]:
+    """Each lane's schedule from the JAX step (one compiled call for all: the configs
+    must share their rules), in the reference's layout (rows as strings)."""
+    cfgs = [vllm.VllmConfig.from_golden(c) for c in configs]
+    rules = {c.rules for c in cfgs}
+    assert len(rules) == 1
+    rows = max(len(reqs) for reqs in lanes)
+    traces = vllm.stack_lanes([pack(c, reqs, rows) for c, reqs in zip(cfgs, lanes)])
+    vllm.check_run(cfgs[0].rules, traces, num_steps)
+    out, log = vllm.run(cfgs[0].rules, traces, num_steps, vllm.shapes_of(traces))
+    out, log, source = jax.tree.map(np.asarray, (out, log, traces.source))
     results = []
-    for lane in range(len(lanes)):
+    for lane, reqs in enumerate(lanes):
         src = source[lane]
         steps = []
         for k in np.nonzero(log.active[lane])[0]:
@@ -39,12 +45,10 @@ def schedules(cfg: vllm.VllmConfig, lanes: list[list[TraceRequest]], rows: int, 
                           "sched": {str(src[r]): int(n) for r, n in zip(rows_k, tokens) if n > 0},
                           "preempted": sorted(int(src[r]) for r in rows_k[log.preempted[lane, k]]),
                           "finished": sorted(int(src[r]) for r in rows_k[log.finished[lane, k]])})
-        reqs = {}
-        for r in range(len(lanes[lane])):
-            reqs[str(src[r])] = {"first_token_step": _opt(out.first_token[lane, r]),
+        per_row = {int(src[r]): {"first_token_step": _opt(out.first_token[lane, r]),
                                  "finish_step": _opt(out.finish[lane, r]),
-                                 "preemptions": int(out.preemptions[lane, r])}
-        results.append({"steps": steps, "requests": dict(sorted(reqs.items(), key=lambda kv: int(kv[0])))})
+                                 "preemptions": int(out.preemptions[lane, r])} for r in range(len(reqs))}
+        results.append({"steps": steps, "requests": {str(r): per_row[r] for r in sorted(per_row)}})
     return results
 
 
@@ -52,17 +56,24 @@ def _opt(x) -> int | None:
     return None if x < 0 else int(x)
 
 
-def jax_to_np(tree):
-    import jax
-
-    return jax.tree.map(np.asarray, tree)
+@pytest.fixture(scope="module")
+def golden_runs() -> dict:
+    """Every golden through the JAX step, batched by rules (a few compiles, not 29)."""
+    loaded = {name: load_golden(GOLDEN_DIR, name) for name in GOLDENS}
+    groups: dict = {}
+    for name, (_, config, _) in loaded.items():
+        groups.setdefault(vllm.VllmConfig.from_golden(config).rules, []).append(name)
+    runs = {}
+    for names in groups.values():
+        steps = max(loaded[n][2]["num_steps"] for n in names) + 1
+        got = schedules([loaded[n][1] for n in names], [loaded[n][0] for n in names], steps)
+        runs.update(zip(names, got))
+    return {name: (runs[name], loaded[name][2]) for name in GOLDENS}
 
 
 @pytest.mark.parametrize("name", GOLDENS)
-def test_golden_step_for_step(name):
-    requests, config, golden = load_golden(GOLDEN_DIR, name)
-    cfg = vllm.VllmConfig.from_golden(config)
-    got = schedules(cfg, [requests], len(requests), golden["num_steps"] + 1)[0]
+def test_golden_step_for_step(name, golden_runs):
+    got, golden = golden_runs[name]
     assert len(got["steps"]) == golden["num_steps"]
     for mine, real in zip(got["steps"], golden["steps"]):
         assert mine == real, f"{name}: first differing step {real['step']}"

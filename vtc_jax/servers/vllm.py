@@ -19,7 +19,7 @@ trace; `run` vmaps lanes. Two step functions, chosen by the static config:
   hashes, reference counts, the free queue's order) when prefix caching is on.
 
 Rows are re-ordered by (arrival, trace row) when packed (`pack_lane`); logs and results use
-those packed rows, `LaneTrace.source` maps them back. All arithmetic is int32; `check_lane`
+those packed rows, `Lane.source` maps them back. All arithmetic is int32; `check_lane`
 refuses before the run whatever could wrap or could never be served.
 """
 
@@ -97,10 +97,37 @@ class VllmConfig:
         return cls(**{names[k]: v for k, v in config.items() if k in names})
 
     @property
+    def rules(self) -> Rules:
+        return Rules(self.scheduling_policy, self.victim, self.preempted_to, self.enable_prefix_caching)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The settings that change the step's program (static under jit); every number of
+    a VllmConfig is lane data instead (`Lane`), so lanes with different pools, budgets
+    and block sizes share one compiled call."""
+
+    scheduling_policy: str
+    victim: str
+    preempted_to: str
+    enable_prefix_caching: bool
+
+    @property
     def closed_form(self) -> bool:
         """Whether `fast_step` applies (vLLM's default fcfs rules, no prefix caching)."""
         return (self.scheduling_policy == "fcfs" and self.victim == "newest" and self.preempted_to == "front"
                 and not self.enable_prefix_caching)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Static array sizes of a batch of lanes: `rows` R, `width` J (block-table columns:
+    the largest peak blocks), `slots` S (the most seats), `pool` N (the most blocks)."""
+
+    rows: int
+    width: int
+    slots: int
+    pool: int
 
 
 # ----------------------------------------------------------------------------------------
@@ -109,11 +136,20 @@ class VllmConfig:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class LaneTrace:
-    """One lane's requests in (arrival, trace row) order, padded to R rows: `arrival`
-    (padding INT_MAX), `prompt`, `output`, `rank` (place in the policy's order: (arrival,
-    row) for fcfs, (priority, arrival, row) for priority), `group` (shared-prefix group,
-    -1 none), `prefix_len`: int32[R]; `source`: int32[R], the trace row (-1 padding)."""
+class Lane:
+    """One lane: a server's numbers, int32[]: `block_size`, `num_blocks`, `budget`
+    (max_num_batched_tokens), `seats` (max_num_seqs), `long_cap` (L, 0 off), `chunked`
+    bool[]; its requests in (arrival, trace row) order, padded to R rows, int32[R]:
+    `arrival` (padding INT_MAX), `prompt`, `output`, `rank` (place in the policy's order:
+    (arrival, row) for fcfs, (priority, arrival, row) for priority), `group` (shared-prefix
+    group, -1 none), `prefix_len`, `source` (the trace row, -1 padding)."""
+
+    block_size: jax.Array
+    num_blocks: jax.Array
+    budget: jax.Array
+    seats: jax.Array
+    long_cap: jax.Array
+    chunked: jax.Array
 
     arrival: jax.Array
     prompt: jax.Array
@@ -155,7 +191,7 @@ def check_lane(cfg: VllmConfig, arrival, prompt, output, prefix_len) -> None:
 
 
 def pack_lane(cfg: VllmConfig, rows: int, arrival, prompt, output, priority=None, prefix_group=None,
-              prefix_len=None) -> LaneTrace:
+              prefix_len=None) -> Lane:
     """One checked lane as numpy arrays of `rows` rows (`check_lane`). Inputs are per
     request in trace order: ints, `prefix_group` any hashable per request (None: no shared
     prefix), `prefix_len` its shared tokens."""
@@ -183,35 +219,42 @@ def pack_lane(cfg: VllmConfig, rows: int, arrival, prompt, output, priority=None
         out[:n] = values
         return out
 
-    return LaneTrace(arrival=pad(arrival[order], INT_MAX), prompt=pad(prompt[order], 1),
-                     output=pad(output[order], 1), rank=pad(rank, INT_MAX), group=pad(group, -1),
-                     prefix_len=pad(prefix_len[order], 0), source=pad(order, -1))
+    return Lane(block_size=np.int32(cfg.block_size), num_blocks=np.int32(cfg.num_gpu_blocks),
+                budget=np.int32(cfg.max_num_batched_tokens), seats=np.int32(cfg.max_num_seqs),
+                long_cap=np.int32(cfg.long_prefill_token_threshold), chunked=np.bool_(cfg.enable_chunked_prefill),
+                arrival=pad(arrival[order], INT_MAX), prompt=pad(prompt[order], 1),
+                output=pad(output[order], 1), rank=pad(rank, INT_MAX), group=pad(group, -1),
+                prefix_len=pad(prefix_len[order], 0), source=pad(order, -1))
 
 
-def stack_lanes(lanes: list[LaneTrace]) -> LaneTrace:
-    """Lanes of equal rows as one batched LaneTrace (int32[L, R] fields)."""
+def stack_lanes(lanes: list[Lane]) -> Lane:
+    """Lanes of equal rows as one batched Lane (int32[L, R] fields)."""
     return jax.tree.map(lambda *a: jnp.asarray(np.stack(a)), *lanes)
 
 
-def table_width(cfg: VllmConfig, traces: LaneTrace) -> int:
-    """Columns of the block tables: the largest peak blocks of any request (>= 1)."""
-    peak = peak_blocks(np.asarray(traces.prompt), np.asarray(traces.output), cfg.block_size)
-    return max(int(peak.max()), 1)
+def shapes_of(lanes: Lane) -> Shapes:
+    """The static sizes of a batch of lanes (Lane with int32[L, ...] fields)."""
+    peak = -(-(np.asarray(lanes.prompt, np.int64) + np.asarray(lanes.output) - 1)
+             // np.asarray(lanes.block_size)[..., None])
+    rows = lanes.arrival.shape[-1]
+    return Shapes(rows=rows, width=max(int(peak.max()), 1), slots=min(int(np.max(lanes.seats)), rows),
+                  pool=int(np.max(lanes.num_blocks)))
 
 
-def check_run(cfg: VllmConfig, traces: LaneTrace, num_steps: int) -> None:
+def check_run(rules: Rules, lanes: Lane, num_steps: int) -> None:
     """InputError when `num_steps` steps of these lanes could wrap an int32: the clock
-    (steps after the last arrival), or the block pool's stamps (each step stamps at most
-    twice the blocks it can touch), or a hash key (2 R x table width)."""
-    rows, width = traces.arrival.shape[-1], table_width(cfg, traces)
-    arrival = np.asarray(traces.arrival)
+    (steps after the last arrival), the block pool's stamps (each step stamps at most
+    twice the blocks it can touch) or a hash key (2 R x table width)."""
+    shapes = shapes_of(lanes)
+    arrival = np.asarray(lanes.arrival)
     last = int(np.where(arrival < INT_MAX, arrival, 0).max())
     if last + num_steps >= INT_MAX // 2:
         raise InputError(f"{num_steps} steps after arrivals up to {last} exceed the int32 clock")
-    if cfg.enable_prefix_caching:
-        per_step = 2 * (cfg.num_gpu_blocks + cfg.max_num_batched_tokens // cfg.block_size + 2 * rows)
-        if num_steps * per_step + cfg.num_gpu_blocks >= INT_MAX or 2 * rows * width >= INT_MAX:
-            raise InputError(f"{num_steps} steps of a {cfg.num_gpu_blocks}-block pool with {rows} rows "
+    if rules.enable_prefix_caching:
+        per_step = 2 * (shapes.pool + int(np.max(np.asarray(lanes.budget) // np.asarray(lanes.block_size)))
+                        + 2 * shapes.rows)
+        if num_steps * per_step + shapes.pool >= INT_MAX or 2 * shapes.rows * shapes.width >= INT_MAX:
+            raise InputError(f"{num_steps} steps of a {shapes.pool}-block pool with {shapes.rows} rows "
                              "exceed the int32 block stamps; run fewer steps or fewer rows")
 
 
@@ -219,7 +262,7 @@ def check_run(cfg: VllmConfig, traces: LaneTrace, num_steps: int) -> None:
 # Shared pieces of one step.
 
 
-def _cdiv(a, b: int):
+def _cdiv(a, b):
     return (a + (b - 1)) // b
 
 
@@ -232,7 +275,7 @@ def _leading(ok):
     return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
 
 
-def _clock_and_arrivals(trace: LaneTrace, t, arrived, busy):
+def _clock_and_arrivals(trace: Lane, t, arrived, busy):
     """The step's clock (an idle lane jumps to its next arrival) and how many rows have
     arrived by then (rows are in arrival order): (int32[], int32[])."""
     rows = trace.arrival.shape[0]
@@ -242,11 +285,10 @@ def _clock_and_arrivals(trace: LaneTrace, t, arrived, busy):
     return t, jnp.searchsorted(trace.arrival, t, side="right").astype(I32)
 
 
-def _long_cap(cfg: VllmConfig, busy_count):
-    """L when more than one request is running or waiting (after arrivals), else no cap."""
-    if cfg.long_prefill_token_threshold == 0:
-        return jnp.asarray(INT_MAX, I32)
-    return jnp.where(busy_count > 1, cfg.long_prefill_token_threshold, INT_MAX).astype(I32)
+def _long_cap(trace: Lane, busy_count):
+    """L when set and more than one request is running or waiting (after arrivals), else
+    no cap: int32[]."""
+    return jnp.where((trace.long_cap > 0) & (busy_count > 1), trace.long_cap, INT_MAX).astype(I32)
 
 
 @jax.tree_util.register_dataclass
@@ -308,32 +350,28 @@ class FastState:
 _SLOT_FIELDS = ("row", "prompt", "output", "computed", "generated", "first", "preempts")
 
 
-def _seats(cfg: VllmConfig, rows: int) -> int:
-    return min(cfg.max_num_seqs, rows)
-
-
 def _fresh_outcome(rows: int) -> Outcome:
     none = jnp.full(rows, -1, I32)
     return Outcome(first_token=none, finish=none, preemptions=jnp.zeros(rows, I32))
 
 
-def fast_init(cfg: VllmConfig, trace: LaneTrace) -> FastState:
+def fast_init(trace: Lane, shapes: Shapes) -> FastState:
     rows = trace.arrival.shape[0]
-    slots = _seats(cfg, rows) + WINDOW
+    slots = shapes.slots + WINDOW
     zero = jnp.zeros((), I32)
     empty = jnp.zeros(slots, I32)
-    return FastState(t=zero, arrived=zero, next_new=zero, free=jnp.asarray(cfg.num_gpu_blocks - 1, I32),
+    return FastState(t=zero, arrived=zero, next_new=zero, free=(trace.num_blocks - 1).astype(I32),
                      nrun=zero, nfront=zero, **{f: empty for f in _SLOT_FIELDS}, out=_fresh_outcome(rows))
 
 
-def _fast_running(cfg: VllmConfig, s: FastState, cap):
+def _fast_running(trace: Lane, s: FastState, cap):
     """The running phase in closed form. Returns (tokens int32[K] per slot, victim_from
     int32[]: slots [victim_from, nrun) are preempted, free blocks after)."""
-    bs, slots = cfg.block_size, s.row.shape[0]
+    bs, slots = trace.block_size, s.row.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < s.nrun
     need = jnp.where(listed, jnp.minimum(s.prompt + s.generated - s.computed, cap), 0)
-    before = cfg.max_num_batched_tokens - _excl_cumsum(need)  # budget left at each slot
+    before = trace.budget - _excl_cumsum(need)  # budget left at each slot
     n = jnp.clip(before, 0, need)
     walked = listed & (before > 0)
     held = jnp.where(listed, _cdiv(s.computed, bs), 0)
@@ -355,11 +393,11 @@ def _fast_running(cfg: VllmConfig, s: FastState, cap):
     return jnp.where(pos < done, n, 0), victim_from, free
 
 
-def _fast_window(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget):
+def _fast_window(trace: Lane, s: FastState, cap, budget):
     """Admit the head-of-line prefix of the next WINDOW waiting requests into slots
     [nrun, nrun + WINDOW). Returns (state, tokens int32[WINDOW], admitted int32[], budget,
     whole: bool[], all WINDOW admitted and more may follow)."""
-    bs = cfg.block_size
+    bs = trace.block_size
     k = jnp.arange(WINDOW, dtype=I32)
     win = {f: jax.lax.dynamic_slice(getattr(s, f), (s.nrun,), (WINDOW,)) for f in _SLOT_FIELDS}
     new_row = s.next_new + k - s.nfront
@@ -377,9 +415,8 @@ def _fast_window(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget):
     n = jnp.clip(left, 0, ask)
     free_before = s.free - _excl_cumsum(_cdiv(n, bs))
     # The whole P + g must fit the free blocks (a check); only the first chunk is allocated.
-    ok = exists & (left > 0) & (s.nrun + k < _seats(cfg, trace.arrival.shape[0])) & (_cdiv(total, bs) <= free_before)
-    if not cfg.enable_chunked_prefill:
-        ok &= ask <= left
+    ok = exists & (left > 0) & (s.nrun + k < trace.seats) & (_cdiv(total, bs) <= free_before)
+    ok &= trace.chunked | (ask <= left)
     a = _leading(ok)
     taken = k < a
     tokens = jnp.where(taken, n, 0)
@@ -391,14 +428,14 @@ def _fast_window(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget):
     return s, tokens, budget - tokens.sum(dtype=I32), (a == WINDOW) & (waiting > WINDOW)
 
 
-def _fast_waiting(cfg: VllmConfig, trace: LaneTrace, s: FastState, cap, budget, tokens):
+def _fast_waiting(trace: Lane, s: FastState, cap, budget, tokens):
     """The waiting phase: windows of admissions while a window is admitted whole (an exact
     fallback for steps that admit many). Returns (state, tokens int32[K])."""
 
     def window(carry):
         s, tokens, budget, _ = carry
         start = s.nrun
-        s, got, budget, whole = _fast_window(cfg, trace, s, cap, budget)
+        s, got, budget, whole = _fast_window(trace, s, cap, budget)
         return s, jax.lax.dynamic_update_slice(tokens, got, (start,)), budget, whole
 
     def again(carry):
@@ -414,24 +451,24 @@ def _compact(values: dict, keep, slots: int) -> dict:
     return {f: jnp.zeros_like(v).at[dest].set(v, mode="drop") for f, v in values.items()}
 
 
-def fast_step(cfg: VllmConfig, trace: LaneTrace, s: FastState) -> tuple[FastState, StepLog]:
+def fast_step(trace: Lane, s: FastState) -> tuple[FastState, StepLog]:
     """One schedule() + update_from_output() of one lane under fcfs rules (module docstring)."""
-    bs, slots = cfg.block_size, s.row.shape[0]
+    bs, slots = trace.block_size, s.row.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     busy = (s.nrun + s.nfront > 0) | (s.next_new < s.arrived)
     t, arrived = _clock_and_arrivals(trace, s.t, s.arrived, busy)
     s = dataclasses.replace(s, arrived=arrived)
     active = (s.nrun + s.nfront > 0) | (s.next_new < arrived)
-    cap = _long_cap(cfg, s.nrun + s.nfront + arrived - s.next_new)
+    cap = _long_cap(trace, s.nrun + s.nfront + arrived - s.next_new)
 
-    tokens, victim_from, free = _fast_running(cfg, s, cap)
+    tokens, victim_from, free = _fast_running(trace, s, cap)
     victims = (pos >= victim_from) & (pos < s.nrun)
     # No admission in a step that preempted: a zero budget admits nothing.
-    budget = jnp.where(victims.any(), 0, cfg.max_num_batched_tokens - tokens.sum(dtype=I32))
+    budget = jnp.where(victims.any(), 0, trace.budget - tokens.sum(dtype=I32))
     # Victims keep their slots: the running tail becomes the waiting queue's front.
     s = dataclasses.replace(s, computed=jnp.where(victims, 0, s.computed), preempts=s.preempts + victims,
                             nfront=s.nfront + s.nrun - victim_from, nrun=victim_from, free=free)
-    s, tokens = _fast_waiting(cfg, trace, s, cap, budget, tokens)
+    s, tokens = _fast_waiting(trace, s, cap, budget, tokens)
 
     computed = s.computed + tokens
     samples = (tokens > 0) & (computed == s.prompt + s.generated)
@@ -475,17 +512,20 @@ class Blocks:
     table: jax.Array
 
 
-def blocks_init(cfg: VllmConfig, rows: int, width: int) -> Blocks:
-    n = cfg.num_gpu_blocks
-    return Blocks(ref=jnp.zeros(n, I32).at[0].set(1), key=jnp.full(n, -1, I32), cached_at=jnp.zeros(n, I32),
+def blocks_init(trace: Lane, shapes: Shapes) -> Blocks:
+    """An empty pool: the null block 0 and the blocks past this lane's num_blocks (padding
+    to the batch's largest pool) are held forever."""
+    n, rows, width = shapes.pool, shapes.rows, shapes.width
+    ids = jnp.arange(n, dtype=I32)
+    return Blocks(ref=jnp.where((ids == 0) | (ids >= trace.num_blocks), 1, 0).astype(I32), key=jnp.full(n, -1, I32), cached_at=jnp.zeros(n, I32),
                   freed_at=jnp.zeros(n, I32), clock=jnp.zeros((), I32), table=jnp.zeros((rows, width), I32))
 
 
-def _block_keys(cfg: VllmConfig, trace: LaneTrace, row, width: int):
+def _block_keys(trace: Lane, row, width: int):
     """The hash of each block position of `row`, int32[J]: a block wholly inside a shared
     prefix is its group's (group * J + j), any other the row's own ((R + row) * J + j)."""
     j = jnp.arange(width, dtype=I32)
-    shared = (trace.group[row] >= 0) & (cfg.block_size * (j + 1) <= trace.prefix_len[row])
+    shared = (trace.group[row] >= 0) & (trace.block_size * (j + 1) <= trace.prefix_len[row])
     return jnp.where(shared, trace.group[row], trace.arrival.shape[0] + row) * width + j
 
 
@@ -506,14 +546,14 @@ def _take(bp: Blocks, row, start, count) -> Blocks:
                                table=bp.table.at[row].set(jnp.where(mine, got, bp.table[row])))
 
 
-def _hash(cfg: VllmConfig, trace: LaneTrace, bp: Blocks, row, lo, hi) -> Blocks:
+def _hash(trace: Lane, bp: Blocks, row, lo, hi) -> Blocks:
     """Hash the full blocks at positions [lo, hi) of `row` (when they are allocated, so a
     later admission in the same step can hit them), in position order."""
     width = bp.table.shape[1]
     j = jnp.arange(width, dtype=I32)
     mine = (j >= lo) & (j < hi)
     dest = jnp.where(mine, bp.table[row], bp.ref.shape[0])
-    return dataclasses.replace(bp, key=bp.key.at[dest].set(_block_keys(cfg, trace, row, width), mode="drop"),
+    return dataclasses.replace(bp, key=bp.key.at[dest].set(_block_keys(trace, row, width), mode="drop"),
                                cached_at=bp.cached_at.at[dest].set(bp.clock + j - lo, mode="drop"),
                                clock=bp.clock + jnp.maximum(hi - lo, 0))
 
@@ -533,15 +573,15 @@ def _release(bp: Blocks, row, held):
     return bp, freed.sum(dtype=I32)
 
 
-def _lookup(cfg: VllmConfig, trace: LaneTrace, bp: Blocks, row, tokens):
+def _lookup(trace: Lane, bp: Blocks, row, tokens):
     """The prefix hit of `row` knowing `tokens` tokens: the longest run of leading blocks
     whose hash is cached, whole blocks of at most tokens - 1 tokens. Returns (hit blocks
     int32[], each position's first-hashed copy int32[J])."""
     width = bp.table.shape[1]
-    keys = _block_keys(cfg, trace, row, width)
+    keys = _block_keys(trace, row, width)
     stamp = jnp.where(bp.key[None, :] == keys[:, None], bp.cached_at[None, :], INT_MAX)
     copy = jnp.argmin(stamp, axis=1).astype(I32)
-    found = (stamp.min(axis=1) < INT_MAX) & (jnp.arange(width) < (tokens - 1) // cfg.block_size)
+    found = (stamp.min(axis=1) < INT_MAX) & (jnp.arange(width) < (tokens - 1) // trace.block_size)
     return _leading(found), copy
 
 
@@ -571,25 +611,25 @@ class ExactState:
     blocks: Blocks | None
 
 
-def exact_init(cfg: VllmConfig, trace: LaneTrace, width: int) -> ExactState:
+def exact_init(rules: Rules, trace: Lane, shapes: Shapes) -> ExactState:
     rows = trace.arrival.shape[0]
     zero = jnp.zeros((), I32)
-    return ExactState(t=zero, arrived=zero, free=jnp.asarray(cfg.num_gpu_blocks - 1, I32), nrun=zero, nfront=zero,
+    return ExactState(t=zero, arrived=zero, free=(trace.num_blocks - 1).astype(I32), nrun=zero, nfront=zero,
                       computed=jnp.zeros(rows, I32), generated=jnp.zeros(rows, I32), pooled=jnp.zeros(rows, bool),
-                      seq=jnp.full(_seats(cfg, rows), -1, I32), out=_fresh_outcome(rows),
-                      blocks=blocks_init(cfg, rows, width) if cfg.enable_prefix_caching else None)
+                      seq=jnp.full(shapes.slots, -1, I32), out=_fresh_outcome(rows),
+                      blocks=blocks_init(trace, shapes) if rules.enable_prefix_caching else None)
 
 
-def _grow(cfg: VllmConfig, trace: LaneTrace, s: ExactState, row, n) -> ExactState:
+def _grow(trace: Lane, s: ExactState, row, n) -> ExactState:
     """allocate_slots for running `row` scheduled for n tokens (the caller checked the
     new blocks are free): take them, hash the blocks this step fills."""
-    bs = cfg.block_size
+    bs = trace.block_size
     c = s.computed[row]
     count = _cdiv(c + n, bs) - _cdiv(c, bs)
     if s.blocks is None:
         return dataclasses.replace(s, free=s.free - count)
     bp = _take(s.blocks, row, _cdiv(c, bs), count)
-    return dataclasses.replace(s, free=s.free - count, blocks=_hash(cfg, trace, bp, row, c // bs, (c + n) // bs))
+    return dataclasses.replace(s, free=s.free - count, blocks=_hash(trace, bp, row, c // bs, (c + n) // bs))
 
 
 def _drop_blocks(s: ExactState, row, held) -> ExactState:
@@ -600,23 +640,23 @@ def _drop_blocks(s: ExactState, row, held) -> ExactState:
     return dataclasses.replace(s, free=s.free + freed, blocks=bp)
 
 
-def _pick_victim(cfg: VllmConfig, trace: LaneTrace, order, alive):
+def _pick_victim(rules: Rules, trace: Lane, order, alive):
     """The slot to preempt: the newest admitted alive one, or the policy's largest rank."""
-    if cfg.victim == "newest":
+    if rules.victim == "newest":
         return jnp.argmax(jnp.where(alive, jnp.arange(order.shape[0]), -1)).astype(I32)
     return jnp.argmax(jnp.where(alive, trace.rank[jnp.maximum(order, 0)], -1)).astype(I32)
 
 
-def _exact_running(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap):
+def _exact_running(rules: Rules, trace: Lane, s: ExactState, cap):
     """vLLM's running loop over the running list `order = seq[:nrun]`. Returns (state,
     tokens int32[S] per slot, victim sequence int32[S]: -1, or the order of preemption)."""
-    bs = cfg.block_size
+    bs = trace.block_size
     order = s.seq
     slots = order.shape[0]
 
     def preempt(carry):
         s, i, need, budget, tokens, alive, vic, nvic, _ = carry
-        v = _pick_victim(cfg, trace, order, alive)
+        v = _pick_victim(rules, trace, order, alive)
         row = order[v]
         s = _drop_blocks(s, row, _cdiv(s.computed[row] + tokens[v], bs))
         s = dataclasses.replace(s, computed=s.computed.at[row].set(0))
@@ -636,7 +676,7 @@ def _exact_running(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap):
         need = _cdiv(c + n, bs) - _cdiv(c, bs)
         s, _, _, budget, tokens, alive, vic, nvic, gone = jax.lax.while_loop(
             short, preempt, (s, i, need, budget, tokens, alive, vic, nvic, jnp.asarray(False)))
-        grown = _grow(cfg, trace, s, row, n)
+        grown = _grow(trace, s, row, n)
         s = jax.tree.map(lambda a, b: jnp.where(gone, a, b), s, grown)
         # vLLM breaks out of the walk when a request preempts itself, under every policy.
         return (s, i + 1, jnp.where(gone, budget, budget - n), jnp.where(gone, tokens, tokens.at[i].set(n)),
@@ -651,20 +691,20 @@ def _exact_running(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap):
         return (i < s.nrun) & (budget > 0) & ~stop
 
     alive = jnp.arange(slots) < s.nrun
-    init = (s, jnp.zeros((), I32), jnp.asarray(cfg.max_num_batched_tokens, I32), jnp.zeros(slots, I32), alive,
+    init = (s, jnp.zeros((), I32), jnp.asarray(trace.budget, I32), jnp.zeros(slots, I32), alive,
             jnp.full(slots, -1, I32), jnp.zeros((), I32), jnp.asarray(False))
     s, _, _, tokens, alive, vic, nvic, _ = jax.lax.while_loop(walking, step, init)
     return s, tokens, vic, nvic
 
 
-def _requeue(cfg: VllmConfig, s: ExactState, vic, nvic) -> ExactState:
+def _requeue(rules: Rules, s: ExactState, vic, nvic) -> ExactState:
     """After the running phase: the seq without the victims, who go to the waiting queue's
     front (newest preempted first, ahead of the old front) or back to the policy's pool."""
     slots = s.seq.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     running = (pos < s.nrun) & (vic < 0)
     nalive = running.sum(dtype=I32)
-    front = cfg.preempted_to == "front"
+    front = rules.preempted_to == "front"
     moved = nvic if front else 0
     dest = jnp.where(running, _excl_cumsum(running.astype(I32)), slots)
     if front:
@@ -678,10 +718,10 @@ def _requeue(cfg: VllmConfig, s: ExactState, vic, nvic) -> ExactState:
     return dataclasses.replace(s, seq=seq, nrun=nalive, nfront=s.nfront + moved, pooled=pooled)
 
 
-def _exact_waiting(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap, budget, tokens):
+def _exact_waiting(trace: Lane, s: ExactState, cap, budget, tokens):
     """vLLM's waiting loop: admit the head while budget, seats and blocks last; the first
     head that fails ends it. Returns (state, tokens int32[S] per seq slot)."""
-    bs = cfg.block_size
+    bs = trace.block_size
     slots = s.seq.shape[0]
 
     def head(s):
@@ -696,11 +736,11 @@ def _exact_waiting(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap, budget
         if s.blocks is None:
             hits, copy, spare = jnp.zeros((), I32), None, jnp.zeros((), I32)
         else:
-            hits, copy = _lookup(cfg, trace, s.blocks, row, total)
+            hits, copy = _lookup(trace, s.blocks, row, total)
             # A free hit block counts as needed: using it takes it out of the free queue.
             spare = ((jnp.arange(copy.shape[0]) < hits) & (s.blocks.ref[copy] == 0)).sum(dtype=I32)
         n = jnp.minimum(total - hits * bs, cap)
-        fits = (n <= budget) if not cfg.enable_chunked_prefill else jnp.asarray(True)
+        fits = trace.chunked | (n <= budget)
         n = jnp.minimum(n, budget)
         whole = _cdiv(total, bs) - hits + spare
         chunk = _cdiv(hits * bs + n, bs) - hits
@@ -714,22 +754,22 @@ def _exact_waiting(cfg: VllmConfig, trace: LaneTrace, s: ExactState, cap, budget
             bp = dataclasses.replace(s.blocks, ref=s.blocks.ref.at[hit].add(1, mode="drop"),
                                      table=s.blocks.table.at[row].set(jnp.where(j < hits, copy, s.blocks.table[row])))
             new = dataclasses.replace(new, blocks=bp)
-        new = _grow(cfg, trace, new, row, n)
+        new = _grow(trace, new, row, n)
         tokens = jnp.where(ok, tokens.at[s.nrun].set(n), tokens)
         s = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
         return s, jnp.where(ok, budget - n, budget), tokens, ~ok
 
     def admitting(carry):
         s, budget, _, stop = carry
-        return ~stop & (budget > 0) & (s.nrun < slots) & ((s.nfront > 0) | s.pooled.any())
+        return ~stop & (budget > 0) & (s.nrun < jnp.minimum(slots, trace.seats)) & ((s.nfront > 0) | s.pooled.any())
 
     s, _, tokens, _ = jax.lax.while_loop(admitting, admit, (s, budget, tokens, jnp.asarray(False)))
     return s, tokens
 
 
-def _finish(cfg: VllmConfig, s: ExactState, rows, finished) -> ExactState:
+def _finish(trace: Lane, s: ExactState, rows, finished) -> ExactState:
     """Finished requests release their blocks in scheduling order, each last block first."""
-    bs = cfg.block_size
+    bs = trace.block_size
     if s.blocks is None:
         held = jnp.where(finished, _cdiv(s.computed[jnp.maximum(rows, 0)], bs), 0)
         return dataclasses.replace(s, free=s.free + held.sum(dtype=I32))
@@ -742,7 +782,7 @@ def _finish(cfg: VllmConfig, s: ExactState, rows, finished) -> ExactState:
     return jax.lax.fori_loop(0, rows.shape[0], release, s)
 
 
-def exact_step(cfg: VllmConfig, trace: LaneTrace, s: ExactState) -> tuple[ExactState, StepLog]:
+def exact_step(rules: Rules, trace: Lane, s: ExactState) -> tuple[ExactState, StepLog]:
     """One schedule() + update_from_output() of one lane, vLLM's loops literally."""
     nrows, slots = trace.arrival.shape[0], s.seq.shape[0]
     pos = jnp.arange(slots, dtype=I32)
@@ -752,18 +792,18 @@ def exact_step(cfg: VllmConfig, trace: LaneTrace, s: ExactState) -> tuple[ExactS
     pooled = s.pooled | ((rows_all >= s.arrived) & (rows_all < arrived))
     s = dataclasses.replace(s, arrived=arrived, pooled=pooled)
     active = (s.nrun + s.nfront > 0) | pooled.any()
-    cap = _long_cap(cfg, s.nrun + s.nfront + pooled.sum(dtype=I32))
+    cap = _long_cap(trace, s.nrun + s.nfront + pooled.sum(dtype=I32))
 
     walked = jnp.where(pos < s.nrun, s.seq, -1)
-    s, tokens, vic, nvic = _exact_running(cfg, trace, s, cap)
+    s, tokens, vic, nvic = _exact_running(rules, trace, s, cap)
     preempted = vic >= 0
     victim_rows = jnp.where(preempted, walked, nrows)
     out = dataclasses.replace(s.out, preemptions=s.out.preemptions.at[victim_rows].add(1, mode="drop"))
-    s = _requeue(cfg, dataclasses.replace(s, out=out), vic, nvic)
-    budget = cfg.max_num_batched_tokens - tokens.sum(dtype=I32)
+    s = _requeue(rules, dataclasses.replace(s, out=out), vic, nvic)
+    budget = trace.budget - tokens.sum(dtype=I32)
     # No admission in a step that preempted; without victims the seq's running part is
     # the walked list, so admissions append to it slot for slot.
-    admitted_s, admitted_tokens = _exact_waiting(cfg, trace, s, cap, budget, tokens)
+    admitted_s, admitted_tokens = _exact_waiting(trace, s, cap, budget, tokens)
     s, tokens = jax.tree.map(lambda a, b: jnp.where(nvic > 0, a, b), (s, tokens), (admitted_s, admitted_tokens))
     rows = jnp.where(nvic > 0, walked, jnp.where(pos < s.nrun, s.seq, -1))
 
@@ -775,7 +815,7 @@ def exact_step(cfg: VllmConfig, trace: LaneTrace, s: ExactState) -> tuple[ExactS
     first = jnp.where(samples & (s.out.first_token[safe] < 0), rows, nrows)
     out = dataclasses.replace(s.out, first_token=s.out.first_token.at[first].set(t, mode="drop"),
                               finish=s.out.finish.at[jnp.where(finished, rows, nrows)].set(t, mode="drop"))
-    s = _finish(cfg, dataclasses.replace(s, computed=computed, generated=generated, out=out), rows, finished)
+    s = _finish(trace, dataclasses.replace(s, computed=computed, generated=generated, out=out), rows, finished)
     done = jnp.zeros(nrows, bool).at[jnp.where(finished, rows, nrows)].set(True, mode="drop")
     keep = (pos < s.nrun + s.nfront) & ~done[jnp.maximum(s.seq, 0)]
     seq = _compact({"seq": s.seq}, keep, slots)["seq"]
@@ -787,28 +827,29 @@ def exact_step(cfg: VllmConfig, trace: LaneTrace, s: ExactState) -> tuple[ExactS
 # Running lanes.
 
 
-def init(cfg: VllmConfig, trace: LaneTrace, width: int):
-    """The start state of one lane: FastState for `cfg.closed_form`, else ExactState."""
-    return fast_init(cfg, trace) if cfg.closed_form else exact_init(cfg, trace, width)
+def init(rules: Rules, trace: Lane, shapes: Shapes):
+    """The start state of one lane: FastState for `rules.closed_form`, else ExactState."""
+    return fast_init(trace, shapes) if rules.closed_form else exact_init(rules, trace, shapes)
 
 
-def step(cfg: VllmConfig, trace: LaneTrace, state):
-    """One step of one lane (`fast_step` or `exact_step` per the static config)."""
-    return fast_step(cfg, trace, state) if cfg.closed_form else exact_step(cfg, trace, state)
+def step(rules: Rules, trace: Lane, state):
+    """One step of one lane (`fast_step` or `exact_step` per the static rules)."""
+    return fast_step(trace, state) if rules.closed_form else exact_step(rules, trace, state)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
-def run(cfg: VllmConfig, traces: LaneTrace, num_steps: int, width: int, log: bool = True):
-    """`num_steps` steps of every lane (LaneTrace int32[L, R]). Returns (Outcome int32[L, R],
-    StepLog with a leading [L, num_steps] or None). Steps after a lane is done are inactive
-    no-ops. `width` is `table_width(cfg, traces)`; call `check_run` first."""
+def run(rules: Rules, lanes: Lane, num_steps: int, shapes: Shapes, log: bool = True):
+    """`num_steps` steps of every lane (Lane with int32[L, ...] fields, `stack_lanes`).
+    Returns (Outcome int32[L, R], StepLog with a leading [L, num_steps], or None). Steps
+    after a lane is done are inactive no-ops. `shapes` is `shapes_of(lanes)`; call
+    `check_run` first."""
 
     def lane(trace):
         def body(state, _):
-            state, record = step(cfg, trace, state)
+            state, record = step(rules, trace, state)
             return state, record if log else None
 
-        state, records = jax.lax.scan(body, init(cfg, trace, width), None, length=num_steps)
+        state, records = jax.lax.scan(body, init(rules, trace, shapes), None, length=num_steps)
         return state.out, records
 
-    return jax.vmap(lane)(traces)
+    return jax.vmap(lane)(lanes)
