@@ -16,6 +16,7 @@ from vtc_jax.testing.vllm_reference import TraceRequest, load_golden, simulate
 
 GOLDEN_DIR = pathlib.Path(__file__).parent / "data" / "vllm_golden"
 GOLDENS = sorted(p.name[: -len(".csv")] for p in GOLDEN_DIR.glob("g*.csv"))
+LANES = 64  # random lanes per rule set (4 sets)
 
 
 def pack(cfg: vllm.VllmConfig, requests: list[TraceRequest], rows: int) -> vllm.LaneTrace:
@@ -78,3 +79,52 @@ def test_golden_step_for_step(name, golden_runs):
     for mine, real in zip(got["steps"], golden["steps"]):
         assert mine == real, f"{name}: first differing step {real['step']}"
     assert got["requests"] == golden["requests"]
+
+
+def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool) -> tuple[list[TraceRequest], dict]:
+    """A small random trace and server: 1-4 clients, 5-40 requests in bursts, prompts
+    1-300, outputs 1-60; block size 4/8/16, a pool from tight (the largest peak plus 0-2
+    blocks) to ample, budgets, seats, chunking and L at random within vLLM's constraints."""
+    clients = int(rng.integers(1, 5))
+    count = int(rng.integers(5, 41))
+    bursts = np.sort(rng.integers(0, 200, int(rng.integers(1, 5))))
+    arrival = rng.choice(bursts, count) + rng.integers(0, 4, count) * (rng.random(count) < 0.5)
+    prompt = rng.integers(1, 301, count)
+    output = rng.integers(1, 61, count)
+    client = rng.integers(0, clients, count)
+    groups = rng.random() < 0.6  # shared prefixes per client (a cache hit is possible without)
+    requests = []
+    for r in range(count):
+        shared = int(rng.integers(0, prompt[r] + 1)) if groups and rng.random() < 0.8 else 0
+        requests.append(TraceRequest(arrival=int(arrival[r]), client=f"c{client[r]}", prompt=int(prompt[r]),
+                                     output=int(output[r]), priority=int(client[r] * rng.integers(0, 2)),
+                                     prefix_id=f"p{client[r]}" if shared else None, prefix_len=shared))
+    block = int(rng.choice([4, 8, 16]))
+    peak = int(max(-(-(r.prompt + r.output - 1) // block) for r in requests))
+    demand = int(sum(-(-(r.prompt + r.output - 1) // block) for r in requests))
+    usable = peak + int(rng.integers(0, 3)) if rng.random() < 0.5 else int(rng.integers(peak, max(demand, peak) + 1))
+    seats = int(rng.integers(1, 9))
+    chunked = bool(rng.random() < 0.75)
+    low = seats if chunked else -(-max(r.prompt + r.output for r in requests) // block) * block
+    budget = int(rng.integers(max(low, 8), max(low, 8) + 400))
+    config = {"block_size": block, "num_blocks": usable + 1, "max_num_batched_tokens": budget,
+              "max_num_seqs": seats, "chunked_prefill": chunked, "policy": policy,
+              "prefix_caching": prefix_caching,
+              "long_prefill_threshold": int(rng.choice([0, 0, 4, 16, 64]))}
+    return requests, config
+
+
+@pytest.mark.parametrize(("policy", "prefix_caching"),
+                         [("fcfs", False), ("fcfs", True), ("priority", False), ("priority", True)])
+def test_random_lanes_match_reference(policy, prefix_caching):
+    seed = {"fcfs": 0, "priority": 1}[policy] * 2 + prefix_caching
+    rng = np.random.default_rng(1000 + seed)
+    lanes = [random_lane(rng, policy, prefix_caching) for _ in range(LANES)]
+    want = [simulate(reqs, config) for reqs, config in lanes]
+    got = schedules([c for _, c in lanes], [r for r, _ in lanes], max(w["num_steps"] for w in want) + 1)
+    for k, (mine, real) in enumerate(zip(got, want)):
+        where = f"lane {k} ({lanes[k][1]})"
+        assert len(mine["steps"]) == real["num_steps"], where
+        for a, b in zip(mine["steps"], real["steps"]):
+            assert a == b, f"{where}: first differing step {b['step']}"
+        assert mine["requests"] == real["requests"], where
