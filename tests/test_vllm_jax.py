@@ -84,7 +84,7 @@ def test_golden_step_for_step(name, golden_runs):
 def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool) -> tuple[list[TraceRequest], dict]:
     """A small random trace and server: 1-4 clients, 5-40 requests in bursts, prompts
     1-300, outputs 1-60; block size 4/8/16, a pool from tight (the largest peak plus 0-2
-    blocks) to ample, budgets, seats, chunking and L at random within vLLM's constraints."""
+    blocks) to ample (up to 3 peaks, or all requests at their peak), budgets, seats, chunking and L at random within vLLM's constraints."""
     clients = int(rng.integers(1, 5))
     count = int(rng.integers(5, 41))
     bursts = np.sort(rng.integers(0, 200, int(rng.integers(1, 5))))
@@ -102,7 +102,8 @@ def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool) -> 
     block = int(rng.choice([4, 8, 16]))
     peak = int(max(-(-(r.prompt + r.output - 1) // block) for r in requests))
     demand = int(sum(-(-(r.prompt + r.output - 1) // block) for r in requests))
-    usable = peak + int(rng.integers(0, 3)) if rng.random() < 0.5 else int(rng.integers(peak, max(demand, peak) + 1))
+    ample = max(min(demand, 3 * peak), peak)  # beyond 3 peaks little changes, and pools cost time
+    usable = peak + int(rng.integers(0, 3)) if rng.random() < 0.5 else int(rng.integers(peak, ample + 1))
     seats = int(rng.integers(1, 9))
     chunked = bool(rng.random() < 0.75)
     low = seats if chunked else -(-max(r.prompt + r.output for r in requests) // block) * block

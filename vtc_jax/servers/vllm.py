@@ -533,17 +533,30 @@ def _take(bp: Blocks, row, start, count) -> Blocks:
     """Give `row` `count` new blocks at table positions [start, start + count): unhashed
     free blocks first, then hashed ones least recently freed first, whose hash is evicted.
     The caller checked they are free."""
-    nblocks, width = bp.ref.shape[0], bp.table.shape[1]
+    nblocks = bp.ref.shape[0]
     ids = jnp.arange(nblocks, dtype=I32)
     free = bp.ref == 0
+    # The free queue's order as distinct keys: unhashed in [-N, 0), hashed by freed_at.
     queue = jnp.where(free & (bp.key < 0), ids - nblocks, jnp.where(free, bp.freed_at, INT_MAX))
-    picked = jnp.argsort(queue).astype(I32)
-    j = jnp.arange(width, dtype=I32)
-    mine = (j >= start) & (j < start + count)
-    got = picked[jnp.clip(j - start, 0, nblocks - 1)]
-    hit = jnp.where(mine, got, nblocks)
+    taken = free & (queue <= _kth_smallest(queue, count, -nblocks, bp.clock))
+    cols = jnp.where(taken, start + jnp.cumsum(taken, dtype=I32) - 1, bp.table.shape[1])
+    hit = jnp.where(taken, ids, nblocks)
     return dataclasses.replace(bp, ref=bp.ref.at[hit].set(1, mode="drop"), key=bp.key.at[hit].set(-1, mode="drop"),
-                               table=bp.table.at[row].set(jnp.where(mine, got, bp.table[row])))
+                               table=bp.table.at[row].set(bp.table[row].at[cols].set(ids, mode="drop")))
+
+
+def _kth_smallest(values, k, low, high):
+    """The k-th smallest of distinct int32[N] values in [low, high] (low - 1 for k = 0),
+    by bisection: a sort costs ten times more here."""
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = (values <= mid).sum(dtype=I32) >= k
+        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+    bounds = (jnp.asarray(low - 1, I32), jnp.asarray(high, I32))
+    return jax.lax.fori_loop(0, 32, halve, bounds)[1]
 
 
 def _hash(trace: Lane, bp: Blocks, row, lo, hi) -> Blocks:
@@ -672,19 +685,14 @@ def _exact_running(rules: Rules, trace: Lane, s: ExactState, cap):
         s, i, budget, tokens, alive, vic, nvic, _ = carry
         row = order[i]
         c = s.computed[row]
-        n = jnp.minimum(jnp.minimum(trace.prompt[row] + s.generated[row] - c, cap), budget)
+        # A slot preempted earlier in the walk (a policy victim) asks for nothing.
+        n = jnp.where(alive[i], jnp.minimum(jnp.minimum(trace.prompt[row] + s.generated[row] - c, cap), budget), 0)
         need = _cdiv(c + n, bs) - _cdiv(c, bs)
         s, _, _, budget, tokens, alive, vic, nvic, gone = jax.lax.while_loop(
             short, preempt, (s, i, need, budget, tokens, alive, vic, nvic, jnp.asarray(False)))
-        grown = _grow(trace, s, row, n)
-        s = jax.tree.map(lambda a, b: jnp.where(gone, a, b), s, grown)
+        n = jnp.where(gone, 0, n)
         # vLLM breaks out of the walk when a request preempts itself, under every policy.
-        return (s, i + 1, jnp.where(gone, budget, budget - n), jnp.where(gone, tokens, tokens.at[i].set(n)),
-                alive, vic, nvic, gone)
-
-    def step(carry):
-        i, alive = carry[1], carry[4]
-        return jax.lax.cond(alive[i], visit, lambda c: (*c[:1], i + 1, *c[2:]), carry)
+        return _grow(trace, s, row, n), i + 1, budget - n, tokens.at[i].add(n), alive, vic, nvic, gone
 
     def walking(carry):
         _, i, budget, _, _, _, _, stop = carry
@@ -693,7 +701,7 @@ def _exact_running(rules: Rules, trace: Lane, s: ExactState, cap):
     alive = jnp.arange(slots) < s.nrun
     init = (s, jnp.zeros((), I32), jnp.asarray(trace.budget, I32), jnp.zeros(slots, I32), alive,
             jnp.full(slots, -1, I32), jnp.zeros((), I32), jnp.asarray(False))
-    s, _, _, tokens, alive, vic, nvic, _ = jax.lax.while_loop(walking, step, init)
+    s, _, _, tokens, alive, vic, nvic, _ = jax.lax.while_loop(walking, visit, init)
     return s, tokens, vic, nvic
 
 
@@ -745,19 +753,20 @@ def _exact_waiting(trace: Lane, s: ExactState, cap, budget, tokens):
         whole = _cdiv(total, bs) - hits + spare
         chunk = _cdiv(hits * bs + n, bs) - hits
         ok = fits & (whole <= s.free) & (chunk + spare <= s.free)
-        new = dataclasses.replace(s, computed=s.computed.at[row].set(hits * bs), seq=s.seq.at[s.nrun].set(row),
-                                  nrun=s.nrun + 1, nfront=s.nfront - from_front, pooled=s.pooled.at[row].set(False),
-                                  free=s.free - spare)
+        # Every update below is a no-op when the head is refused (ok False).
+        hits, spare, n = jnp.where(ok, hits, 0), jnp.where(ok, spare, 0), jnp.where(ok, n, 0)
+        at = s.nrun
+        s = dataclasses.replace(s, computed=s.computed.at[row].set(jnp.where(ok, hits * bs, s.computed[row])),
+                                seq=s.seq.at[at].set(jnp.where(ok, row, s.seq[at])), nrun=at + ok,
+                                nfront=s.nfront - (ok & from_front), pooled=s.pooled.at[row].set(s.pooled[row] & ~ok),
+                                free=s.free - spare)
         if s.blocks is not None:
             j = jnp.arange(copy.shape[0])
             hit = jnp.where(j < hits, copy, s.blocks.ref.shape[0])
             bp = dataclasses.replace(s.blocks, ref=s.blocks.ref.at[hit].add(1, mode="drop"),
                                      table=s.blocks.table.at[row].set(jnp.where(j < hits, copy, s.blocks.table[row])))
-            new = dataclasses.replace(new, blocks=bp)
-        new = _grow(trace, new, row, n)
-        tokens = jnp.where(ok, tokens.at[s.nrun].set(n), tokens)
-        s = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, s)
-        return s, jnp.where(ok, budget - n, budget), tokens, ~ok
+            s = dataclasses.replace(s, blocks=bp)
+        return _grow(trace, s, row, n), budget - n, tokens.at[at].add(n), ~ok
 
     def admitting(carry):
         s, budget, _, stop = carry
@@ -776,8 +785,7 @@ def _finish(trace: Lane, s: ExactState, rows, finished) -> ExactState:
 
     def release(k, s):
         row = jnp.maximum(rows[k], 0)
-        done = _drop_blocks(s, row, _cdiv(s.computed[row], bs))
-        return jax.tree.map(lambda a, b: jnp.where(finished[k], a, b), done, s)
+        return _drop_blocks(s, row, jnp.where(finished[k], _cdiv(s.computed[row], bs), 0))
 
     return jax.lax.fori_loop(0, rows.shape[0], release, s)
 
@@ -800,11 +808,10 @@ def exact_step(rules: Rules, trace: Lane, s: ExactState) -> tuple[ExactState, St
     victim_rows = jnp.where(preempted, walked, nrows)
     out = dataclasses.replace(s.out, preemptions=s.out.preemptions.at[victim_rows].add(1, mode="drop"))
     s = _requeue(rules, dataclasses.replace(s, out=out), vic, nvic)
-    budget = trace.budget - tokens.sum(dtype=I32)
-    # No admission in a step that preempted; without victims the seq's running part is
-    # the walked list, so admissions append to it slot for slot.
-    admitted_s, admitted_tokens = _exact_waiting(trace, s, cap, budget, tokens)
-    s, tokens = jax.tree.map(lambda a, b: jnp.where(nvic > 0, a, b), (s, tokens), (admitted_s, admitted_tokens))
+    # No admission in a step that preempted (a zero budget); without victims the seq's
+    # running part is the walked list, so admissions append to it slot for slot.
+    budget = jnp.where(nvic > 0, 0, trace.budget - tokens.sum(dtype=I32))
+    s, tokens = _exact_waiting(trace, s, cap, budget, tokens)
     rows = jnp.where(nvic > 0, walked, jnp.where(pos < s.nrun, s.seq, -1))
 
     safe = jnp.maximum(rows, 0)
