@@ -11,9 +11,9 @@ trace; `run` vmaps lanes. Two step functions, chosen by the static config:
   admission takes the waiting head and appends it to the running list), so the lane keeps
   it as `max_num_seqs` slots; the never-admitted waiting requests are the rows
   [next_new, arrived) because rows are in arrival order. The victims are the shortest
-  running tail whose blocks cover what is allocated (a searchsorted on suffix sums); the
-  admissions are the head-of-line prefix of a small window, repeated while a window is
-  admitted whole.
+  running tail whose blocks cover what is allocated (a count over suffix sums); the
+  admissions are the head-of-line prefix of the slots after the running list, where the
+  never-admitted rows are loaded behind the front (only S - nrun can be seated).
 - `exact_step` (everything else: priority order or victims, prefix caching) is vLLM's loop
   as lax loops over running positions and admissions, with a block pool (physical blocks,
   hashes, reference counts, the free queue's order) when prefix caching is on.
@@ -39,7 +39,6 @@ INT_MAX = 2**31 - 1
 POLICIES = ("fcfs", "priority")
 VICTIMS = ("newest", "policy")
 PREEMPTED_TO = ("front", "policy")
-WINDOW = 4  # fast path: waiting requests tried per window (most steps admit 0-2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +325,7 @@ class Outcome:
 class FastState:
     """One lane. Scalars int32[]: `t`, `arrived` (rows < arrived have arrived), `next_new`
     (rows in [next_new, arrived) wait, never admitted), `free` blocks, `nrun`, `nfront`.
-    Slots int32[S + WINDOW] (S = min(max_num_seqs, R)): slots [0, nrun) are the running list
+    Slots int32[S] (S = min(max_num_seqs, R)): slots [0, nrun) are the running list
     in admission order, [nrun, nrun + nfront) the preempted requests at the waiting queue's
     front, in queue order; per slot its `row`, `prompt`, `output`, `computed`, `generated`,
     `first` token step, `preempts`. `out`: per-row results, written when a request finishes."""
@@ -357,7 +356,7 @@ def _fresh_outcome(rows: int) -> Outcome:
 
 def fast_init(trace: Lane, shapes: Shapes) -> FastState:
     rows = trace.arrival.shape[0]
-    slots = shapes.slots + WINDOW
+    slots = shapes.slots
     zero = jnp.zeros((), I32)
     empty = jnp.zeros(slots, I32)
     return FastState(t=zero, arrived=zero, next_new=zero, free=(trace.num_blocks - 1).astype(I32),
@@ -393,62 +392,43 @@ def _fast_running(trace: Lane, s: FastState, cap):
     return jnp.where(pos < done, n, 0), victim_from, free
 
 
-def _fast_window(trace: Lane, s: FastState, cap, budget):
-    """Admit the head-of-line prefix of the next WINDOW waiting requests into slots
-    [nrun, nrun + WINDOW). Returns (state, tokens int32[WINDOW], admitted int32[], budget,
-    whole: bool[], all WINDOW admitted and more may follow)."""
-    bs = trace.block_size
-    k = jnp.arange(WINDOW, dtype=I32)
-    win = {f: jax.lax.dynamic_slice(getattr(s, f), (s.nrun,), (WINDOW,)) for f in _SLOT_FIELDS}
-    new_row = s.next_new + k - s.nfront
-    is_new = k >= s.nfront
-    fresh = {"row": new_row, "prompt": trace.prompt[jnp.clip(new_row, 0, trace.prompt.shape[0] - 1)],
-             "output": trace.output[jnp.clip(new_row, 0, trace.output.shape[0] - 1)],
-             "computed": jnp.zeros(WINDOW, I32), "generated": jnp.zeros(WINDOW, I32),
-             "first": jnp.full(WINDOW, -1, I32), "preempts": jnp.zeros(WINDOW, I32)}
-    win = {f: jnp.where(is_new, fresh[f], win[f]) for f in _SLOT_FIELDS}
-    waiting = s.nfront + s.arrived - s.next_new
-    exists = k < waiting
-    total = win["prompt"] + win["generated"]
-    ask = jnp.minimum(total, cap)
+def _fast_waiting(trace: Lane, s: FastState, cap, budget, tokens):
+    """The waiting phase in closed form: the head-of-line prefix of the waiting queue,
+    which is the slots from nrun on (the preempted front, then never-admitted rows loaded
+    after it in arrival order; only S - nrun could be seated anyway). Returns (state,
+    tokens int32[S])."""
+    bs, slots = trace.block_size, s.row.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    new_row = s.next_new + pos - s.nrun - s.nfront
+    fresh = pos >= s.nrun + s.nfront  # a row loaded past the queue's end is never read
+    source = jnp.clip(new_row, 0, trace.prompt.shape[0] - 1)
+    loaded = {"row": new_row, "prompt": trace.prompt[source], "output": trace.output[source], "computed": 0,
+              "generated": 0, "first": -1, "preempts": 0}
+    s = dataclasses.replace(s, **{f: jnp.where(fresh, loaded[f], getattr(s, f)) for f in _SLOT_FIELDS})
+    place = pos - s.nrun  # place in the waiting queue
+    queued = (place >= 0) & (place < s.nfront + s.arrived - s.next_new)
+    total = s.prompt + s.generated
+    ask = jnp.where(queued, jnp.minimum(total, cap), 0)
     left = budget - _excl_cumsum(ask)
     n = jnp.clip(left, 0, ask)
     free_before = s.free - _excl_cumsum(_cdiv(n, bs))
     # The whole P + g must fit the free blocks (a check); only the first chunk is allocated.
-    ok = exists & (left > 0) & (s.nrun + k < trace.seats) & (_cdiv(total, bs) <= free_before)
+    ok = queued & (left > 0) & (pos < trace.seats) & (_cdiv(total, bs) <= free_before)
     ok &= trace.chunked | (ask <= left)
-    a = _leading(ok)
-    taken = k < a
-    tokens = jnp.where(taken, n, 0)
-    # Front slots get their own values back; a new row written past the queue is unused.
-    s = dataclasses.replace(
-        s, **{f: jax.lax.dynamic_update_slice(getattr(s, f), win[f], (s.nrun,)) for f in _SLOT_FIELDS},
-        nrun=s.nrun + a, nfront=jnp.maximum(s.nfront - a, 0), next_new=s.next_new + jnp.maximum(a - s.nfront, 0),
-        free=s.free - _cdiv(tokens, bs).sum(dtype=I32))
-    return s, tokens, budget - tokens.sum(dtype=I32), (a == WINDOW) & (waiting > WINDOW)
-
-
-def _fast_waiting(trace: Lane, s: FastState, cap, budget, tokens):
-    """The waiting phase: windows of admissions while a window is admitted whole (an exact
-    fallback for steps that admit many). Returns (state, tokens int32[K])."""
-
-    def window(carry):
-        s, tokens, budget, _ = carry
-        start = s.nrun
-        s, got, budget, whole = _fast_window(trace, s, cap, budget)
-        return s, jax.lax.dynamic_update_slice(tokens, got, (start,)), budget, whole
-
-    def again(carry):
-        return carry[3]
-
-    s, tokens, _, _ = jax.lax.while_loop(again, window, window((s, tokens, budget, jnp.asarray(True))))
-    return s, tokens
+    admitted = _leading(ok | (place < 0)) - s.nrun
+    taken = queued & (place < admitted)
+    n = jnp.where(taken, n, 0)
+    s = dataclasses.replace(s, nrun=s.nrun + admitted, nfront=jnp.maximum(s.nfront - admitted, 0),
+                            next_new=s.next_new + jnp.maximum(admitted - s.nfront, 0),
+                            free=s.free - _cdiv(n, bs).sum(dtype=I32))
+    return s, tokens + n
 
 
 def _compact(values: dict, keep, slots: int) -> dict:
     """Slot arrays with the kept slots moved to the front, in order (int32[K] each)."""
     dest = jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)
-    return {f: jnp.zeros_like(v).at[dest].set(v, mode="drop") for f, v in values.items()}
+    stacked = jnp.stack(list(values.values()))  # one scatter, not one per field
+    return dict(zip(values, jnp.zeros_like(stacked).at[:, dest].set(stacked, mode="drop")))
 
 
 def fast_step(trace: Lane, s: FastState) -> tuple[FastState, StepLog]:
