@@ -129,3 +129,30 @@ def test_random_lanes_match_reference(policy, prefix_caching):
         for a, b in zip(mine["steps"], real["steps"]):
             assert a == b, f"{where}: first differing step {b['step']}"
         assert mine["requests"] == real["requests"], where
+
+
+@pytest.mark.parametrize(("config", "requests", "message"), [
+    ({"num_blocks": 3, "block_size": 4}, [(0, 8, 2)], "could never finish"),  # peak ceil(9/4) = 3 > 2 usable
+    ({"num_blocks": 99, "block_size": 16, "chunked_prefill": False, "max_num_batched_tokens": 16,
+      "max_num_seqs": 4},
+     [(0, 10, 7)], "max_model_len"),  # P + O = 17 rounds up to 32 > 16
+    ({"num_blocks": 99, "max_num_batched_tokens": 4, "max_num_seqs": 8}, [(0, 1, 1)], "below max_num_seqs"),
+    ({"num_blocks": 99, "policy": "lifo"}, [(0, 1, 1)], "scheduling_policy"),
+    ({"num_blocks": 99}, [(-1, 1, 1)], "arrival >= 0"),
+    ({"num_blocks": 99}, [(0, 2**30, 1)], "too large for int32"),
+])
+def test_bad_input_is_refused_before_the_run(config, requests, message):
+    with pytest.raises(InputError, match=message):
+        cfg = vllm.VllmConfig.from_golden(config)
+        pack(cfg, [TraceRequest(arrival=a, client="c", prompt=p, output=o) for a, p, o in requests], 4)
+
+
+def test_a_lane_longer_than_its_rows_and_a_run_past_the_int32_clock_are_refused():
+    cfg = vllm.VllmConfig.from_golden({"num_blocks": 99, "prefix_caching": True})
+    reqs = [TraceRequest(arrival=a, client="c", prompt=5, output=3) for a in (0, 2**29)]
+    with pytest.raises(InputError, match="more than the 1 rows"):
+        pack(cfg, reqs, 1)
+    lanes = vllm.stack_lanes([pack(cfg, reqs, 2)])
+    vllm.check_run(cfg.rules, lanes, 1000)
+    with pytest.raises(InputError, match="int32 clock"):
+        vllm.check_run(cfg.rules, lanes, 2**30)
