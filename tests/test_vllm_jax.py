@@ -81,10 +81,12 @@ def test_golden_step_for_step(name, golden_runs):
     assert got["requests"] == golden["requests"]
 
 
-def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool) -> tuple[list[TraceRequest], dict]:
+def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool,
+                **options: str) -> tuple[list[TraceRequest], dict]:
     """A small random trace and server: 1-4 clients, 5-40 requests in bursts, prompts
     1-300, outputs 1-60; block size 4/8/16, a pool from tight (the largest peak plus 0-2
-    blocks) to ample (up to 3 peaks, or all requests at their peak), budgets, seats, chunking and L at random within vLLM's constraints."""
+    blocks) to ample (up to 3 peaks, or all requests at their peak), budgets, seats,
+    chunking and L at random within vLLM's constraints."""
     clients = int(rng.integers(1, 5))
     count = int(rng.integers(5, 41))
     bursts = np.sort(rng.integers(0, 200, int(rng.integers(1, 5))))
@@ -111,16 +113,19 @@ def random_lane(rng: np.random.Generator, policy: str, prefix_caching: bool) -> 
     config = {"block_size": block, "num_blocks": usable + 1, "max_num_batched_tokens": budget,
               "max_num_seqs": seats, "chunked_prefill": chunked, "policy": policy,
               "prefix_caching": prefix_caching,
-              "long_prefill_threshold": int(rng.choice([0, 0, 4, 16, 64]))}
+              "long_prefill_threshold": int(rng.choice([0, 0, 4, 16, 64])), **options}
     return requests, config
 
 
-@pytest.mark.parametrize(("policy", "prefix_caching"),
-                         [("fcfs", False), ("fcfs", True), ("priority", False), ("priority", True)])
-def test_random_lanes_match_reference(policy, prefix_caching):
-    seed = {"fcfs": 0, "priority": 1}[policy] * 2 + prefix_caching
+@pytest.mark.parametrize(("seed", "policy", "prefix_caching", "options"), [
+    (0, "fcfs", False, {}), (1, "fcfs", True, {}), (2, "priority", False, {}), (3, "priority", True, {}),
+    # The reference's other victim / re-queue rules (a fairness policy's), literal path.
+    (4, "fcfs", False, {"victim": "policy", "preempted_to": "policy"}),
+    (5, "priority", True, {"victim": "newest", "preempted_to": "front"}),
+])
+def test_random_lanes_match_reference(seed, policy, prefix_caching, options):
     rng = np.random.default_rng(1000 + seed)
-    lanes = [random_lane(rng, policy, prefix_caching) for _ in range(LANES)]
+    lanes = [random_lane(rng, policy, prefix_caching, **options) for _ in range(LANES if not options else LANES // 2)]
     want = [simulate(reqs, config) for reqs, config in lanes]
     got = schedules([c for _, c in lanes], [r for r, _ in lanes], max(w["num_steps"] for w in want) + 1)
     for k, (mine, real) in enumerate(zip(got, want)):

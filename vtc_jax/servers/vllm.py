@@ -159,7 +159,7 @@ class Lane:
     source: jax.Array
 
 
-def peak_blocks(prompt, output, block_size: int):
+def peak_blocks(prompt, output, block_size):
     """ceil((P + O - 1) / B): a request's most blocks (its last token never gets KV)."""
     return -(-(np.asarray(prompt, np.int64) + np.asarray(output, np.int64) - 1) // block_size)
 
@@ -233,8 +233,7 @@ def stack_lanes(lanes: list[Lane]) -> Lane:
 
 def shapes_of(lanes: Lane) -> Shapes:
     """The static sizes of a batch of lanes (Lane with int32[L, ...] fields)."""
-    peak = -(-(np.asarray(lanes.prompt, np.int64) + np.asarray(lanes.output) - 1)
-             // np.asarray(lanes.block_size)[..., None])
+    peak = peak_blocks(lanes.prompt, lanes.output, np.asarray(lanes.block_size)[..., None])
     rows = lanes.arrival.shape[-1]
     return Shapes(rows=rows, width=max(int(peak.max()), 1), slots=min(int(np.max(lanes.seats)), rows),
                   pool=int(np.max(lanes.num_blocks)))
@@ -242,16 +241,21 @@ def shapes_of(lanes: Lane) -> Shapes:
 
 def check_run(rules: Rules, lanes: Lane, num_steps: int) -> None:
     """InputError when `num_steps` steps of these lanes could wrap an int32: the clock
-    (steps after the last arrival), the block pool's stamps (each step stamps at most
-    twice the blocks it can touch) or a hash key (2 R x table width)."""
+    (steps after the last arrival), sums over seats of tokens or blocks, the block pool's
+    stamps or a hash key (< 2 R J). A
+    step stamps at most 2 S J times: at most S requests are scheduled (each hashes at most
+    J blocks) and at most S preempted or finished (each frees at most J)."""
     shapes = shapes_of(lanes)
+    sums = (shapes.slots + 1) * max(int(np.max(lanes.budget)) + 1, shapes.pool)
+    if sums >= INT_MAX:
+        raise InputError(f"{shapes.slots} seats x a budget of {int(np.max(lanes.budget))} tokens or "
+                         f"{shapes.pool} blocks exceed int32 sums")
     arrival = np.asarray(lanes.arrival)
     last = int(np.where(arrival < INT_MAX, arrival, 0).max())
     if last + num_steps >= INT_MAX // 2:
         raise InputError(f"{num_steps} steps after arrivals up to {last} exceed the int32 clock")
     if rules.enable_prefix_caching:
-        per_step = 2 * (shapes.pool + int(np.max(np.asarray(lanes.budget) // np.asarray(lanes.block_size)))
-                        + 2 * shapes.rows)
+        per_step = 2 * shapes.slots * shapes.width
         if num_steps * per_step + shapes.pool >= INT_MAX or 2 * shapes.rows * shapes.width >= INT_MAX:
             raise InputError(f"{num_steps} steps of a {shapes.pool}-block pool with {shapes.rows} rows "
                              "exceed the int32 block stamps; run fewer steps or fewer rows")
@@ -369,7 +373,8 @@ def _fast_running(trace: Lane, s: FastState, cap):
     bs, slots = trace.block_size, s.row.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < s.nrun
-    need = jnp.where(listed, jnp.minimum(s.prompt + s.generated - s.computed, cap), 0)
+    # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
+    need = jnp.where(listed, jnp.minimum(jnp.minimum(s.prompt + s.generated - s.computed, cap), trace.budget + 1), 0)
     before = trace.budget - _excl_cumsum(need)  # budget left at each slot
     n = jnp.clip(before, 0, need)
     walked = listed & (before > 0)
@@ -408,7 +413,7 @@ def _fast_waiting(trace: Lane, s: FastState, cap, budget, tokens):
     place = pos - s.nrun  # place in the waiting queue
     queued = (place >= 0) & (place < s.nfront + s.arrived - s.next_new)
     total = s.prompt + s.generated
-    ask = jnp.where(queued, jnp.minimum(total, cap), 0)
+    ask = jnp.where(queued, jnp.minimum(jnp.minimum(total, cap), budget + 1), 0)  # as in _fast_running
     left = budget - _excl_cumsum(ask)
     n = jnp.clip(left, 0, ask)
     free_before = s.free - _excl_cumsum(_cdiv(n, bs))
@@ -497,7 +502,8 @@ def blocks_init(trace: Lane, shapes: Shapes) -> Blocks:
     to the batch's largest pool) are held forever."""
     n, rows, width = shapes.pool, shapes.rows, shapes.width
     ids = jnp.arange(n, dtype=I32)
-    return Blocks(ref=jnp.where((ids == 0) | (ids >= trace.num_blocks), 1, 0).astype(I32), key=jnp.full(n, -1, I32), cached_at=jnp.zeros(n, I32),
+    held = (ids == 0) | (ids >= trace.num_blocks)
+    return Blocks(ref=held.astype(I32), key=jnp.full(n, -1, I32), cached_at=jnp.zeros(n, I32),
                   freed_at=jnp.zeros(n, I32), clock=jnp.zeros((), I32), table=jnp.zeros((rows, width), I32))
 
 
