@@ -78,6 +78,8 @@ def test_golden_step_for_step(name, golden_runs):
     assert len(got["steps"]) == golden["num_steps"]
     for mine, real in zip(got["steps"], golden["steps"]):
         assert mine == real, f"{name}: first differing step {real['step']}"
+        # Also in vLLM's scheduling order: the running list in admission order, then admissions.
+        assert list(mine["sched"]) == list(real["sched"]), f"{name}: step {real['step']} order"
     assert got["requests"] == golden["requests"]
 
 
@@ -133,6 +135,7 @@ def test_random_lanes_match_reference(seed, policy, prefix_caching, options):
         assert len(mine["steps"]) == real["num_steps"], where
         for a, b in zip(mine["steps"], real["steps"]):
             assert a == b, f"{where}: first differing step {b['step']}"
+            assert list(a["sched"]) == list(b["sched"]), f"{where}: step {b['step']} order"
         assert mine["requests"] == real["requests"], where
 
 
