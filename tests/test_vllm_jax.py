@@ -1,5 +1,6 @@
 """The JAX vLLM V1 step (vtc_jax/servers/vllm.py) against the literal reference
-(vtc_jax/testing/vllm_reference.py): the 29 real-scheduler goldens step for step, and
+(vtc_jax/testing/vllm_reference.py): the 69 real-scheduler goldens (29 in vllm_golden, 40
+in vllm_golden_more) step for step, and
 hundreds of random small lanes, batched with vmap, compared at every step."""
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from vtc_jax.errors import InputError
 from vtc_jax.servers import vllm
 from vtc_jax.testing.vllm_reference import TraceRequest, load_golden, simulate
 
-GOLDEN_DIR = pathlib.Path(__file__).parent / "data" / "vllm_golden"
-GOLDENS = sorted(p.name[: -len(".csv")] for p in GOLDEN_DIR.glob("g*.csv"))
+DATA = pathlib.Path(__file__).parent / "data"
+# name -> its folder: g* in vllm_golden, m* in vllm_golden_more.
+GOLDEN_DIRS = {p.name[: -len(".csv")]: p.parent for folder, prefix in (("vllm_golden", "g"), ("vllm_golden_more", "m"))
+               for p in (DATA / folder).glob(f"{prefix}*.csv")}
+GOLDENS = sorted(GOLDEN_DIRS)
 LANES = 64  # random lanes per rule set (4 sets)
 
 
@@ -59,8 +63,8 @@ def _opt(x) -> int | None:
 
 @pytest.fixture(scope="module")
 def golden_runs() -> dict:
-    """Every golden through the JAX step, batched by rules (a few compiles, not 29)."""
-    loaded = {name: load_golden(GOLDEN_DIR, name) for name in GOLDENS}
+    """Every golden through the JAX step, batched by rules (a few compiles, not 69)."""
+    loaded = {name: load_golden(GOLDEN_DIRS[name], name) for name in GOLDENS}
     groups: dict = {}
     for name, (_, config, _) in loaded.items():
         groups.setdefault(vllm.VllmConfig.from_golden(config).rules, []).append(name)
@@ -70,6 +74,10 @@ def golden_runs() -> dict:
         got = schedules([loaded[n][1] for n in names], [loaded[n][0] for n in names], steps)
         runs.update(zip(names, got))
     return {name: (runs[name], loaded[name][2]) for name in GOLDENS}
+
+
+def test_all_69_goldens_are_found():
+    assert len(GOLDENS) == 69 and sum(name.startswith("m") for name in GOLDENS) == 40
 
 
 @pytest.mark.parametrize("name", GOLDENS)

@@ -18,6 +18,11 @@ trace; `run` vmaps lanes. Two step functions, chosen by the static config:
   as lax loops over running positions and admissions, with a block pool (physical blocks,
   hashes, reference counts, the free queue's order) when prefix caching is on.
 
+Both follow what vLLM 0.33's goldens show: a request that preempts itself leaves the
+running list and the walk goes on with the next one; an idle lane's clock jumps to its
+next arrival, except that one empty step comes first right after a step that finished a
+request (the state's `just_finished`).
+
 Rows are re-ordered by (arrival, trace row) when packed (`pack_lane`); logs and results use
 those packed rows, `Lane.source` maps them back. All arithmetic is int32; `check_lane`
 refuses before the run whatever could wrap or could never be served.
@@ -278,14 +283,17 @@ def _leading(ok):
     return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
 
 
-def _clock_and_arrivals(trace: Lane, t, arrived, busy):
-    """The step's clock (an idle lane jumps to its next arrival) and how many rows have
-    arrived by then (rows are in arrival order): (int32[], int32[])."""
+def _clock_and_arrivals(trace: Lane, t, arrived, busy, just_finished):
+    """The step's clock and how many rows have arrived by then (rows are in arrival
+    order), and whether this is the one empty step an idle lane takes right after a step
+    that finished a request (vLLM's `has_requests()` still counts a finished request until
+    it is reported; golden m033 step 5): (int32[], int32[], bool[]). Otherwise an idle
+    lane's clock jumps to its next arrival."""
     rows = trace.arrival.shape[0]
     upcoming = trace.arrival[jnp.minimum(arrived, rows - 1)]
-    jump = ~busy & (arrived < rows) & (upcoming < INT_MAX)
-    t = jnp.where(jump, jnp.maximum(t, upcoming), t)
-    return t, jnp.searchsorted(trace.arrival, t, side="right").astype(I32)
+    more = ~busy & (arrived < rows) & (upcoming < INT_MAX)
+    t = jnp.where(more & ~just_finished, jnp.maximum(t, upcoming), t)
+    return t, jnp.searchsorted(trace.arrival, t, side="right").astype(I32), more & just_finished
 
 
 def _long_cap(trace: Lane, busy_count):
@@ -298,9 +306,9 @@ def _long_cap(trace: Lane, busy_count):
 @dataclasses.dataclass(frozen=True)
 class StepLog:
     """What one step did, over K slots in vLLM's scheduling order (the running list, then
-    admissions): `t` int32[] the step, `active` bool[] (something ran or waited), `rows`
-    int32[K] packed rows (-1 none), `tokens` int32[K] scheduled (0: none), `preempted`,
-    `finished`: bool[K]."""
+    admissions): `t` int32[] the step, `active` bool[] (something ran or waited, or the
+    empty step after a finish, `_clock_and_arrivals`), `rows` int32[K] packed rows (-1
+    none), `tokens` int32[K] scheduled (0: none), `preempted`, `finished`: bool[K]."""
 
     t: jax.Array
     active: jax.Array
@@ -328,7 +336,8 @@ class Outcome:
 @dataclasses.dataclass(frozen=True)
 class FastState:
     """One lane. Scalars int32[]: `t`, `arrived` (rows < arrived have arrived), `next_new`
-    (rows in [next_new, arrived) wait, never admitted), `free` blocks, `nrun`, `nfront`.
+    (rows in [next_new, arrived) wait, never admitted), `free` blocks, `nrun`, `nfront`;
+    `just_finished` bool[] (the last step finished a request).
     Slots int32[S] (S = min(max_num_seqs, R)): slots [0, nrun) are the running list
     in admission order, [nrun, nrun + nfront) the preempted requests at the waiting queue's
     front, in queue order; per slot its `row`, `prompt`, `output`, `computed`, `generated`,
@@ -340,6 +349,7 @@ class FastState:
     free: jax.Array
     nrun: jax.Array
     nfront: jax.Array
+    just_finished: jax.Array
     row: jax.Array
     prompt: jax.Array
     output: jax.Array
@@ -364,7 +374,8 @@ def fast_init(trace: Lane, shapes: Shapes) -> FastState:
     zero = jnp.zeros((), I32)
     empty = jnp.zeros(slots, I32)
     return FastState(t=zero, arrived=zero, next_new=zero, free=(trace.num_blocks - 1).astype(I32),
-                     nrun=zero, nfront=zero, **{f: empty for f in _SLOT_FIELDS}, out=_fresh_outcome(rows))
+                     nrun=zero, nfront=zero, just_finished=jnp.asarray(False), **{f: empty for f in _SLOT_FIELDS},
+                     out=_fresh_outcome(rows))
 
 
 def _fast_running(trace: Lane, s: FastState, cap):
@@ -389,7 +400,8 @@ def _fast_running(trace: Lane, s: FastState, cap):
     m_prev = jnp.where(done > 0, m[last], s.nrun)
     at = jnp.minimum(done, slots - 1)
     # The next slot walks, is still listed, and even the whole tail after it is not enough:
-    # it preempts itself and the phase ends.
+    # it preempts itself. vLLM's walk goes on (`continue`), but the newest-victim rule
+    # has already taken everything after it, so the phase ends here.
     self_preempt = (done < s.nrun) & walked[at] & (done < m_prev) & (m[at] <= done)
     victim_from = jnp.where(self_preempt, done, m_prev)
     free = s.free + jnp.where(victim_from < s.nrun, tail[jnp.minimum(victim_from, slots - 1)], 0)
@@ -441,9 +453,9 @@ def fast_step(trace: Lane, s: FastState) -> tuple[FastState, StepLog]:
     bs, slots = trace.block_size, s.row.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     busy = (s.nrun + s.nfront > 0) | (s.next_new < s.arrived)
-    t, arrived = _clock_and_arrivals(trace, s.t, s.arrived, busy)
+    t, arrived, empty = _clock_and_arrivals(trace, s.t, s.arrived, busy, s.just_finished)
     s = dataclasses.replace(s, arrived=arrived)
-    active = (s.nrun + s.nfront > 0) | (s.next_new < arrived)
+    active = (s.nrun + s.nfront > 0) | (s.next_new < arrived) | empty
     cap = _long_cap(trace, s.nrun + s.nfront + arrived - s.next_new)
 
     tokens, victim_from, free = _fast_running(trace, s, cap)
@@ -470,7 +482,7 @@ def fast_step(trace: Lane, s: FastState) -> tuple[FastState, StepLog]:
     moved = _compact({"row": s.row, "prompt": s.prompt, "output": s.output, "computed": computed,
                       "generated": generated, "first": first, "preempts": s.preempts}, keep, slots)
     nfin = finished.sum(dtype=I32)
-    s = dataclasses.replace(s, **moved, t=t + 1, nrun=s.nrun - nfin,
+    s = dataclasses.replace(s, **moved, t=t + 1, nrun=s.nrun - nfin, just_finished=nfin > 0,
                             free=s.free + jnp.where(finished, _cdiv(computed, bs), 0).sum(dtype=I32), out=out)
     return s, log
 
@@ -591,7 +603,8 @@ def _lookup(trace: Lane, bp: Blocks, row, tokens):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ExactState:
-    """One lane. Scalars int32[]: `t`, `arrived`, `free` blocks, `nrun`, `nfront`. Per
+    """One lane. Scalars int32[]: `t`, `arrived`, `free` blocks, `nrun`, `nfront`;
+    `just_finished` bool[] (the last step finished a request). Per
     packed row int32[R]: `computed`, `generated`; `pooled` bool[R] (waiting in the policy's
     order: arrived or re-queued, not at the front). `seq` int32[S]: rows, the running list
     in admission order then the requests preempted to the waiting queue's front (newest
@@ -602,6 +615,7 @@ class ExactState:
     free: jax.Array
     nrun: jax.Array
     nfront: jax.Array
+    just_finished: jax.Array
     computed: jax.Array
     generated: jax.Array
     pooled: jax.Array
@@ -614,6 +628,7 @@ def exact_init(rules: Rules, trace: Lane, shapes: Shapes) -> ExactState:
     rows = trace.arrival.shape[0]
     zero = jnp.zeros((), I32)
     return ExactState(t=zero, arrived=zero, free=(trace.num_blocks - 1).astype(I32), nrun=zero, nfront=zero,
+                      just_finished=jnp.asarray(False),
                       computed=jnp.zeros(rows, I32), generated=jnp.zeros(rows, I32), pooled=jnp.zeros(rows, bool),
                       seq=jnp.full(shapes.slots, -1, I32), out=_fresh_outcome(rows),
                       blocks=blocks_init(trace, shapes) if rules.enable_prefix_caching else None)
@@ -668,7 +683,7 @@ def _exact_running(rules: Rules, trace: Lane, s: ExactState, cap):
         return ~gone & (s.free < need)
 
     def visit(carry):
-        s, i, budget, tokens, alive, vic, nvic, _ = carry
+        s, i, budget, tokens, alive, vic, nvic = carry
         row = order[i]
         c = s.computed[row]
         # A slot preempted earlier in the walk (a policy victim) asks for nothing.
@@ -676,18 +691,19 @@ def _exact_running(rules: Rules, trace: Lane, s: ExactState, cap):
         need = _cdiv(c + n, bs) - _cdiv(c, bs)
         s, _, _, budget, tokens, alive, vic, nvic, gone = jax.lax.while_loop(
             short, preempt, (s, i, need, budget, tokens, alive, vic, nvic, jnp.asarray(False)))
+        # A request that preempted itself is out of the list (its slot dead, asking for
+        # nothing) and the walk goes on with the next one: vLLM 0.33's `continue`.
         n = jnp.where(gone, 0, n)
-        # vLLM breaks out of the walk when a request preempts itself, under every policy.
-        return _grow(trace, s, row, n), i + 1, budget - n, tokens.at[i].add(n), alive, vic, nvic, gone
+        return _grow(trace, s, row, n), i + 1, budget - n, tokens.at[i].add(n), alive, vic, nvic
 
     def walking(carry):
-        _, i, budget, _, _, _, _, stop = carry
-        return (i < s.nrun) & (budget > 0) & ~stop
+        _, i, budget, _, _, _, _ = carry
+        return (i < s.nrun) & (budget > 0)
 
     alive = jnp.arange(slots) < s.nrun
     init = (s, jnp.zeros((), I32), jnp.asarray(trace.budget, I32), jnp.zeros(slots, I32), alive,
-            jnp.full(slots, -1, I32), jnp.zeros((), I32), jnp.asarray(False))
-    s, _, _, tokens, alive, vic, nvic, _ = jax.lax.while_loop(walking, visit, init)
+            jnp.full(slots, -1, I32), jnp.zeros((), I32))
+    s, _, _, tokens, alive, vic, nvic = jax.lax.while_loop(walking, visit, init)
     return s, tokens, vic, nvic
 
 
@@ -781,11 +797,11 @@ def exact_step(rules: Rules, trace: Lane, s: ExactState) -> tuple[ExactState, St
     nrows, slots = trace.arrival.shape[0], s.seq.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     busy = (s.nrun + s.nfront > 0) | s.pooled.any()
-    t, arrived = _clock_and_arrivals(trace, s.t, s.arrived, busy)
+    t, arrived, empty = _clock_and_arrivals(trace, s.t, s.arrived, busy, s.just_finished)
     rows_all = jnp.arange(nrows, dtype=I32)
     pooled = s.pooled | ((rows_all >= s.arrived) & (rows_all < arrived))
     s = dataclasses.replace(s, arrived=arrived, pooled=pooled)
-    active = (s.nrun + s.nfront > 0) | pooled.any()
+    active = (s.nrun + s.nfront > 0) | pooled.any() | empty
     cap = _long_cap(trace, s.nrun + s.nfront + pooled.sum(dtype=I32))
 
     walked = jnp.where(pos < s.nrun, s.seq, -1)
@@ -812,7 +828,8 @@ def exact_step(rules: Rules, trace: Lane, s: ExactState) -> tuple[ExactState, St
     done = jnp.zeros(nrows, bool).at[jnp.where(finished, rows, nrows)].set(True, mode="drop")
     keep = (pos < s.nrun + s.nfront) & ~done[jnp.maximum(s.seq, 0)]
     seq = _compact({"seq": s.seq}, keep, slots)["seq"]
-    s = dataclasses.replace(s, t=t + 1, seq=jnp.where(pos < keep.sum(), seq, -1), nrun=s.nrun - finished.sum(dtype=I32))
+    s = dataclasses.replace(s, t=t + 1, seq=jnp.where(pos < keep.sum(), seq, -1), nrun=s.nrun - finished.sum(dtype=I32),
+                            just_finished=finished.any())
     return s, StepLog(t=t, active=active, rows=rows, tokens=tokens, preempted=preempted, finished=finished)
 
 
