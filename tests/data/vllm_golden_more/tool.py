@@ -15,7 +15,7 @@ Subcommands (see make.sh for the exact calls that made every file here):
       had already been scheduled in this step. Needs the vLLM venv's python.
   reduce LOG.json TRACE_BASENAME OUT_PREFIX
       The harness's full log -> OUT_PREFIX.schedule.json and OUT_PREFIX.config.json with
-      exactly the fields and layout of the shared goldens (/work/shared/vllm_golden).
+      exactly the fields and layout of the goldens in tests/data/vllm_golden.
 
 Plain python3 (no vLLM) is enough for gen and reduce.
 """
