@@ -1,4 +1,4 @@
-"""Speed of the artifact profile (vtc_jax/artifact.py) on the VTC paper's real trace.
+"""Speed of the artifact profile (vtc_jax/engines/artifact.py) on the VTC paper's real trace.
 
 Replays the real trace (data/vtc_real_trace.csv: 1,500 requests, 27 clients, 600 s) as
 batches of B lanes (the paper's schedulers, repeated), compiles once per batch size
@@ -22,8 +22,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vtc_jax import artifact as A
-from vtc_jax.cli_common import guarded, int_arg, list_arg, Parser
+from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
+from vtc_jax.engines import artifact as A
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "vtc_real_trace.csv"
 POLICIES = ("vtc", "fcfs", "lcf", "vtc_oracle", "vtc_predict")
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.json:
-            from vtc_jax.fileio import write_text_atomically
+            from vtc_jax.core.fileio import write_text_atomically
 
             write_text_atomically(args.json, json.dumps({"jax": jax.__version__, "config": str(config), "rows": rows},
                                                         indent=1))
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
 
 
 def _row(workload, profile):
-    from vtc_jax.sweep import Row
+    from vtc_jax.driver.sweep import Row
 
     return Row(A.Scheduler("vtc", profile=profile), workload, "real vtc")
 

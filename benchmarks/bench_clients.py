@@ -27,15 +27,15 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vtc_jax import servegen
-from vtc_jax import run as run_mod
-from vtc_jax.cli_common import guarded, int_arg, list_arg
-from vtc_jax.engine import PROGRAM, EngineBatch, LaneInput
-from vtc_jax.measures import MeasureConfig
-from vtc_jax.settings import Settings, encode_settings
-from vtc_jax.sources import ServeGenSource, TrafficSource
-from vtc_jax.traffic import overload
-from vtc_jax.workload import add_timeline
+from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.driver import run as run_mod
+from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.inputs import servegen
+from vtc_jax.inputs.sources import ServeGenSource, TrafficSource
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.inputs.workload import add_timeline
+from vtc_jax.measures.online import MeasureConfig
 
 STEPS, KV_BUDGET = 6000, 8192
 DATA = Path(__file__).resolve().parent.parent / "data" / "servegen" / "m-large"
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                      "lane_steps_per_s": r, "over_k2": ratio})
         print(f"| {kind} | {k} | {state_b:,} | {work_b:,} | {r / 1e6:.3f} | {ratio:.2f} |", flush=True)
     if args.json:
-        from vtc_jax.fileio import write_text_atomically
+        from vtc_jax.core.fileio import write_text_atomically
 
         write_text_atomically(args.json, json.dumps({"lanes": args.lanes, "rows": rows}, indent=1))
     return 0

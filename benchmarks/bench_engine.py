@@ -37,15 +37,15 @@ import numpy as np
 
 from tests import reference as ref
 from tests.sequential import simulate_vtc
-from vtc_jax import runner
-from vtc_jax import run as run_mod
-from vtc_jax.cli_common import guarded, int_arg, list_arg
-from vtc_jax.engine import PROGRAM, EngineBatch, LaneInput
-from vtc_jax.measures import MeasureConfig
+from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.driver import run as run_mod
+from vtc_jax.driver import runner
+from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
+from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.policies import registry
-from vtc_jax.settings import Settings, encode_settings
-from vtc_jax.traffic import overload
-from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
 
 STEPS, KV_BUDGET, RATES = 6000, 8192, (1.0, 0.25)
 
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
               f"all {len(registry.names())} policies mixed {out['dispatch']['all_policies']:.2f} "
               f"({mixed / single:.2f}x the time)")
     if args.json:
-        from vtc_jax.fileio import write_text_atomically
+        from vtc_jax.core.fileio import write_text_atomically
 
         write_text_atomically(args.json, json.dumps(out, indent=1))
     return 0

@@ -19,12 +19,12 @@ import time
 import jax
 import numpy as np
 
-from vtc_jax import run as run_mod
-from vtc_jax.cli_common import int_arg
-from vtc_jax.measures import ALL
-from vtc_jax.settings import Settings
-from vtc_jax.sources import TrafficSource
-from vtc_jax.traffic import overload
+from vtc_jax.cli.common import int_arg
+from vtc_jax.driver import run as run_mod
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.measures.online import ALL
 
 
 def main(argv=None):

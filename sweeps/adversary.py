@@ -1,6 +1,6 @@
 """The worst case: an adversarial search for arrival patterns that maximise the drift
 between jointly backlogged clients (the quantity of the VTC paper's 2U bound), per policy,
-KV budget M and client count K (vtc_jax/adversary.py: parametrisation, objective, search).
+KV budget M and client count K (vtc_jax/driver/adversary.py: parametrisation, objective, search).
 
 For each setting it reports the worst backlogged drift found, the paper's bound 2U
 (U = max(w_p * L_input, w_q * M), L_input the witness's largest prompt; for policies other
@@ -53,12 +53,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vtc_jax import adversary, devices, fileio
-from vtc_jax.cli_common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
-from vtc_jax.errors import InputError
+from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import adversary, devices
+from vtc_jax.driver.sweep import MODEL_ENGINE
+from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
-from vtc_jax.settings import Settings
-from vtc_jax.sweep import MODEL_ENGINE
 
 PROG = "python -m sweeps.adversary"
 SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to attack

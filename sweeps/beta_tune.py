@@ -20,13 +20,22 @@ from fractions import Fraction
 import numpy as np
 import optax
 
-from vtc_jax.cli_common import float_arg, int_arg
-from vtc_jax.errors import InputError
 from sweeps.context_cost import long_short_source
-from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, _range, add_workload_arguments, aggregate, evaluate, make_settings,
-                           workload_config)
-from vtc_jax.tune import es_minimize
+from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import (
+    Plot,
+    Row,
+    Sweep,
+    _range,
+    add_workload_arguments,
+    aggregate,
+    evaluate,
+    make_settings,
+    workload_config,
+)
+from vtc_jax.driver.tune import es_minimize
 
 QUANTUM = 1 << 18  # betas are multiples of 2^-18: exact, and every charge fits int32 at M = 16384
 PENALTY = 10.0

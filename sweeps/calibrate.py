@@ -1,4 +1,4 @@
-"""Fit the artifact profile's step-time model (vtc_jax.artifact.StepTime) to a profile of
+"""Fit the artifact profile's step-time model (vtc_jax.engines.artifact.StepTime) to a profile of
 your own engine.
 
 Input: a CSV with header batch_size,context_tokens,prompt_tokens,step_time_s (any column
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax import fileio
-from vtc_jax.artifact import StepTime
-from vtc_jax.cli_common import Parser, float_arg, guarded
-from vtc_jax.errors import InputError
+from vtc_jax.cli.common import Parser, float_arg, guarded
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.engines.artifact import StepTime
 
 COLUMNS = ("batch_size", "context_tokens", "prompt_tokens", "step_time_s")
 MAX_COUNT = 1 << 40  # batch sizes, contexts, prompts: far beyond any engine

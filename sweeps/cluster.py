@@ -17,17 +17,26 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax import fileio, sweep
-from vtc_jax.cli_common import float_arg, guarded, int_arg, list_arg, number_text
-from vtc_jax.cluster import CHOICES, COUNTERS, SATURATION, ClusterSettings, gateway_problem, lane_bytes, \
-    simulate_sources, source_config
-from vtc_jax.errors import InputError
-from vtc_jax.estimators import mix32
-from vtc_jax.measures import MeasureConfig
-from vtc_jax.settings import Settings, to_fraction
-from vtc_jax.sources import TrafficSource
-from vtc_jax.sweep import Row, Sweep
-from vtc_jax.traffic import overload
+from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import Row, Sweep
+from vtc_jax.engines.cluster import (
+    CHOICES,
+    COUNTERS,
+    SATURATION,
+    ClusterSettings,
+    gateway_problem,
+    lane_bytes,
+    simulate_sources,
+    source_config,
+)
+from vtc_jax.engines.settings import Settings, to_fraction
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.policies.estimators import mix32
 
 NAME = "cluster"
 FULL = {"replicas": [1, 2, 4, 8, 16], "routers": [1, 2, 4], "skew": ["0", "0.5", "1"],
@@ -177,7 +186,7 @@ def metrics(results, rows) -> dict:
 
 
 class ClusterEngine:
-    """The cluster lane behind the sweep driver (vtc_jax.sweep): rows whose settings are
+    """The cluster lane behind the sweep driver (vtc_jax.driver.sweep): rows whose settings are
     ClusterSettings and whose source is a TrafficSource."""
 
     name = "cluster"
@@ -273,7 +282,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    from vtc_jax.cli import preload_policy_modules
+    from vtc_jax.driver.policy_modules import preload_policy_modules
 
     preload_policy_modules(sys.argv[1:] if argv is None else argv)
     parser = sweep.base_parser(NAME, __doc__)

@@ -8,13 +8,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from vtc_jax.cli_common import list_arg, number_text
-from vtc_jax.errors import InputError
+from vtc_jax.cli.common import list_arg, number_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import Plot, Row, Sweep, _range, add_workload_arguments, base_metrics, make_settings, workload_config
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
-from vtc_jax.sources import TrafficSource
-from vtc_jax import sweep
-from vtc_jax.sweep import Plot, Row, Sweep, _range, add_workload_arguments, base_metrics, make_settings, workload_config
-from vtc_jax.traffic import overload
 
 BETAS = ["0", "1/4096", "1/2048", "3/4096", "1/1024", "3/2048", "1/512", "1/256", "1/128"]
 

@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
-from vtc_jax.cli_common import int_arg, list_arg
+from vtc_jax.cli.common import int_arg, list_arg
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import (
+    Plot,
+    Row,
+    Sweep,
+    add_workload_arguments,
+    base_metrics,
+    make_settings,
+    workload_config,
+    workload_is_default,
+    workload_source,
+)
+from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
-from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
-                           workload_config, workload_is_default, workload_source)
-from vtc_jax.traffic import overload
 
 RATES = "1.0,0.25"
 BUDGETS = [2048, 4096, 8192, 16384, 32768]

@@ -1,5 +1,5 @@
-"""The VTC paper's artifact tables, under the artifact engine profile (vtc_jax/artifact.py,
-docs/ARTIFACT.md), as sweeps on the one driver (vtc_jax.sweep) with engine ARTIFACT_ENGINE.
+"""The VTC paper's artifact tables, under the artifact engine profile (vtc_jax/engines/artifact.py,
+docs/ARTIFACT.md), as sweeps on the one driver (vtc_jax.driver.sweep) with engine ARTIFACT_ENGINE.
 
 Parts (--parts, comma-separated; default all):
   real          the real trace (data/vtc_real_trace.csv: 27 clients, 1,500 requests,
@@ -48,12 +48,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vtc_jax import artifact as A
-from vtc_jax import artifact_suites as S
-from vtc_jax import fileio, sweep as driver
-from vtc_jax.cli_common import float_arg, guarded, int_arg, list_arg
-from vtc_jax.errors import InputError
-from vtc_jax.sweep import Row, Sweep
+from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep as driver
+from vtc_jax.driver.sweep import Row, Sweep
+from vtc_jax.engines import artifact as A
+from vtc_jax.inputs import artifact_suites as S
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_TRACE = ROOT / "data" / "vtc_real_trace.csv"

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from vtc_jax import sweep
-from vtc_jax.cli_common import int_arg, list_arg, number_text
-from vtc_jax.errors import InputError
-from vtc_jax.estimators import ESTIMATORS
+from vtc_jax.cli.common import int_arg, list_arg, number_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.results import histogram_quantile
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload, silence_and_return
 from vtc_jax.policies import registry
-from vtc_jax.results import histogram_quantile
-from vtc_jax.settings import Settings
-from vtc_jax.sources import TrafficSource
-from vtc_jax.sweep import Plot, Row, Sweep, base_metrics
-from vtc_jax.traffic import overload, silence_and_return
+from vtc_jax.policies.estimators import ESTIMATORS
 
 WORKLOADS = ("overload", "return", "weighted", "zipf")
 PROMPT, OUTPUT = (64, 512), (32, 384)

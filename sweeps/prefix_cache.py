@@ -4,14 +4,13 @@ model's default): the computed work each client actually receives."""
 
 from __future__ import annotations
 
-from vtc_jax.cli_common import float_arg, list_arg
-from vtc_jax.errors import InputError
+from vtc_jax.cli.common import float_arg, list_arg
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings, workload_config
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
-from vtc_jax.sources import TrafficSource
-from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
-                           workload_config)
-from vtc_jax.traffic import overload
 
 
 def add_arguments(parser):

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from vtc_jax.cli_common import float_arg, int_arg
-from vtc_jax.errors import InputError
-from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
-                           workload_config, workload_is_default, workload_source)
-from vtc_jax.traffic import silence_and_return
+from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import (
+    Plot,
+    Row,
+    Sweep,
+    add_workload_arguments,
+    base_metrics,
+    make_settings,
+    workload_config,
+    workload_is_default,
+    workload_source,
+)
+from vtc_jax.inputs.traffic import silence_and_return
 
 POLICIES = ("fcfs", "lcf", "vtc")
 RATES = "1.0,1.0"

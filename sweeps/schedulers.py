@@ -3,12 +3,21 @@ seed document's first experiment), or on your own --trace."""
 
 from __future__ import annotations
 
-from vtc_jax.errors import InputError
-from vtc_jax import sweep
-from vtc_jax.sweep import (Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings,
-                           workload_config, workload_is_default, workload_source)
-from vtc_jax.cli_common import int_arg
-from vtc_jax.traffic import overload
+from vtc_jax.cli.common import int_arg
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.sweep import (
+    Plot,
+    Row,
+    Sweep,
+    add_workload_arguments,
+    base_metrics,
+    make_settings,
+    workload_config,
+    workload_is_default,
+    workload_source,
+)
+from vtc_jax.inputs.traffic import overload
 
 POLICIES = ("fcfs", "lcf", "vtc")
 RATES = "1.0,0.25"

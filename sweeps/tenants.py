@@ -37,14 +37,15 @@ from pathlib import Path
 import numpy as np
 
 from sweeps.policies import settings_for
-from vtc_jax import servegen, sweep
-from vtc_jax.cli_common import float_arg, int_arg, list_arg, number_text
-from vtc_jax.errors import InputError
-from vtc_jax.estimators import ESTIMATORS
+from vtc_jax.cli.common import float_arg, int_arg, list_arg, number_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.driver.results import histogram_quantile
+from vtc_jax.driver.sweep import Plot, Row, Sweep
+from vtc_jax.inputs import servegen
+from vtc_jax.inputs.sources import ServeGenSource
 from vtc_jax.policies import registry
-from vtc_jax.results import histogram_quantile
-from vtc_jax.sources import ServeGenSource
-from vtc_jax.sweep import Plot, Row, Sweep
+from vtc_jax.policies.estimators import ESTIMATORS
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "servegen" / "m-large"
 LOADS = (0.8, 1.0, 1.5, 2.0)

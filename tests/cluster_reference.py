@@ -1,5 +1,5 @@
 """Slow, literal, exact reference of the cluster model (docs/CLUSTER.md), in pure Python
-with Fractions, written from the rules, not from the JAX engine (vtc_jax/cluster.py).
+with Fractions, written from the rules, not from the JAX engine (vtc_jax/engines/cluster.py).
 
 Every router and every replica drives the registry's own literal policy references
 (`Policy.reference`, the classes tests/reference.py drives), each given a small "sim"
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from tests.reference import Request as Req  # one request record for both references
-from vtc_jax.cluster import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
-from vtc_jax.estimators import reference_estimate
+from vtc_jax.engines.cluster import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
 from vtc_jax.policies import registry
+from vtc_jax.policies.estimators import reference_estimate
 
 M32 = 0xFFFFFFFF
 

@@ -10,8 +10,8 @@ import pytest
 
 from tests import reference as ref
 from vtc_jax import Settings, Trace
-from vtc_jax.estimators import ESTIMATORS
 from vtc_jax.policies import registry
+from vtc_jax.policies.estimators import ESTIMATORS
 
 
 def to_trace(requests: list[ref.Request]) -> Trace:

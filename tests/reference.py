@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-from vtc_jax.estimators import reference_estimate
+from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
-from vtc_jax.settings import Settings
+from vtc_jax.policies.estimators import reference_estimate
 
 POLICIES = registry.names()
 

@@ -1,4 +1,4 @@
-"""The adversarial search (vtc_jax/adversary.py, sweeps/adversary.py): its parametrisation
+"""The adversarial search (vtc_jax/driver/adversary.py, sweeps/adversary.py): its parametrisation
 stays within its limits, its bulk layout is the project's own trace layout, its objective
 is the engine's backlogged drift (and the literal reference's, brute force), a tiny
 search beats random sampling and its witness replays exactly through the replay CLI, the
@@ -19,12 +19,12 @@ import pytest
 
 from sweeps import adversary as sweep
 from tests import reference as ref
-from vtc_jax import adversary as adv
-from vtc_jax import cli
-from vtc_jax.errors import InputError
-from vtc_jax.run import run_traces
-from vtc_jax.settings import Settings
-from vtc_jax.workload import layout_trace, read_trace_csv, timeline_host
+from vtc_jax.cli import commands as cli
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import adversary as adv
+from vtc_jax.driver.run import run_traces
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.workload import layout_trace, read_trace_csv, timeline_host
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "results" / "adversary"

@@ -1,4 +1,4 @@
-"""The artifact profile (vtc_jax/artifact.py) against a slow pure-Python reference written
+"""The artifact profile (vtc_jax/engines/artifact.py) against a slow pure-Python reference written
 from the artifact's router loop, hand-worked timelines, plain numpy measures, the
 artifact's own traces, and its command lines (sweeps.paper, sweeps.calibrate).
 
@@ -15,9 +15,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from vtc_jax import artifact as A
-from vtc_jax import artifact_suites as S
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
+from vtc_jax.engines import artifact as A
+from vtc_jax.inputs import artifact_suites as S
 
 CONFIG = A.Config(num_requests=64, num_clients=4, slots=32)
 LANES = 6  # every run_engine batch is padded to this many lanes (one compile)
@@ -676,7 +676,7 @@ def test_paper_weighted_rows_through_the_driver():
     """Weighted VTC, oracle, predict and RPM rows through the driver on one small workload:
     weights follow the workload's own client ids, RPM rejects, every lane finishes."""
     from sweeps import paper
-    from vtc_jax.sweep import run_sweep
+    from vtc_jax.driver.sweep import run_sweep
 
     cols = dict(zip(A.TRACE_COLUMNS, map(np.asarray, random_trace(4, n=40, k=4))))
     wl = A.Workload.fixed("tiny", cols)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import reference as ref
-from vtc_jax import cli
+from vtc_jax.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_TRACE = ROOT / "examples" / "small_trace.csv"

@@ -1,4 +1,4 @@
-"""The cluster lane (vtc_jax/cluster.py) against its literal reference
+"""The cluster lane (vtc_jax/engines/cluster.py) against its literal reference
 (tests/cluster_reference.py), to the integer, on many small random clusters (R, G in
 1..3, K in 2..4, every saturation rule, replica choice and counter mode, several router
 and engine policies); hand cases with known outcomes (the 1:1 collapse under full skew,
@@ -17,13 +17,20 @@ import pytest
 
 from tests import cluster_reference as cref
 from vtc_jax import Settings, Trace
-from vtc_jax.cluster import (AFFINITY_SALT, CHOICES, COUNTERS, INGRESS_BITS, ClusterSettings, ingress_router,
-                             simulate_traces)
-from vtc_jax.errors import InputError
-from vtc_jax.measures import latency_bin
+from vtc_jax.core.errors import InputError
+from vtc_jax.engines.cluster import (
+    AFFINITY_SALT,
+    CHOICES,
+    COUNTERS,
+    INGRESS_BITS,
+    ClusterSettings,
+    ingress_router,
+    simulate_traces,
+)
+from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, ORDER
+from vtc_jax.measures.online import latency_bin
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import weight_scale
-from vtc_jax.workload import ARRIVAL, INT32_MAX, ORDER
 
 GATEWAY_POLICIES = ("vtc_gateway", "drr", "wfq", "sfq", "vtc", "fcfs", "lcf")
 ENGINE_POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las", "vtc_predict", "vtc_gateway")

@@ -12,7 +12,8 @@ import pytest
 
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
-from vtc_jax import InputError, Settings, Trace, engine, registry, replay, replay_lanes, run_traces
+from vtc_jax import InputError, Settings, Trace, registry, replay, replay_lanes, run_traces
+from vtc_jax.engines import engine
 
 
 def _random_lanes(seed: int, count: int, num_clients: int = 3):
@@ -132,9 +133,9 @@ def test_context_sums_alone_decide_wide_numbers_at_large_budgets():
     """M = 32768 over 6000 steps: only the summed context (the ledger, the occupancy
     measure) can pass 2^30, so the planner keeps NARROW numbers unless one of those is kept
     (that both formats give the same integers is the test above)."""
-    from vtc_jax.measures import MeasureConfig
-    from vtc_jax.run import check_exact_limits, traffic_config
-    from vtc_jax.traffic import overload
+    from vtc_jax.driver.run import check_exact_limits, traffic_config
+    from vtc_jax.inputs.traffic import overload
+    from vtc_jax.measures.online import MeasureConfig
 
     s = Settings("vtc", 32768)
     limits = dict(min_prompt=64, max_prompt=512, max_output=384, horizon=6000, max_requests=9000)

@@ -66,8 +66,8 @@ def servegen_requests(steps: int = SERVEGEN_STEPS, kv_budget: int = SERVEGEN_M) 
     up; outputs capped at 1024 before): real tenant mix and arrival pattern, small lengths."""
     import jax
 
-    from vtc_jax import servegen as sg
-    from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, OUTPUT, PROMPT
+    from vtc_jax.inputs import servegen as sg
+    from vtc_jax.inputs.workload import ARRIVAL, CACHED, INT32_MAX, OUTPUT, PROMPT
 
     data = sg.read_servegen(str(DATA))
     unit = sg.plan(data, load=1.0, kv_budget=4096, horizon=steps, max_output=1024, pad=6)

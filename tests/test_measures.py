@@ -10,8 +10,8 @@ import pytest
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
 from vtc_jax import POLICIES, run_traces
-from vtc_jax.measures import latency_bin
-from vtc_jax.results import latency_bin_edges
+from vtc_jax.driver.results import latency_bin_edges
+from vtc_jax.measures.online import latency_bin
 
 EVERY = 3
 STEPS = 36

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vtc_jax import cli, sweep
-from vtc_jax.errors import InputError
-from vtc_jax.workload import read_trace_csv
+from vtc_jax.cli import commands as cli
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import sweep
+from vtc_jax.inputs.workload import read_trace_csv
 
 
 def _write(path, text):

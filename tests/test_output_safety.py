@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vtc_jax import fileio
-from vtc_jax.errors import InputError
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,8 @@ def test_a_full_disk_mid_set_leaves_nothing(tmp_path):
 _COMMAND = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
-    from vtc_jax import cli_common, fileio
+    from vtc_jax.cli import common as cli_common
+    from vtc_jax.core import fileio
     cli_common._is_command = lambda: True   # as under `python -m sweeps.X`
     out = Path(sys.argv[1])
     how = sys.argv[2]
@@ -226,7 +227,7 @@ def test_the_time_left_tracks_measured_progress():
     import io
     import re
 
-    from vtc_jax.sweep import Progress
+    from vtc_jax.driver.sweep import Progress
 
     clock, prints = [0.0], []
 
@@ -259,7 +260,7 @@ def _slow_program():
     """A lane that is never done and whose event costs a 160x160 matmul (~1 ms on CPU)."""
     import jax.numpy as jnp
 
-    from vtc_jax import runner
+    from vtc_jax.driver import runner
 
     def init(config, batched, shared):
         return {"x": jnp.full((160, 160), 0.01, jnp.float32) * batched, "n": jnp.zeros((), jnp.int32)}
@@ -277,7 +278,7 @@ def test_no_compiled_call_runs_for_long():
 
     import jax.numpy as jnp
 
-    from vtc_jax import runner
+    from vtc_jax.driver import runner
 
     marks = [time.perf_counter()]
     host, done = runner.run(_slow_program(), None, jnp.ones(2), None, event_budget=8192, chunk=8192,
@@ -295,7 +296,7 @@ def test_call_sizes_do_not_change_results(monkeypatch):
     import jax.numpy as jnp
     import numpy as np
 
-    from vtc_jax import runner
+    from vtc_jax.driver import runner
 
     def init(config, batched, shared):
         return {"n": jnp.zeros((), jnp.int32), "stop": batched}
@@ -324,7 +325,7 @@ def test_scatter_labels_do_not_overlap(tmp_path, monkeypatch):
     import matplotlib.figure
     from matplotlib.text import Text
 
-    from vtc_jax import sweep
+    from vtc_jax.driver import sweep
 
     boxes = []
     original = matplotlib.figure.Figure.savefig
@@ -358,7 +359,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
     """The figure was 0.5 in per tenant: 275,220 px wide for 5,000 tenants."""
-    from vtc_jax import sweep
+    from vtc_jax.driver import sweep
 
     k = 5000
     demand = [(k - i) / (k * (k + 1) / 2) for i in range(k)]  # tenant 0 demands most
@@ -377,7 +378,7 @@ def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
 
 
 def test_a_full_disk_in_a_command_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    from vtc_jax import cli
+    from vtc_jax.cli import commands as cli
 
     trace = tmp_path / "t.csv"
     trace.write_text("arrival,client,prompt,output\n0,0,10,5\n1,1,20,3\n")

@@ -15,7 +15,9 @@ import pytest
 
 from tests import reference as ref
 from tests.helpers import random_settings, run_reference, service_matrix, to_trace
-from vtc_jax import InputError, Settings, Trace, cli, replay, run_traces
+from vtc_jax import InputError, Settings, Trace, replay, run_traces
+from vtc_jax.cli import commands as cli
+from vtc_jax.driver import policy_modules
 from vtc_jax.policies import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +55,7 @@ def test_user_policy_file_runs_in_replay_and_in_a_sweep(tmp_path):
 
 
 def test_user_policy_is_exact_against_its_own_reference():
-    name = registry.load_policy_module(MY_POLICY)[0]
+    name = policy_modules.load_policy_module(MY_POLICY)[0]
     rng = random.Random(9)
     traces, settings, requests = [], [], []
     for _ in range(48):

@@ -13,9 +13,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from vtc_jax import InputError, Settings, Trace, cli, replay
-from vtc_jax.cluster import ClusterSettings, simulate_traces
-from vtc_jax.policies import checks, registry
+from vtc_jax import InputError, Settings, Trace, replay
+from vtc_jax.cli import commands as cli
+from vtc_jax.driver import policy_modules
+from vtc_jax.engines.cluster import ClusterSettings, simulate_traces
+from vtc_jax.policies import registry
 from vtc_jax.policies.vtc import VTC
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +34,7 @@ def clean_registry(monkeypatch):
 
 
 def _load(name: str) -> str:
-    return registry.load_policy_module(MODULES / f"{name}.py")[0]
+    return policy_modules.load_policy_module(MODULES / f"{name}.py")[0]
 
 
 # ---- the engines admit only eligible clients ---------------------------------------------
@@ -140,29 +142,29 @@ def test_a_name_is_defined_once(clean_registry, tmp_path):
     name already taken is refused, naming where it came from; a module defining a name
     twice is refused; a refused module registers nothing."""
     first = MODULES / "ignores_limits.py"
-    assert registry.load_policy_module(first) == ["ignores_limits"]
+    assert policy_modules.load_policy_module(first) == ["ignores_limits"]
     policy = registry.get("ignores_limits")
-    assert registry.load_policy_module(first) == ["ignores_limits"] and registry.get("ignores_limits") is policy
+    assert policy_modules.load_policy_module(first) == ["ignores_limits"] and registry.get("ignores_limits") is policy
     copy = tmp_path / "copy.py"
     copy.write_text(first.read_text())
     with pytest.raises(InputError, match=r"policy 'ignores_limits' is already defined \(.*ignores_limits\.py\)"):
-        registry.load_policy_module(copy)
+        policy_modules.load_policy_module(copy)
     twice = tmp_path / "twice.py"
     twice.write_text(first.read_text().replace("POLICY = Policy(", "ONE = Policy(").replace(
         'name="ignores_limits"', 'name="named_twice"').replace(
         "encode=no_params, init=no_state, select=select)",
         "encode=no_params, init=no_state, select=select)\nPOLICIES = [ONE, ONE]"))
     with pytest.raises(InputError, match="defines policy 'named_twice' twice"):
-        registry.load_policy_module(twice)
+        policy_modules.load_policy_module(twice)
     before = registry.names()
     with pytest.raises(InputError, match="select_missing"):
-        registry.load_policy_module(MODULES / "select_missing.py")
+        policy_modules.load_policy_module(MODULES / "select_missing.py")
     assert registry.names() == before
 
 
 def test_the_example_policy_passes_the_checks(clean_registry):
     """examples/my_policy.py loads (its check traces it in both number formats)."""
-    assert registry.load_policy_module(ROOT / "examples" / "my_policy.py") == ["round_robin"]
+    assert policy_modules.load_policy_module(ROOT / "examples" / "my_policy.py") == ["round_robin"]
     assert registry.get("round_robin").select.__module__ != "vtc_jax.policies.checks"  # the original, not the guard
 
 
@@ -171,5 +173,5 @@ def test_a_renamed_builtin_passes_the_checks(builtin):
     """No valid policy is refused: each kind of built-in (stateless, arrival hook, a scan's
     state, estimator and counters, options and a validate that refuses the defaults)
     passes under a new name."""
-    checks.check_policy(dataclasses.replace(registry.get(builtin), name=f"renamed_{builtin}"))
+    policy_modules.check_policy(dataclasses.replace(registry.get(builtin), name=f"renamed_{builtin}"))
     assert f"renamed_{builtin}" not in registry.names()  # registered for the check only

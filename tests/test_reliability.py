@@ -11,13 +11,15 @@ import uuid
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tests import reference as ref
 from tests.helpers import run_reference, service_matrix, to_trace
 from vtc_jax import InputError, MeasureConfig, Settings, replay, run_traces
-from vtc_jax.cli import main as cli_main
-from vtc_jax.workload import read_trace_csv
+from vtc_jax.cli.commands import main as cli_main
+from vtc_jax.inputs.workload import read_trace_csv
 
 
 def _random_requests(rng, k, n, max_arrival, prompt, output):

@@ -33,7 +33,7 @@ import numpy as np, random
 from tests import reference as ref
 from tests.helpers import random_settings, to_trace
 from vtc_jax import run_traces, POLICIES
-from vtc_jax.devices import lane_mesh
+from vtc_jax.driver.devices import lane_mesh
 import jax
 assert jax.device_count() == 8
 rng = random.Random(5)

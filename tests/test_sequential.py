@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 
 import numpy as np
+
 from tests import reference as ref
 from tests.sequential import simulate_vtc
 from vtc_jax import MeasureConfig, Settings
-from vtc_jax.run import _traffic_sources, generate_workloads, run_traces, simulate_traffic, traffic_config
-from vtc_jax.traffic import overload
-from vtc_jax.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Trace, client_rows
+from vtc_jax.driver.run import _traffic_sources, generate_workloads, run_traces, simulate_traffic, traffic_config
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Trace, client_rows
 
 
 def _sequential(trace: Trace, k: int, m: int, steps: int):

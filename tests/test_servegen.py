@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vtc_jax import servegen as sg
-from vtc_jax.errors import InputError
-from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, ORDER, OUTPUT, PROMPT, padding_rows
+from vtc_jax.core.errors import InputError
+from vtc_jax.inputs import servegen as sg
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, INT32_MAX, ORDER, OUTPUT, PROMPT, padding_rows
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "servegen", "m-large")
 TRACE_ONLY = {15, 21, 41, 44, 66, 72, 73, 82, 89, 100, 112, 120, 142, 148, 156}

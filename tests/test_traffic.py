@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 
 from vtc_jax import InputError, Settings, simulate_traffic
-from vtc_jax import sources
-from vtc_jax.run import lane_keys
-from vtc_jax.stats import summarize
-from vtc_jax.traffic import (generate, on_off, overload, phased, ramp, resample, silence_and_return,
-                             stream_capacity)
-from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, client_rows
+from vtc_jax.driver.run import lane_keys
+from vtc_jax.inputs import sources
+from vtc_jax.inputs.traffic import generate, on_off, overload, phased, ramp, resample, silence_and_return, stream_capacity
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, client_rows
+from vtc_jax.measures.stats import summarize
 
 SEEDS = 64
 

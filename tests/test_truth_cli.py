@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vtc_jax import cli
-from vtc_jax.errors import InputError
+from vtc_jax.cli import commands as cli
+from vtc_jax.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ def test_compare_writes_results_and_plots_as_one_set(tmp_path, capsys, monkeypat
     def full_disk(result, names, path):
         raise OSError(28, "No space left on device")
 
-    from vtc_jax import sweep as sweep_mod
+    from vtc_jax.driver import sweep as sweep_mod
 
     monkeypatch.setattr(sweep_mod, "draw_tenants", full_disk)
     code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "200", "--out", str(out),
@@ -198,7 +198,7 @@ def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
     monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig))
     clients = {"served_share": [0.5, 0.5], "offered_share": [0.5, 0.5], "wait_p99": [0.0, 0.0]}
     result = {"rows": [{"label": "vtc", "clients": clients}]}
-    from vtc_jax import sweep as sweep_mod
+    from vtc_jax.driver import sweep as sweep_mod
 
     sweep_mod.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
     waits = closed[0].axes[1]

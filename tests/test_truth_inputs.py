@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vtc_jax import run, sources
-from vtc_jax.errors import InputError
-from vtc_jax.settings import Settings
-from vtc_jax.workload import ARRIVAL, INT32_MAX, Trace, layout_trace, make_workload, read_trace_csv
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import run
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs import sources
+from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, Trace, layout_trace, make_workload, read_trace_csv
 
 # 2 clients, 10 requests, distinct arrivals (so any row order has one (arrival, number) order).
 ROWS = [(0, 0, 40, 6), (3, 1, 30, 4), (5, 0, 20, 5), (9, 1, 50, 3), (14, 0, 10, 7),

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from vtc_jax import artifact as A
+from vtc_jax.engines import artifact as A
 
 LOG_HEADER = "arrival_s,client,prompt,output\n"
 
@@ -65,7 +65,7 @@ def _parser(name: str):
     """The full parser of sweeps.NAME, as its main builds it."""
     import importlib
 
-    from vtc_jax import sweep as driver
+    from vtc_jax.driver import sweep as driver
 
     module = importlib.import_module(f"sweeps.{name}")
     if hasattr(module, "build_parser"):

@@ -7,8 +7,8 @@ import json
 import numpy as np
 
 from sweeps import beta_tune, context_cost, kv_cap, prefix_cache
-from vtc_jax.sweep import main
-from vtc_jax.tune import centered_ranks, es_minimize
+from vtc_jax.driver.sweep import main
+from vtc_jax.driver.tune import centered_ranks, es_minimize
 
 
 def _run(module, tmp_path, *args):

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 from vtc_jax.servers import vllm
 from vtc_jax.testing.vllm_reference import TraceRequest, load_golden, simulate
 

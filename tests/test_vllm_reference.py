@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 from vtc_jax.testing import vllm_reference as vr
 from vtc_jax.testing.vllm_reference import (
     TraceRequest,

@@ -1,5 +1,5 @@
 import sys
 
-from vtc_jax.cli import main
+from vtc_jax.cli.commands import main
 
 sys.exit(main())

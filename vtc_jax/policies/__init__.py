@@ -3,13 +3,12 @@
 `registry.names()` is the one list of policy names; `registry.get(name)` returns a
 `Policy` (base.py). The built-in policies are registered here, in this order (the order
 also fixes the engine's dispatch order when a batch mixes policies). A user's own policy
-is registered from a file with `registry.load_policy_module(path)` (the CLIs'
+is registered from a file with `policy_modules.load_policy_module(path)` (the CLIs'
 `--policy-module`). docs/POLICIES.md describes the interface with a worked example.
 """
 
 from vtc_jax.policies import registry
-from vtc_jax.policies.base import (Admission, Arrivals, Choice, Completion, Costs, EncodeContext, Policy, Shape,
-                                   StepEnd, View)
+from vtc_jax.policies.base import Admission, Arrivals, Choice, Completion, Costs, EncodeContext, Policy, Shape, StepEnd, View
 from vtc_jax.policies.drr import DRR
 from vtc_jax.policies.fair_queueing import SFQ, WFQ
 from vtc_jax.policies.fcfs import FCFS, RPM

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import wide
+from vtc_jax.core import wide
 
 I32 = jnp.int32
 
@@ -265,7 +265,7 @@ def i32(x) -> np.ndarray:
     """A host value as an int32 numpy array (checked: no silent wrap)."""
     a = np.asarray(x, dtype=np.int64)
     if (a > np.iinfo(np.int32).max).any() or (a < np.iinfo(np.int32).min).any():
-        from vtc_jax.errors import InputError
+        from vtc_jax.core.errors import InputError
 
         raise InputError(f"a setting needs {int(np.abs(a).max())} exact integer units, past the int32 limit")
     return a.astype(np.int32)
@@ -280,7 +280,7 @@ def decode_cost(costs: Costs, prompt, tokens):
 def prefill_cost(costs: Costs, rows):
     """Cost units of prefilling request rows (int32[..., 5]): w_p per computed prompt token
     (per sent token when Settings.charge_cached)."""
-    from vtc_jax.workload import CACHED, PROMPT
+    from vtc_jax.inputs.workload import CACHED, PROMPT
 
     charged = jnp.where(costs.charge_cached, rows[..., PROMPT], rows[..., PROMPT] - rows[..., CACHED])
     return costs.prefill * charged
@@ -288,7 +288,7 @@ def prefill_cost(costs: Costs, rows):
 
 def estimated_cost(costs: Costs, rows, estimate):
     """Cost units of a request if its output were `estimate` tokens (at least 1 unit)."""
-    from vtc_jax.workload import PROMPT
+    from vtc_jax.inputs.workload import PROMPT
 
     return jnp.maximum(1, prefill_cost(costs, rows) + decode_cost(costs, rows[..., PROMPT], estimate))
 

@@ -1,4 +1,4 @@
-"""Load-time checks of a user's policy (registry.load_policy_module), so that a broken
+"""Load-time checks of a user's policy (driver.policy_modules.load_policy_module), so that a broken
 `--policy-module` is one InputError line naming the file, the policy and the hook, never an
 "internal error" later in a run.
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 from vtc_jax.policies.base import Choice, Policy
 
 # The jax settings a policy module could change that change what the engine computes.
@@ -245,59 +245,3 @@ def guarded(policy: Policy) -> Policy:
     if policy.validate is not None:
         wrapped["validate"] = guard("validate", lenient(policy.validate), check_nothing)
     return dataclasses.replace(policy, **wrapped)
-
-
-# ---- the traced lane ---------------------------------------------------------------------
-
-# (arrival, client, prompt, output) of the test lane. Tracing reaches every hook whatever
-# the rows (an event runs every phase under masks); the rows only need to be valid.
-TEST_ROWS = ((0, 0, 8, 3), (0, 1, 6, 4), (0, 0, 5, 2), (1, 1, 7, 1), (9, 0, 4, 2))
-TEST_STEPS = 12
-
-
-def trace_lane(name: str, *, wide: bool) -> None:
-    """Trace (jax.eval_shape: no compile, no run) a batch of two 2-client lanes through the
-    real engine, as the runner does (init, then events under vmap): one lane of policy
-    `name` (as registered now), one of fcfs, so that the policy's params for another
-    policy's lane (encode(None, ctx)) and the dispatch between policies are traced too.
-    Raises whatever a hook or the engine raises."""
-    from vtc_jax import run, runner
-    from vtc_jax.engine import PROGRAM, EngineBatch, LaneInput
-    from vtc_jax.policies import registry
-    from vtc_jax.settings import Settings, encode_settings
-    from vtc_jax.workload import Trace, make_workload
-
-    trace = Trace.from_rows(TEST_ROWS)
-    settings = [Settings(policy=name, kv_budget=16), Settings(policy="fcfs", kv_budget=16)]
-    config, _, _, _ = run.plan_lanes([trace] * 2, settings, 2, TEST_STEPS, 0, policies=(name, "fcfs"), wide=wide)
-    params, _ = encode_settings(settings, 2, config.policies)
-    workload = make_workload(trace, 2, config.arrival_width + 1, TEST_STEPS)
-    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(2, TEST_STEPS, jnp.int32)), workload=None)
-
-    def lane():
-        carry = runner.init.__wrapped__(batch, workload, program=PROGRAM, config=config)
-        return runner.advance.__wrapped__(carry, batch, workload, program=PROGRAM, config=config, num_events=2)
-
-    final = jax.eval_shape(lane)
-    counters = registry.get(name).counters
-    if counters is not None:
-        jax.eval_shape(jax.vmap(counters), final.policy[name])
-
-
-def check_policy(policy: Policy) -> None:
-    """Check `policy` (attributes, then a traced test lane in both number formats) with a
-    guarded copy registered under its name for the check only. Raises HookFailed for a
-    function of the policy, InputError for anything else."""
-    from vtc_jax.policies import registry
-
-    check_attributes(policy)
-    with registry.provisionally(guarded(policy)):
-        for wide in (False, True):
-            try:
-                trace_lane(policy.name, wide=wide)
-            except (HookFailed, KeyboardInterrupt):
-                raise
-            except InputError as err:
-                raise InputError(f"its default settings are refused on a test lane ({err})") from None
-            except BaseException as err:  # noqa: BLE001 - anything else the traced lane hit
-                raise InputError(f"fails on a traced test lane ({describe(err)})") from None

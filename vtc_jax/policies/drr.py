@@ -37,7 +37,7 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 from vtc_jax.policies.base import Choice, Policy, estimated_cost, i32, onehot, prefill_cost, weight_scale
 
 I32 = jnp.int32

@@ -27,8 +27,8 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 
+from vtc_jax.inputs.workload import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, estimated_cost, no_params
-from vtc_jax.workload import ARRIVAL
 
 I32 = jnp.int32
 

@@ -23,7 +23,7 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 from vtc_jax.policies.base import Choice, Policy, argmin_choice, estimated_cost, onehot
 
 I32 = jnp.int32

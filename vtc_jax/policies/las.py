@@ -33,9 +33,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
+from vtc_jax.inputs.workload import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, power, reference_power
-from vtc_jax.workload import ARRIVAL
 
 F32, I32 = jnp.float32, jnp.int32
 FORGET = ("llmd", "idle")

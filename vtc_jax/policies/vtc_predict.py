@@ -17,11 +17,12 @@ finished request has cost exactly what it consumed.
 
 from __future__ import annotations
 
-import numpy as np
 from fractions import Fraction
 
+import numpy as np
+
+from vtc_jax.inputs.workload import PROMPT
 from vtc_jax.policies.base import Policy, argmin_choice, decode_cost, lift, onehot
-from vtc_jax.workload import PROMPT
 
 
 def encode(settings, ctx) -> dict:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 
 I32 = jnp.int32
 INT_MAX = 2**31 - 1

@@ -27,8 +27,8 @@ import json
 import os
 from collections.abc import Callable, Iterable
 
-from vtc_jax.errors import InputError
-from vtc_jax.fileio import csv_table, read_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.fileio import csv_table, read_text
 
 POLICIES = ("fcfs", "priority")
 VICTIMS = ("newest", "policy")

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import estimators
-from vtc_jax.errors import InputError
-from vtc_jax.policies import base as policy_base, registry
+from vtc_jax.core.errors import InputError
+from vtc_jax.policies import base as policy_base
+from vtc_jax.policies import estimators, registry
 
 DEFAULT_RPM_WINDOW = 2000
 RPM_MODES = ("delay", "reject")

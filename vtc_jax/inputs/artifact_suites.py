@@ -30,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 
 ARTIFACT_SEED = 42  # run_exp.py's default --seed: the traces of the artifact's own runs
 

@@ -14,8 +14,8 @@ import signal
 import sys
 from typing import Callable
 
-from vtc_jax import fileio
-from vtc_jax.errors import InputError
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130 = 128 + SIGINT
 

@@ -45,17 +45,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import completions, estimators, runner, wide as wide_mod
-from vtc_jax.devices import lane_mesh
-from vtc_jax.errors import InputError
-from vtc_jax.measures import LATENCY_BINS, latency_bin
-from vtc_jax.policies import registry
-from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, estimated_cost,
-                                   onehot)
-from vtc_jax.settings import INT32_MAX, Params, Settings, encode_settings, lane_scales, to_fraction
-from vtc_jax.wide import WIDE
-from vtc_jax.workload import (ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT, Trace, Workload, make_workload,
-                              requests_per_client)
+from vtc_jax.core import wide as wide_mod
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.wide import WIDE
+from vtc_jax.driver import runner
+from vtc_jax.driver.devices import lane_mesh
+from vtc_jax.engines.program import LaneProgram
+from vtc_jax.engines.settings import INT32_MAX, Params, Settings, encode_settings, lane_scales, to_fraction
+from vtc_jax.inputs.workload import (
+    ARRIVAL,
+    CACHED,
+    NUM_FIELDS,
+    ORDER,
+    OUTPUT,
+    PROMPT,
+    Trace,
+    Workload,
+    make_workload,
+    requests_per_client,
+)
+from vtc_jax.measures.online import LATENCY_BINS, latency_bin
+from vtc_jax.policies import estimators, registry
+from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, estimated_cost, onehot
+from vtc_jax.servers import completions
 
 I32, U32 = jnp.int32, jnp.uint32
 EST = NUM_FIELDS  # a request's output estimate (precomputed per request)
@@ -225,7 +237,7 @@ class ClusterSettings:
         return out
 
     def setting_keys(self) -> dict:
-        """Keys of a sweep row (vtc_jax.sweep.settings_keys)."""
+        """Keys of a sweep row (vtc_jax.driver.sweep.settings_keys)."""
         e = self.engine
         out = {"replicas": self.replicas, "routers": self.routers, "skew": _num(self.skew), "counters": self.counters,
                "estimate_error": _num(e.estimate_error), "gateway_policy": self.gateway_policy,
@@ -1089,7 +1101,7 @@ def _program_step(state: ClusterState, batched: ClusterBatch, shared, cfg: Clust
     return step_lane(state, batched.params, batched.workload, cfg)
 
 
-PROGRAM = runner.LaneProgram(name="cluster", init=_program_init, step=_program_step, done=lambda s: s.done)
+PROGRAM = LaneProgram(name="cluster", init=_program_init, step=_program_step, done=lambda s: s.done)
 
 
 # ---- layout: client-major requests -> (router, tenant) blocks ----------------------------
@@ -1186,7 +1198,7 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
                 record: bool = False, lane_max_prompts: Sequence[int] | None = None) -> ClusterConfig:
     """The static config that fits every lane (validated: exact int32 arithmetic, prompts
     that fit M). `num_clients`: K, or one tenant count per lane (K is then the largest)."""
-    from vtc_jax.run import MAX_HORIZON, calendar_rows, check_exact_limits
+    from vtc_jax.driver.run import MAX_HORIZON, calendar_rows, check_exact_limits
 
     if not clusters:
         raise InputError("no cluster lanes given")
@@ -1280,7 +1292,7 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
 
 def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4) -> ClusterConfig:
     """The static config that fits every lane of `srcs` (sources.py) x `clusters`."""
-    from vtc_jax import sources
+    from vtc_jax.inputs import sources
 
     uniq = sources.unique(srcs)
     lay = sources.layout(uniq, arrival_width + 2)
@@ -1296,8 +1308,8 @@ def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
                      progress: Callable | None = None) -> "ClusterResults":
     """Lane i: requests generated from seeds[i] and srcs[i] (sources.py), run under
     clusters[i] for the sources' horizon, in one compiled batch."""
-    from vtc_jax import sources
-    from vtc_jax.run import lane_keys
+    from vtc_jax.driver.run import lane_keys
+    from vtc_jax.inputs import sources
 
     if not (len(srcs) == len(clusters) == len(seeds)) or not seeds:
         raise InputError(f"{len(srcs)} workloads, {len(clusters)} clusters, {len(seeds)} seeds: need one each per lane")
@@ -1455,7 +1467,7 @@ class ClusterResults:
     def wait_percentile(self, q: float) -> np.ndarray:
         """float64[B] the q-quantile of waiting time (admission - router arrival, steps) over
         every admitted request (exact below 64 steps, within 1/8 octave above)."""
-        from vtc_jax.results import histogram_quantile
+        from vtc_jax.driver.results import histogram_quantile
 
         return histogram_quantile(self.wait_hist.sum(axis=1), q)
 

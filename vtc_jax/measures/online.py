@@ -27,7 +27,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
 I32 = jnp.int32

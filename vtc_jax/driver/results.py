@@ -18,11 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import wide
-from vtc_jax.measures import pairs
-from vtc_jax.measures import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS
-from vtc_jax.settings import Scales, Settings, encode_settings
-from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
+from vtc_jax.core import wide
+from vtc_jax.engines.settings import Scales, Settings, encode_settings
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
+from vtc_jax.measures.online import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, pairs
 
 
 @dataclasses.dataclass(frozen=True)

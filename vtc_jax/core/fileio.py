@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-from vtc_jax.errors import InputError
+from vtc_jax.core.errors import InputError
 
 MAX_INPUT_BYTES = 1 << 30  # 1 GiB: the largest trace or data file any command reads
 _CHUNK = 1 << 20

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
-from vtc_jax.workload import INT32_MAX, NUM_FIELDS, Workload, padding_rows
+from vtc_jax.core.errors import InputError
+from vtc_jax.inputs.workload import INT32_MAX, NUM_FIELDS, Workload, padding_rows
 
 F32, I32 = jnp.float32, jnp.int32
 MAX_ROWS = INT32_MAX // 2  # request rows of one lane (workload.block_sizes' limit)

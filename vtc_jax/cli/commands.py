@@ -25,17 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax import fileio
-from vtc_jax.cli_common import (EXIT_BAD_INPUT, CheckFailed, Parser, float_arg, guarded, int_arg, list_arg,
-                                number_text)
-from vtc_jax.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
-from vtc_jax.errors import InputError
-from vtc_jax.estimators import ESTIMATORS
-from vtc_jax.measures import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
+from vtc_jax.cli.common import EXIT_BAD_INPUT, CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import policy_modules
+from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
+from vtc_jax.driver.results import load_values, overloaded
+from vtc_jax.engines.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
+from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.policies import registry
-from vtc_jax.results import load_values, overloaded
-from vtc_jax.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
-from vtc_jax.workload import Trace, read_trace_csv
+from vtc_jax.policies.estimators import ESTIMATORS
 
 PROG = "vtc_jax"
 # Clients are laid out densely (ids 0..K-1): a stray huge id must not allocate K blocks.
@@ -153,17 +153,6 @@ def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool 
                     options=tuple((n, v) for n, v in args.option if f"--option {n}" not in drop),
                     share_window=share_window,
                     **estimator)
-
-
-def preload_policy_modules(argv) -> None:
-    """Register the policies of every --policy-module FILE in argv before the parser is
-    built, so their names are valid choices."""
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg == "--policy-module" and i + 1 < len(argv):
-            registry.load_policy_module(argv[i + 1])
-        elif arg.startswith("--policy-module="):
-            registry.load_policy_module(arg.split("=", 1)[1])
 
 
 def _cache_flags(parser) -> None:
@@ -289,7 +278,7 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 
 def replay_command(args) -> tuple[dict, dict, object]:
-    from vtc_jax.run import drain_horizon, replay
+    from vtc_jax.driver.run import drain_horizon, replay
 
     trace, num_clients = load_for_replay(args)
     window = args.share_window or (0, 0)
@@ -491,9 +480,9 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
 
 
 def _compare(args) -> int:
-    from vtc_jax import sweep as sweep_mod
-    from vtc_jax.run import MAX_HORIZON, drain_horizon
-    from vtc_jax.sources import TraceSource
+    from vtc_jax.driver import sweep as sweep_mod
+    from vtc_jax.driver.run import MAX_HORIZON, drain_horizon
+    from vtc_jax.inputs.sources import TraceSource
 
     for p in args.policies:
         registry.get(p)
@@ -647,10 +636,10 @@ def tenant_phases(specs, horizon: int) -> list:
 
 
 def _gen(args) -> int:
-    from vtc_jax import sources
-    from vtc_jax.run import lane_keys
-    from vtc_jax.traffic import phased
-    from vtc_jax.workload import client_rows
+    from vtc_jax.driver.run import lane_keys
+    from vtc_jax.inputs import sources
+    from vtc_jax.inputs.traffic import phased
+    from vtc_jax.inputs.workload import client_rows
 
     specs = [parse_tenant(t, args.steps) for t in args.tenant]
     if len(specs) > 4096:
@@ -681,7 +670,7 @@ def _gen(args) -> int:
 
 
 def _policies(args) -> int:
-    origin = {name: path for path in args.policy_module for name in registry.load_policy_module(path)}
+    origin = {name: path for path in args.policy_module for name in policy_modules.load_policy_module(path)}
     for name in registry.names():
         p = registry.get(name)
         options = ", ".join(f"{k}={v}" for k, v in p.options.items()) or "none"
@@ -696,7 +685,7 @@ def _policies(args) -> int:
 
 def _main(argv) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    preload_policy_modules(argv)
+    policy_modules.preload_policy_modules(argv)
     args = build_parser().parse_args(argv)
     if args.command in ("replay", "compare"):
         try:

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
-from vtc_jax.fileio import csv_table, read_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.fileio import csv_table, read_text
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 # Fields of a request row in `Workload.requests[..., field]`.

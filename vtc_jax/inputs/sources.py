@@ -26,10 +26,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import servegen, traffic as traffic_mod
-from vtc_jax.errors import InputError
-from vtc_jax.workload import (ARRIVAL, INT32_MAX, NUM_FIELDS, ORDER, Trace, Workload, block_sizes, layout_trace,
-                              padding_rows, requests_per_client)
+from vtc_jax.core.errors import InputError
+from vtc_jax.inputs import servegen
+from vtc_jax.inputs import traffic as traffic_mod
+from vtc_jax.inputs.workload import (
+    ARRIVAL,
+    INT32_MAX,
+    NUM_FIELDS,
+    ORDER,
+    Trace,
+    Workload,
+    block_sizes,
+    layout_trace,
+    padding_rows,
+    requests_per_client,
+)
 
 I32 = jnp.int32
 MAX_PHASE_UNIT = INT32_MAX // 2  # arrivals are <= 2^30 (workload.MAX_ARRIVAL): start + unit fits int32

@@ -36,16 +36,25 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from vtc_jax import fileio, run, sources as sources_mod
-from vtc_jax.cli_common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
-from vtc_jax.devices import (DEFAULT_CACHE_DIR, available_bytes, enable_compilation_cache, gather_lanes,
-                             init_distributed, lane_mesh, process_share)
-from vtc_jax.errors import InputError
-from vtc_jax.measures import MeasureConfig
+from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import run
+from vtc_jax.driver.devices import (
+    DEFAULT_CACHE_DIR,
+    available_bytes,
+    enable_compilation_cache,
+    gather_lanes,
+    init_distributed,
+    lane_mesh,
+    process_share,
+)
+from vtc_jax.driver.results import bound_metrics, load_values, overloaded
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs import sources as sources_mod
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.measures.stats import summarize
 from vtc_jax.policies import registry
-from vtc_jax.results import bound_metrics, load_values, overloaded
-from vtc_jax.settings import Settings
-from vtc_jax.stats import summarize
 
 DEFAULT_SEEDS = 4096
 MAX_LANES = 1 << 24
@@ -946,7 +955,7 @@ def main(name: str, description: str, add_arguments: Callable, build: Callable[[
 
 
 def _main(name, description, add_arguments, build, argv) -> int:
-    from vtc_jax.cli import preload_policy_modules
+    from vtc_jax.driver.policy_modules import preload_policy_modules
 
     preload_policy_modules(sys.argv[1:] if argv is None else argv)
     parser = base_parser(name, description)
@@ -1043,7 +1052,7 @@ def workload_source(args, traffic):
     """The sweep's workload: the synthetic `traffic`, or the user's --trace."""
     if args.trace is None:
         return sources_mod.TrafficSource(traffic)
-    from vtc_jax.workload import read_trace_csv
+    from vtc_jax.inputs.workload import read_trace_csv
 
     trace = read_trace_csv(args.trace)
     k = max(trace.num_clients, len(args.weights or ()))

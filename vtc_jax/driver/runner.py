@@ -20,27 +20,17 @@ spent (a lane still running then is reported as not finished, never as done).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vtc_jax.devices import lane_mesh, pad_to, shard
-
-
-@dataclasses.dataclass(frozen=True)
-class LaneProgram:
-    """An engine's per-lane functions (see the module docstring)."""
-
-    name: str
-    init: Callable[[Any, Any, Any], Any]
-    step: Callable[[Any, Any, Any, Any], Any]
-    done: Callable[[Any], jax.Array]
+from vtc_jax.driver.devices import lane_mesh, pad_to, shard
+from vtc_jax.engines.program import LaneProgram
 
 
 def _loop_events(program: LaneProgram, config, carry, batched, shared, num_events):

@@ -37,13 +37,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax import completions, estimators, limits
-from vtc_jax.wide import numbers
-from vtc_jax.measures import MeasureConfig, Measures, init_measures, on_admit, on_finish
-from vtc_jax.policies import registry
+from vtc_jax.core.wide import numbers
+from vtc_jax.engines.program import LaneProgram
+from vtc_jax.engines.settings import Params
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, TIMELINE_PAD, Workload
+from vtc_jax.measures.online import MeasureConfig, Measures, init_measures, on_admit, on_finish
+from vtc_jax.policies import estimators, limits, registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible
-from vtc_jax.settings import Params
-from vtc_jax.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, TIMELINE_PAD, Workload
+from vtc_jax.servers import completions
 
 I32 = jnp.int32
 
@@ -417,10 +418,4 @@ def _program_step(state: State, batched: EngineBatch, shared, config: EngineConf
     return step_lane(state, batched.lane, workload, config)
 
 
-def _make_program():
-    from vtc_jax.runner import LaneProgram
-
-    return LaneProgram(name="model", init=_program_init, step=_program_step, done=lane_done)
-
-
-PROGRAM = _make_program()
+PROGRAM = LaneProgram(name="model", init=_program_init, step=_program_step, done=lane_done)

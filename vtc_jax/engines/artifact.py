@@ -68,10 +68,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax import runner
-from vtc_jax.errors import InputError
-from vtc_jax.fileio import csv_table, read_text
-from vtc_jax.results import service_difference
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.fileio import csv_table, read_text
+from vtc_jax.driver import runner
+from vtc_jax.driver.results import service_difference
+from vtc_jax.engines.program import LaneProgram
 
 I32, F32 = jnp.int32, jnp.float32
 POLICIES = ("fcfs", "lcf", "vtc", "vtc_oracle", "vtc_predict", "rpm")
@@ -771,7 +772,7 @@ def lane_done(state: State) -> jax.Array:
     return state.done
 
 
-ARTIFACT_PROGRAM = runner.LaneProgram(name="artifact", init=_program_init, step=_program_step, done=lane_done)
+ARTIFACT_PROGRAM = LaneProgram(name="artifact", init=_program_init, step=_program_step, done=lane_done)
 
 
 def expected_events(lane: LaneTrace, profile: Profile) -> int:
@@ -1093,7 +1094,7 @@ def _round_up(x: int, step: int = 32) -> int:
 
 
 class ArtifactEngine:
-    """The artifact profile behind the sweep driver (vtc_jax.sweep): rows whose settings
+    """The artifact profile behind the sweep driver (vtc_jax.driver.sweep): rows whose settings
     are a `Scheduler` and whose source is a `Workload`."""
 
     name = "artifact"

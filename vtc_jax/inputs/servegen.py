@@ -146,9 +146,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.errors import InputError
-from vtc_jax.fileio import read_bytes
-from vtc_jax.workload import ARRIVAL, CACHED, INT32_MAX, NUM_FIELDS, ORDER, OUTPUT, PROMPT, padding_rows
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.fileio import read_bytes
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, INT32_MAX, NUM_FIELDS, ORDER, OUTPUT, PROMPT, padding_rows
 
 I32, U32, F32 = jnp.int32, jnp.uint32, jnp.float32
 

@@ -21,7 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.workload import ARRIVAL, INT32_MAX, OUTPUT, PROMPT, Workload, padding_rows
+from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, OUTPUT, PROMPT, Workload, padding_rows
 
 I32 = jnp.int32
 

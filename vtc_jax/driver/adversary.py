@@ -84,12 +84,23 @@ from typing import Callable
 import numpy as np
 import optax
 
-from vtc_jax.errors import InputError
-from vtc_jax.measures import MeasureConfig
-from vtc_jax.run import check_exact_limits, engine_config, replay, run_workloads, running_slots
-from vtc_jax.settings import Settings
-from vtc_jax.workload import (ARRIVAL, CACHED, INT32_MAX, NUM_FIELDS, ORDER, OUTPUT, PROMPT, TIMELINE_PAD, Trace,
-                              Workload, padding_rows)
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver.run import check_exact_limits, engine_config, replay, run_workloads, running_slots
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.workload import (
+    ARRIVAL,
+    CACHED,
+    INT32_MAX,
+    NUM_FIELDS,
+    ORDER,
+    OUTPUT,
+    PROMPT,
+    TIMELINE_PAD,
+    Trace,
+    Workload,
+    padding_rows,
+)
+from vtc_jax.measures.online import MeasureConfig
 
 NUM_GENES = 3  # per request: arrival, prompt, output
 MEASURES = MeasureConfig.of(["pair_drift"])
