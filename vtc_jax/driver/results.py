@@ -21,6 +21,7 @@ import numpy as np
 from vtc_jax.core import wide
 from vtc_jax.engines.settings import Scales, Settings, encode_settings
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
+from vtc_jax.servers import registry as servers
 from vtc_jax.measures.online import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, pairs
 
 
@@ -498,16 +499,13 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     head = np.asarray(host.head, np.int64)
     admitted = np.asarray(host.admitted, np.int64)
     completed = np.asarray(host.completed, np.int64)
-    running = np.asarray(host.running, np.int64)
-    table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
-    free = np.asarray(host.calendar.free, np.int64)
-    top = np.asarray(host.calendar.top, np.int64)
+    server = servers.get(config.server)
+    running = np.asarray(server.load(host.server).running, np.int64)
+    held = server.census(host.server, config.num_clients)  # counted in the server's own structure
     out = []
     for b, s in enumerate(settings):
         problems = []
-        used = np.ones(table.shape[2], bool)
-        used[free[b, : top[b]]] = False
-        on_calendar = np.bincount(table[b, 0, used], minlength=config.num_clients)[: config.num_clients]
+        on_calendar = held[b]
         waiting = arrived[b] - head[b]
         if not (arrived_streams[b] == arrived[b]).all():
             problems.append(f"arrived {arrived[b].tolist()} != streams {arrived_streams[b].tolist()}")

@@ -24,13 +24,14 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
+from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
 from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, add_timeline, make_workload, requests_per_client
 from vtc_jax.measures.online import ALL, MeasureConfig
-from vtc_jax.policies import limits, registry
+from vtc_jax.policies import registry
 from vtc_jax.policies.estimators import ESTIMATORS
 
 MAX_HORIZON = INT32_MAX // 2

@@ -21,30 +21,34 @@ first width: at most T + 3 * requests events. An arrival event reads W rows, not
 client, so a step costs O(K) elementwise work and O(W) gathers whatever K. Lanes that reach their horizon become no-ops (`done`).
 
 Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
-in the workload. Decode is O(K): per client the number of running requests and the sum
-of their contexts; running requests wait for completion in a calendar
-(completions.py: FIFO lists per completion step over a slot pool), O(1) per event and
-O(longest output + slots) memory whatever the number of clients.
-The policy (vtc_jax/policies) is a component: the engine knows no policy by name; a batch
-may mix policies (`EngineConfig.policies`, dispatched on the traced `Params.policy_id`).
+in the workload. The policy (vtc_jax/policies) and the server (vtc_jax/servers) are
+components: the engine knows neither by name. A batch may mix policies
+(`EngineConfig.policies`, dispatched on the traced `Params.policy_id`); the server
+(`EngineConfig.server`) says whether a request fits, runs the admitted ones, reports the
+tokens each step computed (charged here with the lane's costs) and hands back those that
+finished (servers/base.py; the default `ideal` is MODEL.md's server).
 All quantities are int32 in the exact units of settings.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
+from vtc_jax.engines import limits
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import Params
-from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, TIMELINE_PAD, Workload
+from vtc_jax.inputs.workload import TIMELINE_PAD, Workload
 from vtc_jax.measures.online import MeasureConfig, Measures, init_measures, on_admit, on_finish
-from vtc_jax.policies import estimators, limits, registry
+from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible
-from vtc_jax.servers import completions
+from vtc_jax.servers import registry as servers
+from vtc_jax.servers.base import ServerShape
 
 I32 = jnp.int32
 
@@ -73,6 +77,7 @@ class EngineConfig:
         workload.TIMELINE_PAD is exact).
       drain: run until every request completed (the horizon is then a safety bound).
       measures: which optional measures to accumulate.
+      server: the server's registry name (servers/registry.py).
     """
 
     num_clients: int
@@ -91,6 +96,11 @@ class EngineConfig:
     arrival_width: int = 4
     drain: bool = False
     measures: MeasureConfig = MeasureConfig()
+    server: str = "ideal"
+
+    @property
+    def server_shape(self) -> ServerShape:
+        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots)
 
 
 @jax.tree_util.register_dataclass
@@ -110,11 +120,10 @@ class State:
       next: int32[]  position in the workload's timeline of the next request to arrive.
       counter: int32[K, 2]  the MODEL.md counter c_k (wide).
       service: int32[K, 2]  W_k in cost units (wide).
-      running: int32[K]  running requests of client k.
-      context: int32[K]  sum over those of prompt + generated.
+      server: the server's state (its `init`; the ideal server: running and context per
+        client and the completion calendar).
       last_left: int32[]  client of the last admitted request, -1 for none.
       admitted, completed: int32[K]  request counts.
-      calendar: completions.Calendar  running requests by completion step.
       limits: limits.LimitState.
       policy: dict  {policy name: its state}.
       estimator: estimators.EstimatorState (None unless config.estimator).
@@ -134,12 +143,10 @@ class State:
     next: jax.Array
     counter: jax.Array
     service: jax.Array
-    running: jax.Array
-    context: jax.Array
+    server: Any
     last_left: jax.Array
     admitted: jax.Array
     completed: jax.Array
-    calendar: completions.Calendar
     limits: limits.LimitState
     policy: dict
     estimator: estimators.EstimatorState | None
@@ -166,9 +173,8 @@ def init_state(config: EngineConfig, lane: LaneInput, workload: Workload) -> Sta
     return State(
         step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
         heads=workload.requests[workload.first], head_index=workload.first.astype(I32), next=jnp.zeros((), I32),
-        counter=num.zeros((k,)), service=num.zeros((k,)), running=zeros_k, context=zeros_k,
-        last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k,
-        calendar=completions.init(config.calendar_rows, config.slots), limits=limits.init(k, config.rpm, config.kv_cap),
+        counter=num.zeros((k,)), service=num.zeros((k,)), server=servers.get(config.server).init(config.server_shape),
+        last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k, limits=limits.init(k, config.rpm, config.kv_cap),
         policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
         estimator=estimators.init(k) if config.estimator else None,
         measures=init_measures(k, config.num_checkpoints, config.measures, num), iterations=jnp.zeros((), I32),
@@ -192,10 +198,11 @@ def _estimates(state: State, params: Params, config: EngineConfig, client, rows,
 
 
 def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
+    load = servers.get(config.server).load(state.server)
     return View(num=numbers(config.wide), step=state.step, backlogged=state.head < state.arrived, heads=heads,
                 head_index=head_index,
                 waiting=state.arrived - state.head,
-                counter=state.counter, running=state.running, context=state.context, last_left=state.last_left,
+                counter=state.counter, running=load.running, context=load.context, last_left=state.last_left,
                 costs=params.costs, estimates=estimates)
 
 
@@ -218,19 +225,17 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
         values.append(value)
     value = _dispatch(config, params, values)
-    entry = jnp.stack([client, prompt, output, value]).astype(I32)
+    server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask)
     head_index = state.head_index + take
     next_row = workload.requests[head_index[client]]  # the client's new head (meaningful if backlogged)
     return dataclasses.replace(
         state,
         head=state.head + take, head_index=head_index,
         heads=jnp.where((jnp.arange(k) == client)[:, None] & mask, next_row[None, :], state.heads),
-        running=state.running + take, context=state.context + take * prompt,
-        service=view.num.add(state.service, take * prefill),
+        server=server, service=view.num.add(state.service, take * prefill),
         counter=view.num.add(state.counter, take * prefill * params.costs.counter_mult),
         admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
-        calendar=completions.push(state.calendar, state.step + output - 1, entry, mask),
-        overflow=state.overflow | (mask & completions.full(state.calendar)), limits=limits.on_admit(state.limits, take, row),
+        overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, take, row),
         policy=_keep(state.policy, policy_states, mask),
         measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
                           state.horizon, view.num))
@@ -251,29 +256,30 @@ def _keep(old: dict, new: dict, mask) -> dict:
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, config: EngineConfig):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon). Returns the new state."""
-    m = mask.astype(I32)
     t = state.step
-    decode = m * (params.costs.decode * state.running + params.costs.context * state.context)
+    load = servers.get(config.server).load(state.server)
+    server, work = servers.get(config.server).end_step(state.server, params, mask)
+    decode = params.costs.decode * work.decoded + params.costs.context * work.attended
     service = view.num.add(state.service, decode)
     counter = view.num.add(state.counter, decode * params.costs.counter_mult)
-    idle = (state.running.sum() == 0) & ~view.backlogged.any()
+    idle = (load.running.sum() == 0) & ~view.backlogged.any()
     target = jnp.minimum(next_arrival, state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
-    measures = on_finish(state.measures, mask, t, next_t, service, state.head, state.arrived, state.running,
-                         state.context, params.share_window, params.resource, config.record_every, view.num)
+    measures = on_finish(state.measures, mask, t, next_t, service, state.head, state.arrived, load.running,
+                         load.context, params.share_window, params.resource, config.record_every, view.num)
     return dataclasses.replace(
-        state, step=next_t, service=service, counter=counter, context=state.context + m * state.running,
+        state, step=next_t, service=service, counter=counter, server=server,
         policy=_keep(state.policy, policy_states, mask),
         limits=limits.on_step(state.limits, t, next_t, mask, params), measures=measures)
 
 
 def complete(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
     """Phase 4 for one request (the next to complete) where `mask`."""
-    calendar, top = completions.pop(state.calendar, state.step, mask)
-    client, prompt, output, value = top[0], top[1], top[2], top[3]
+    server, done = servers.get(config.server).complete(state.server, state.step, mask)
+    client, prompt, output, value = done.client, done.prompt, done.output, done.value
     take = _onehot(client, config.num_clients, mask)
     completion = Completion(client=client, prompt=prompt, output=output, estimate=value)
     policy_states = {name: registry.get(name).complete(state.policy[name], view, completion, params.policy[name])
@@ -282,8 +288,7 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
     if config.estimator:
         estimator = estimators.observe(estimator, client, output, mask)
     return dataclasses.replace(
-        state, running=state.running - take, context=state.context - take * (prompt + output),
-        completed=state.completed + take, calendar=calendar,
+        state, server=server, completed=state.completed + take,
         limits=limits.on_complete(state.limits, take, prompt, output), estimator=estimator,
         policy=_keep(state.policy, policy_states, mask))
 
@@ -367,13 +372,14 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     window = arrival_window(state, workload, config)
     next_arrival = window[2][0]
     in_horizon = state.step < state.horizon
-    due = completions.due(state.calendar, state.step)
+    server = servers.get(config.server)
+    due = server.due(state.server, state.step)
     pending = in_horizon & (next_arrival <= state.step)
     view = _view(state, params, heads, head_index,
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
                  config)
     choice = select(state, view, params, config)
-    fits = state.context.sum() + heads[choice.client, PROMPT] <= params.kv_budget
+    fits = server.fits(state.server, params, heads[choice.client])
     ready = active & in_horizon & ~due & ~pending
     admitting = ready & choice.has & fits
     finishing = ready & ~admitting
@@ -381,13 +387,13 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, config)
     view = _view(state, params, heads, head_index, view.estimates, config)
-    completing = active & completions.due(state.calendar, state.step)
+    completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)
-    arriving = (active & (state.step < state.horizon) & ~completions.due(state.calendar, state.step)
+    arriving = (active & (state.step < state.horizon) & ~server.due(state.server, state.step)
                 & (next_arrival <= state.step))
     view = _view(state, params, heads, head_index, view.estimates, config)
     state = take_arrivals(state, view, workload, params, arriving, window, config)
-    settled = ~completions.due(state.calendar, state.step)
+    settled = ~server.due(state.server, state.step)
     finished = (state.step >= state.horizon) & settled
     if config.drain:
         finished |= (state.completed.sum() == workload.num_requests) & settled

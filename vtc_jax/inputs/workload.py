@@ -20,11 +20,9 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.fileio import csv_table, read_text
+from vtc_jax.core.rows import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT  # noqa: F401 (TODO: importers to core.rows)
 
 INT32_MAX = int(np.iinfo(np.int32).max)
-# Fields of a request row in `Workload.requests[..., field]`.
-ARRIVAL, ORDER, PROMPT, OUTPUT, CACHED = range(5)
-NUM_FIELDS = 5
 REQUIRED_COLUMNS = ("arrival", "client", "prompt", "output")
 OPTIONAL_COLUMNS = ("cached",)
 MAX_LENGTH = INT32_MAX // 4  # largest prompt or output a trace may hold

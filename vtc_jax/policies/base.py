@@ -280,7 +280,7 @@ def decode_cost(costs: Costs, prompt, tokens):
 def prefill_cost(costs: Costs, rows):
     """Cost units of prefilling request rows (int32[..., 5]): w_p per computed prompt token
     (per sent token when Settings.charge_cached)."""
-    from vtc_jax.inputs.workload import CACHED, PROMPT
+    from vtc_jax.core.rows import CACHED, PROMPT
 
     charged = jnp.where(costs.charge_cached, rows[..., PROMPT], rows[..., PROMPT] - rows[..., CACHED])
     return costs.prefill * charged
@@ -288,7 +288,7 @@ def prefill_cost(costs: Costs, rows):
 
 def estimated_cost(costs: Costs, rows, estimate):
     """Cost units of a request if its output were `estimate` tokens (at least 1 unit)."""
-    from vtc_jax.inputs.workload import PROMPT
+    from vtc_jax.core.rows import PROMPT
 
     return jnp.maximum(1, prefill_cost(costs, rows) + decode_cost(costs, rows[..., PROMPT], estimate))
 

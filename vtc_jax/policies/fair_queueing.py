@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 
-from vtc_jax.inputs.workload import ARRIVAL
+from vtc_jax.core.rows import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, estimated_cost, no_params
 
 I32 = jnp.int32

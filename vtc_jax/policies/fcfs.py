@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.inputs.workload import ORDER
+from vtc_jax.core.rows import ORDER
 from vtc_jax.policies.base import Choice, Policy, argmin_choice, no_params, no_state
 
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.inputs.workload import ARRIVAL
+from vtc_jax.core.rows import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, power, reference_power
 
 F32, I32 = jnp.float32, jnp.int32

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from vtc_jax.inputs.workload import PROMPT
+from vtc_jax.core.rows import PROMPT
 from vtc_jax.policies.base import Policy, argmin_choice, decode_cost, lift, onehot
 
 

@@ -1,0 +1,104 @@
+"""The server component: what one simulated server does with the requests a policy admits.
+
+A server is a small bundle of pure functions with its own per-lane state (a pytree of fixed
+shape), as a policy is (policies/base.py) and as optax's GradientTransformation is. The
+engine (engines/engine.py) owns the queues, the clock, the policy and the measures; it asks
+the server only these questions, each for ONE lane (vmap adds the lane axis):
+
+  init(shape) -> state                            an empty server;
+  load(state) -> Load                             per client: requests running and the
+                                                  context they hold (what policies and
+                                                  routers see);
+  fits(state, params, row) -> bool[]              would admitting this request row now
+                                                  respect the server's memory?
+  admit(state, params, row, client, value, step, mask) -> (state, overflow)
+                                                  start the request where `mask`; `value`
+                                                  is the policy's per-request int32 (given
+                                                  back at completion); overflow: a fixed
+                                                  structure was full (the lane is flagged);
+  end_step(state, params, mask) -> (state, Work)  the step's decode where `mask`: the tokens
+                                                  it computed, per client, for the engine
+                                                  to charge;
+  due(state, step) -> bool[]                      a request finished by the end of step
+                                                  `step - 1` has not left yet;
+  complete(state, step, mask) -> (state, Finished)  the next such request leaves;
+  census(host_state, num_clients) -> int64[B, K]  host side, after a run: the requests each
+                                                  lane's structure holds per client (the
+                                                  conservation check counts them there, not
+                                                  from the counters it checks).
+
+`params` is the lane's engine Params (engines/settings.py): a server reads the settings it
+needs from it (the ideal server: `kv_budget`). The engine charges `Work` with the lane's
+costs, so servers know nothing about fairness. The registry (servers/registry.py) is the
+one list of server names. docs/SERVERS.md has the contract and a worked example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerShape:
+    """Static sizes of one server (changing one recompiles).
+
+    Attributes:
+      num_clients: K.
+      calendar_rows: rows of a completion calendar (the longest output + 1).
+      slots: running-request slots (>= the most requests that can run at once).
+    """
+
+    num_clients: int
+    calendar_rows: int
+    slots: int
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """running: int32[K] requests running per client; context: int32[K] the tokens they
+    hold (prompt + generated so far)."""
+
+    running: jax.Array
+    context: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one step computed, per client: decoded: int32[K] tokens decoded; attended:
+    int32[K] the context tokens those decodes read (the engine charges w_q * decoded +
+    beta * attended)."""
+
+    decoded: jax.Array
+    attended: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A request that left: client, prompt, output and the policy's value (int32[] each)."""
+
+    client: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    value: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """A server component (see the module docstring for each function's contract)."""
+
+    name: str
+    description: str
+    init: Callable[[ServerShape], Any]
+    load: Callable[[Any], Load]
+    fits: Callable[..., jax.Array]
+    admit: Callable[..., tuple[Any, jax.Array]]
+    end_step: Callable[..., tuple[Any, Work]]
+    due: Callable[[Any, jax.Array], jax.Array]
+    complete: Callable[..., tuple[Any, Finished]]
+    census: Callable[[Any, int], Any]

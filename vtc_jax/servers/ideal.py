@@ -1,0 +1,102 @@
+"""`ideal`: the MODEL.md server (docs/MODEL.md), the default.
+
+Memory M (`Params.kv_budget`) bounds admission only: a request fits when the context held
+by every running request plus its prompt is at most M. Each step decodes one token of
+every running request (no batch limit, no time but the step); a request admitted at step t
+with output n completes at the end of step t + n - 1 and leaves then. Nothing is ever
+preempted, so a request's completion step is known at admission and running requests wait
+in a calendar (completions.py): O(1) per admission and completion.
+
+State per lane: running, context: int32[K] per client; calendar: completions.Calendar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.core.rows import OUTPUT, PROMPT
+from vtc_jax.servers import completions
+from vtc_jax.servers.base import Finished, Load, Server, ServerShape, Work
+
+I32 = jnp.int32
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class IdealState:
+    """running: int32[K]; context: int32[K] (prompt + generated of those requests);
+    calendar: the running requests by completion step."""
+
+    running: jax.Array
+    context: jax.Array
+    calendar: completions.Calendar
+
+
+def init(shape: ServerShape) -> IdealState:
+    zeros = jnp.zeros(shape.num_clients, I32)
+    return IdealState(running=zeros, context=zeros, calendar=completions.init(shape.calendar_rows, shape.slots))
+
+
+def load(state: IdealState) -> Load:
+    return Load(running=state.running, context=state.context)
+
+
+def fits(state: IdealState, params, row) -> jax.Array:
+    """bool[]: context held + the row's prompt <= M."""
+    return state.context.sum() + row[PROMPT] <= params.kv_budget
+
+
+def _onehot(client, k, mask):
+    return ((jnp.arange(k) == client) & mask).astype(I32)
+
+
+def admit(state: IdealState, params, row, client, value, step, mask):
+    """File the request for completion at step + output - 1 where `mask`."""
+    take = _onehot(client, state.running.shape[0], mask)
+    prompt, output = row[PROMPT], row[OUTPUT]
+    entry = jnp.stack([client, prompt, output, value]).astype(I32)
+    overflow = mask & completions.full(state.calendar)
+    return IdealState(running=state.running + take, context=state.context + take * prompt,
+                      calendar=completions.push(state.calendar, step + output - 1, entry, mask)), overflow
+
+
+def end_step(state: IdealState, params, mask):
+    """Decode one token of every running request where `mask`."""
+    m = mask.astype(I32)
+    work = Work(decoded=m * state.running, attended=m * state.context)
+    return dataclasses.replace(state, context=state.context + m * state.running), work
+
+
+def due(state: IdealState, step) -> jax.Array:
+    return completions.due(state.calendar, step)
+
+
+def complete(state: IdealState, step, mask):
+    """The last request filed for step `step - 1` leaves where `mask`."""
+    calendar, top = completions.pop(state.calendar, step, mask)
+    client, prompt, output, value = top[0], top[1], top[2], top[3]
+    take = _onehot(client, state.running.shape[0], mask)
+    state = IdealState(running=state.running - take, context=state.context - take * (prompt + output),
+                       calendar=calendar)
+    return state, Finished(client=client, prompt=prompt, output=output, value=value)
+
+
+def census(host: IdealState, num_clients: int) -> np.ndarray:
+    """int64[B, K]: requests filed in each lane's calendar, per client (host side)."""
+    table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
+    free, top = np.asarray(host.calendar.free, np.int64), np.asarray(host.calendar.top, np.int64)
+    out = np.zeros((table.shape[0], num_clients), np.int64)
+    for b in range(table.shape[0]):
+        used = np.ones(table.shape[2], bool)
+        used[free[b, : top[b]]] = False
+        out[b] = np.bincount(table[b, 0, used], minlength=num_clients)[:num_clients]
+    return out
+
+
+IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
+               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
+               census=census)
