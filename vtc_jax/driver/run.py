@@ -32,6 +32,7 @@ from vtc_jax.inputs.traffic import Traffic
 from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, add_timeline, make_workload, requests_per_client
 from vtc_jax.measures.online import ALL, MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 from vtc_jax.policies.estimators import ESTIMATORS
 
 MAX_HORIZON = INT32_MAX // 2
@@ -106,9 +107,11 @@ def calendar_rows(max_output: int) -> int:
 def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
                   wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
-                  policies: Sequence[str] | None = None) -> EngineConfig:
-    """The static config that fits every lane of `settings`."""
+                  policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
+    """The static config that fits every lane of `settings` on server `server` (a
+    servers.registry name)."""
     policies = tuple(policies) if policies is not None else policy_names(settings)
+    servers.get(server)  # an unknown name is one InputError naming the choices
     return EngineConfig(
         num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output), slots=slots,
         policies=policies,
@@ -117,7 +120,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         estimator=any(registry.get(p).uses_estimator for p in policies),
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
-        measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}))
+        measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server)
 
 
 @functools.partial(jax.jit, static_argnames=("shared",))
@@ -220,7 +223,8 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
-               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None):
+               measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None,
+               server: str = "ideal"):
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
@@ -262,7 +266,8 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                            wide_numbers=needs_wide if wide is None else (wide or needs_wide),
                            record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
-                           arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies)
+                           arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies,
+                           server=server)
     return config, horizons, longest + 3 * most + 1, max(expected)
 
 
@@ -270,7 +275,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
                allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
-               progress: Callable | None = None, wide: bool | None = None) -> LaneResults:
+               progress: Callable | None = None, wide: bool | None = None, server: str = "ideal") -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -288,11 +293,13 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
         larger set to share one compiled program between batches.
       wide: True forces the WIDE number format (default: NARROW when the planner proves
         every value fits int32, else WIDE; results are identical).
+      server: the server every lane runs (servers.registry; default `ideal`, MODEL.md's).
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
-                                                    allow_unadmittable, arrival_width, measures, policies, wide)
+                                                    allow_unadmittable, arrival_width, measures, policies, wide,
+                                                    server)
     pad = arrival_width + 1
     shared = all(t is traces[0] for t in traces)
     if shared:
@@ -345,7 +352,7 @@ MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request blocks and generator words
 
 def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], record_every: int = 0,
                   arrival_width: int = 4, measures: MeasureConfig = ALL,
-                  policies: Sequence[str] | None = None) -> EngineConfig:
+                  policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
     """The static config that fits every lane of `srcs` x `settings` (one compile)."""
     srcs = sources.unique(srcs)
     lay = sources.layout(srcs, arrival_width + 1)
@@ -366,14 +373,15 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
                          slots=running_slots(settings, min_prompt, lay.num_rows), wide_numbers=needs_wide,
                          record_every=record_every, num_checkpoints=horizon // record_every if record_every else 0,
                          arrival_width=arrival_width, drain=sources.drains(srcs[0]), measures=measures,
-                         policies=policies)
+                         policies=policies, server=server)
 
 
 def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,
                    arrival_width: int = 4, measures: MeasureConfig = ALL,
-                   policies: Sequence[str] | None = None) -> EngineConfig:
+                   policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
     """`source_config` of synthetic traffic."""
-    return source_config(_traffic_sources(traffics), settings, record_every, arrival_width, measures, policies)
+    return source_config(_traffic_sources(traffics), settings, record_every, arrival_width, measures, policies,
+                         server)
 
 
 def _traffic_sources(traffics: Sequence[Traffic]) -> list:
@@ -440,7 +448,8 @@ def _take_lanes(workload: Workload, index: jax.Array) -> Workload:
 def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings], seeds: Sequence[int], *,
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None, arrival_width: int = 4,
                      config: EngineConfig | None = None, mesh: Mesh | None = None, measures: MeasureConfig = ALL,
-                     policies: Sequence[str] | None = None, progress: Callable | None = None) -> LaneResults:
+                     policies: Sequence[str] | None = None, progress: Callable | None = None,
+                     server: str = "ideal") -> LaneResults:
     """Generate lane i's requests from `seeds[i]` and `srcs[i]` and run them under
     `settings[i]`, all lanes in one compiled batch, for the sources' horizon.
 
@@ -452,13 +461,13 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
       config: a static config from `source_config` over a larger set of lanes, so that
         chunks of a sweep share one compile (default: sized for these lanes).
       mesh: devices to shard the lanes over (default: every local device).
-      measures, policies: as `run_traces` (ignored when `config` is given).
+      measures, policies, server: as `run_traces` (ignored when `config` is given).
     """
     if not (len(srcs) == len(settings) == len(seeds)):
         raise InputError(f"{len(srcs)} workloads, {len(settings)} settings, {len(seeds)} seeds: need one each per lane")
     if len(seeds) == 0:
         raise InputError("no lanes: give at least one seed")
-    config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies)
+    config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies, server)
     validate_lanes(srcs, settings, config)
     horizon = srcs[0].horizon
     workload = shared_workloads(srcs, seeds, config, base_seed)

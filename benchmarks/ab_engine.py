@@ -1,0 +1,76 @@
+"""Engine speed, this tree against another commit, in one run (A/B, interleaved).
+
+The issue rule "engine speed on `ideal` no lower than the commit before" is checked here:
+the other commit is exported (git archive) to a temporary directory, and
+`benchmarks.bench_engine` (engine alone, the same workload and lane count) runs
+alternately in this tree and in that one, each run a fresh process, `--rounds` times. On
+a shared 2-core machine single runs vary by up to 30%; alternating and taking medians
+cancels drift in the machine's load.
+
+    python -m benchmarks.ab_engine --against HEAD~1
+    python -m benchmarks.ab_engine --against 80de3f1 --lanes 4096 --rounds 5 --json ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from vtc_jax.core.fileio import write_text_atomically
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def export(rev: str, into: Path) -> str:
+    """Write commit `rev`'s tree into `into`; return its full hash."""
+    full = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", full], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return full
+
+
+def engine_alone(tree: Path, lanes: int, repeats: int, out: Path) -> float:
+    """M lane-steps/s of the engine alone (bench_engine's number) in `tree`."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--lanes", str(lanes), "--repeats", str(repeats),
+           "--no-reference", "--json", str(out)]
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True)
+    return float(json.loads(out.read_text())["rows"][0]["engine_alone"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", required=True, help="the other commit (e.g. HEAD~1)")
+    parser.add_argument("--lanes", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="bench_engine's best-of repeats per run")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "other"
+        other.mkdir()
+        full = export(args.against, other)
+        here, there = [], []
+        for r in range(args.rounds):
+            here.append(engine_alone(ROOT, args.lanes, args.repeats, Path(tmp) / f"here{r}.json"))
+            there.append(engine_alone(other, args.lanes, args.repeats, Path(tmp) / f"there{r}.json"))
+            print(f"round {r + 1}: this tree {here[-1]:.3f}, {full[:10]} {there[-1]:.3f} M lane-steps/s", flush=True)
+    a, b = statistics.median(here), statistics.median(there)
+    print(f"engine alone at {args.lanes} lanes, median of {args.rounds}: this tree {a:.3f}, {full[:10]} {b:.3f} "
+          f"M lane-steps/s ({a / b:.3f}x)")
+    if args.json:
+        write_text_atomically(args.json, json.dumps({"against": full, "lanes": args.lanes, "this_tree": here,
+                                                     "other": there, "ratio_of_medians": a / b}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
