@@ -26,7 +26,11 @@ components: the engine knows neither by name. A batch may mix policies
 (`EngineConfig.policies`, dispatched on the traced `Params.policy_id`); the server
 (`EngineConfig.server`) says whether a request fits, runs the admitted ones, reports the
 tokens each step computed (charged here with the lane's costs) and hands back those that
-finished (servers/base.py; the default `ideal` is MODEL.md's server).
+finished (servers/base.py; the default `ideal` is MODEL.md's server). A server that
+preempts adds one BEGIN event per step, after its arrivals and before its admissions: the
+server schedules its running requests and hands back its victims, which go to the front
+of their clients' queues (engines/requeue.py); a step then lasts what the server says
+(`Work.elapsed`: 1 on `ideal`).
 All quantities are int32 in the exact units of settings.py.
 """
 
@@ -40,7 +44,7 @@ import jax.numpy as jnp
 
 from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
-from vtc_jax.engines import limits
+from vtc_jax.engines import limits, requeue
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import Params
 from vtc_jax.inputs.workload import TIMELINE_PAD, Workload
@@ -78,6 +82,7 @@ class EngineConfig:
       drain: run until every request completed (the horizon is then a safety bound).
       measures: which optional measures to accumulate.
       server: the server's registry name (servers/registry.py).
+      requeue_depth: preempted requests a client's stack holds (servers that preempt).
     """
 
     num_clients: int
@@ -97,6 +102,7 @@ class EngineConfig:
     drain: bool = False
     measures: MeasureConfig = MeasureConfig()
     server: str = "ideal"
+    requeue_depth: int = 16
 
     @property
     def server_shape(self) -> ServerShape:
@@ -128,6 +134,8 @@ class State:
       policy: dict  {policy name: its state}.
       estimator: estimators.EstimatorState (None unless config.estimator).
       measures: Measures.
+      stacks: requeue.Stacks  preempted requests per client (None unless the server
+        preempts); begun: bool[] the step's BEGIN event has run (None likewise).
       iterations: int32[]  events consumed.
       overflow: bool[]  a fixed-size structure would have overflowed (the running-request
         slots were full): the lane is flagged as not finished, never reported.
@@ -153,6 +161,8 @@ class State:
     measures: Measures
     iterations: jax.Array
     overflow: jax.Array
+    stacks: requeue.Stacks | None = None
+    begun: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -178,7 +188,28 @@ def init_state(config: EngineConfig, lane: LaneInput, workload: Workload) -> Sta
         policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
         estimator=estimators.init(k) if config.estimator else None,
         measures=init_measures(k, config.num_checkpoints, config.measures, num), iterations=jnp.zeros((), I32),
-        overflow=jnp.zeros((), bool))
+        overflow=jnp.zeros((), bool), **_preemption_state(config))
+
+
+def _preemption_state(config: EngineConfig) -> dict:
+    if not servers.get(config.server).preempts:
+        return {}
+    return {"stacks": requeue.init(config.num_clients, config.requeue_depth), "begun": jnp.zeros((), bool)}
+
+
+def _heads(state: State):
+    """(heads int32[K, 5], head_index int32[K]): each client's next request to admit, its
+    stack's top when it has preempted requests, else its FIFO's head."""
+    if state.stacks is None:
+        return state.heads, state.head_index
+    _, top_index, _ = requeue.tops(state.stacks)
+    return state.heads, jnp.where(state.stacks.depth > 0, top_index, state.head_index)
+
+
+def _waiting(state: State):
+    """int32[K]: requests waiting per client (preempted ones included)."""
+    waiting = state.arrived - state.head
+    return waiting if state.stacks is None else waiting + state.stacks.depth
 
 
 def _dispatch(config: EngineConfig, params: Params, values):
@@ -199,9 +230,10 @@ def _estimates(state: State, params: Params, config: EngineConfig, client, rows,
 
 def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
     load = servers.get(config.server).load(state.server)
-    return View(num=numbers(config.wide), step=state.step, backlogged=state.head < state.arrived, heads=heads,
+    waiting = _waiting(state)
+    return View(num=numbers(config.wide), step=state.step, backlogged=waiting > 0, heads=heads,
                 head_index=head_index,
-                waiting=state.arrived - state.head,
+                waiting=waiting,
                 counter=state.counter, running=load.running, context=load.context, last_left=state.last_left,
                 costs=params.costs, estimates=estimates)
 
@@ -225,20 +257,43 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
         values.append(value)
     value = _dispatch(config, params, values)
-    server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask)
-    head_index = state.head_index + take
+    stacks, generated, first = state.stacks, jnp.zeros((), I32), mask  # first: a new request (not a preempted one)
+    if stacks is not None:
+        again = stacks.depth[client] > 0
+        generated = jnp.where(again, requeue.tops(stacks)[2][client], 0)
+        first = mask & ~again
+        stacks = requeue.pop(stacks, _onehot(client, k, mask & again))
+    server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask,
+                                                        index=index, generated=generated)
+    fresh = _onehot(client, k, first)
+    head_index = state.head_index + fresh
     next_row = workload.requests[head_index[client]]  # the client's new head (meaningful if backlogged)
+    if stacks is not None:
+        left = stacks.depth[client]
+        next_row = jnp.where(left > 0, stacks.rows[client, jnp.maximum(left - 1, 0)], next_row)
     return dataclasses.replace(
         state,
-        head=state.head + take, head_index=head_index,
+        head=state.head + fresh, head_index=head_index, stacks=stacks,
         heads=jnp.where((jnp.arange(k) == client)[:, None] & mask, next_row[None, :], state.heads),
         server=server, service=view.num.add(state.service, take * prefill),
         counter=view.num.add(state.counter, take * prefill * params.costs.counter_mult),
-        admitted=state.admitted + take, last_left=jnp.where(mask, client, state.last_left),
-        overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, take, row),
+        admitted=state.admitted + fresh, last_left=jnp.where(mask, client, state.last_left),
+        overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, fresh, row),
         policy=_keep(state.policy, policy_states, mask),
-        measures=on_admit(state.measures, mask, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
+        measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
                           state.horizon, view.num))
+
+
+def begin(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
+    """The step's BEGIN event where `mask` (servers that preempt): the server schedules its
+    running requests; its victims go onto their clients' stacks."""
+    server, out = servers.get(config.server).begin_step(state.server, params, view, state.step, mask)
+    stacks, overflow = requeue.push(state.stacks, out.mask & mask, out.client, out.row, out.index, out.generated)
+    top_row, _, _ = requeue.tops(stacks)
+    pushed = stacks.depth > state.stacks.depth
+    return dataclasses.replace(state, server=server, stacks=stacks, begun=state.begun | mask,
+                               heads=jnp.where(pushed[:, None], top_row, state.heads),
+                               overflow=state.overflow | (mask & overflow))
 
 
 def _choice_states(choice, config):
@@ -262,16 +317,18 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     decode = params.costs.decode * work.decoded + params.costs.context * work.attended
     service = view.num.add(state.service, decode)
     counter = view.num.add(state.counter, decode * params.costs.counter_mult)
-    idle = (load.running.sum() == 0) & ~view.backlogged.any()
+    idle = ~servers.get(config.server).busy(state.server) & ~view.backlogged.any()
     target = jnp.minimum(next_arrival, state.horizon)
-    next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
+    next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
-    measures = on_finish(state.measures, mask, t, next_t, service, state.head, state.arrived, load.running,
+    measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, state.arrived,
+                         load.running,
                          load.context, params.share_window, params.resource, config.record_every, view.num)
     return dataclasses.replace(
         state, step=next_t, service=service, counter=counter, server=server,
+        begun=None if state.begun is None else state.begun & ~mask,
         policy=_keep(state.policy, policy_states, mask),
         limits=limits.on_step(state.limits, t, next_t, mask, params), measures=measures)
 
@@ -368,7 +425,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     """One event of one lane (see the module docstring)."""
     params = lane.params
     active = ~state.done
-    head_index, heads = state.head_index, state.heads
+    heads, head_index = _heads(state)
     window = arrival_window(state, workload, config)
     next_arrival = window[2][0]
     in_horizon = state.step < state.horizon
@@ -381,9 +438,14 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     choice = select(state, view, params, config)
     fits = server.fits(state.server, params, heads[choice.client])
     ready = active & in_horizon & ~due & ~pending
+    if server.preempts:
+        beginning = ready & ~state.begun
+        ready = ready & state.begun
     admitting = ready & choice.has & fits
     finishing = ready & ~admitting
 
+    if server.preempts:
+        state = begin(state, view, params, beginning, config)
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, config)
     view = _view(state, params, heads, head_index, view.estimates, config)

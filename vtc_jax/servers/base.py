@@ -11,14 +11,19 @@ the server only these questions, each for ONE lane (vmap adds the lane axis):
                                                   routers see);
   fits(state, params, row) -> bool[]              would admitting this request row now
                                                   respect the server's memory?
-  admit(state, params, row, client, value, step, mask) -> (state, overflow)
-                                                  start the request where `mask`; `value`
+  admit(state, params, row, client, value, step, mask, *, index, generated)
+        -> (state, overflow)                      start the request where `mask`; `value`
                                                   is the policy's per-request int32 (given
-                                                  back at completion); overflow: a fixed
+                                                  back at completion), `index` its row in
+                                                  the workload, `generated` the tokens it
+                                                  had generated before a preemption (0 for
+                                                  a new request); overflow: a fixed
                                                   structure was full (the lane is flagged);
-  end_step(state, params, mask) -> (state, Work)  the step's decode where `mask`: the tokens
-                                                  it computed, per client, for the engine
-                                                  to charge;
+  end_step(state, params, mask) -> (state, Work)  the step's computation where `mask`: the
+                                                  tokens it computed, per client, for the
+                                                  engine to charge, and how long it took;
+  busy(state) -> bool[]                           something runs (or is about to be reported
+                                                  finished): the clock may not jump;
   due(state, step) -> bool[]                      a request finished by the end of step
                                                   `step - 1` has not left yet;
   complete(state, step, mask) -> (state, Finished)  the next such request leaves;
@@ -26,6 +31,15 @@ the server only these questions, each for ONE lane (vmap adds the lane axis):
                                                   lane's structure holds per client (the
                                                   conservation check counts them there, not
                                                   from the counters it checks).
+
+A server that preempts (`preempts=True`) also has
+
+  begin_step(state, params, view, step, mask) -> (state, Requeue)
+                                                  the step's start, after arrivals and
+                                                  before admissions: the running requests'
+                                                  work is scheduled and victims leave; the
+                                                  engine puts each back at the front of its
+                                                  client's queue (engines/requeue.py).
 
 `params` is the lane's engine Params (engines/settings.py): a server reads the settings it
 needs from it (the ideal server: `kv_budget`). The engine charges `Work` with the lane's
@@ -71,10 +85,27 @@ class Load:
 class Work:
     """What one step computed, per client: decoded: int32[K] tokens decoded; attended:
     int32[K] the context tokens those decodes read (the engine charges w_q * decoded +
-    beta * attended)."""
+    beta * attended); elapsed: int32[] the step's duration in the lane's time unit (the
+    ideal server: 1 step)."""
 
     decoded: jax.Array
     attended: jax.Array
+    elapsed: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Requeue:
+    """Requests a step preempted, in the order they go back (the last one is served first
+    again), over the server's S slots: mask bool[S]; client, index (workload row),
+    generated (tokens generated before the preemption) int32[S]; row int32[S, 5] the
+    original request row."""
+
+    mask: jax.Array
+    client: jax.Array
+    index: jax.Array
+    generated: jax.Array
+    row: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -102,3 +133,6 @@ class Server:
     due: Callable[[Any, jax.Array], jax.Array]
     complete: Callable[..., tuple[Any, Finished]]
     census: Callable[[Any, int], Any]
+    busy: Callable[[Any], jax.Array]
+    preempts: bool = False
+    begin_step: Callable[..., tuple[Any, Requeue]] | None = None

@@ -54,8 +54,9 @@ def _onehot(client, k, mask):
     return ((jnp.arange(k) == client) & mask).astype(I32)
 
 
-def admit(state: IdealState, params, row, client, value, step, mask):
-    """File the request for completion at step + output - 1 where `mask`."""
+def admit(state: IdealState, params, row, client, value, step, mask, *, index=None, generated=None):
+    """File the request for completion at step + output - 1 where `mask` (nothing is ever
+    preempted here, so `index` and `generated` are not needed)."""
     take = _onehot(client, state.running.shape[0], mask)
     prompt, output = row[PROMPT], row[OUTPUT]
     entry = jnp.stack([client, prompt, output, value]).astype(I32)
@@ -67,7 +68,7 @@ def admit(state: IdealState, params, row, client, value, step, mask):
 def end_step(state: IdealState, params, mask):
     """Decode one token of every running request where `mask`."""
     m = mask.astype(I32)
-    work = Work(decoded=m * state.running, attended=m * state.context)
+    work = Work(decoded=m * state.running, attended=m * state.context, elapsed=jnp.ones((), I32))
     return dataclasses.replace(state, context=state.context + m * state.running), work
 
 
@@ -85,6 +86,10 @@ def complete(state: IdealState, step, mask):
     return state, Finished(client=client, prompt=prompt, output=output, value=value)
 
 
+def busy(state: IdealState) -> jax.Array:
+    return state.running.sum() > 0
+
+
 def census(host: IdealState, num_clients: int) -> np.ndarray:
     """int64[B, K]: requests filed in each lane's calendar, per client (host side)."""
     table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
@@ -99,4 +104,4 @@ def census(host: IdealState, num_clients: int) -> np.ndarray:
 
 IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
-               census=census)
+               census=census, busy=busy)
