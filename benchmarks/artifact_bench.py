@@ -23,7 +23,9 @@ import jax
 import numpy as np
 
 from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
+from vtc_jax.driver import artifact_run as AR
 from vtc_jax.engines import artifact as A
+from vtc_jax.engines import artifact_inputs as AI
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "vtc_real_trace.csv"
 POLICIES = ("vtc", "fcfs", "lcf", "vtc_oracle", "vtc_predict")
@@ -33,26 +35,26 @@ def batch(num_lanes: int, cols: dict, profile: A.Profile, config: A.Config):
     lanes, params = [], []
     for i in range(num_lanes):
         policy = POLICIES[i % len(POLICIES)]
-        lanes.append(A.make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
-                                  input_extra=profile.input_extra, num_requests=config.num_requests,
-                                  num_clients=config.num_clients))
-        params.append(A.make_params(policy, config.num_clients, profile))
+        lanes.append(AI.make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
+                                   input_extra=profile.input_extra, num_requests=config.num_requests,
+                                   num_clients=config.num_clients))
+        params.append(AI.make_params(policy, config.num_clients, profile))
     return lanes, params
 
 
 def measure(num_lanes: int, repeat: int, cols: dict, profile: A.Profile, config: A.Config) -> dict:
     lanes, params = batch(num_lanes, cols, profile, config)
     t0 = time.perf_counter()
-    state, done = A.run(lanes, params, config, profiles=profile)  # compiles, then runs
+    state, done = AR.run(lanes, params, config, profiles=profile)  # compiles, then runs
     first_wall = time.perf_counter() - t0
-    reference = A.finish_us(state)
+    reference = AR.finish_us(state)
     walls, cpus = [], []
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
-        state, done = A.run(lanes, params, config, profiles=profile)
+        state, done = AR.run(lanes, params, config, profiles=profile)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-        if not (done.all() and np.array_equal(A.finish_us(state), reference)):
+        if not (done.all() and np.array_equal(AR.finish_us(state), reference)):
             raise SystemExit("artifact_bench: a repeated run gave different results")
     wall, cpu = min(walls), min(cpus)
     events = int(np.asarray(state.events).sum())
@@ -72,10 +74,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
-        cols = A.read_trace_csv(TRACE)
+        cols = AI.read_trace_csv(TRACE)
         profile = A.Profile()
-        workload = A.Workload.fixed("real", cols)
-        config = A.ARTIFACT_ENGINE.config([_row(workload, profile)])
+        workload = AR.Workload.fixed("real", cols)
+        config = AR.ARTIFACT_ENGINE.config([_row(workload, profile)])
         cpu = platform.processor() or platform.machine()
         print(f"device {jax.devices()[0].platform} ({cpu}), jax {jax.__version__}, config {config}", flush=True)
         rows = []
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
 def _row(workload, profile):
     from vtc_jax.driver.sweep import Row
 
-    return Row(A.Scheduler("vtc", profile=profile), workload, "real vtc")
+    return Row(AR.Scheduler("vtc", profile=profile), workload, "real vtc")
 
 
 if __name__ == "__main__":

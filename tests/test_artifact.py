@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from vtc_jax.core.errors import InputError
+from vtc_jax.driver import artifact_run as AR
 from vtc_jax.engines import artifact as A
+from vtc_jax.engines import artifact_inputs as AI
 from vtc_jax.inputs import artifact_suites as S
 
 CONFIG = A.Config(num_requests=64, num_clients=4, slots=32)
@@ -164,14 +166,14 @@ def run_engine(arrival_s, client, prompt, output, policies, profile=A.Profile(),
                oracle_r=0.0, config=CONFIG):
     """Every policy as one lane of a LANES-lane batch (padded with repeats) on CONFIG."""
     k = max(client) + 1
-    lane = A.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra,
-                        num_requests=config.num_requests, num_clients=config.num_clients, oracle_r=oracle_r, seed=3)
+    lane = AI.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra,
+                         num_requests=config.num_requests, num_clients=config.num_clients, oracle_r=oracle_r, seed=3)
     assert (lane.new_id[:k] == np.arange(k)).all(), "tests number clients by first arrival"
     w = None if weights is None else list(weights) + [1.0] * (config.num_clients - len(weights))
-    params = [A.make_params(p, config.num_clients, profile, rpm_limit=(rpm_limits or {}).get(p), weights=w)
+    params = [AI.make_params(p, config.num_clients, profile, rpm_limit=(rpm_limits or {}).get(p), weights=w)
               for p in policies]
     pad = LANES - len(params)
-    state, done = A.run([lane] * LANES, params + params[-1:] * pad, config, profiles=profile, chunk=CHUNK)
+    state, done = AR.run([lane] * LANES, params + params[-1:] * pad, config, profiles=profile, chunk=CHUNK)
     assert done.all()
     return lane, state
 
@@ -202,11 +204,11 @@ def check_against_reference(cols, policies, profile, rpm=4, weights=None, oracle
     for i, policy in enumerate(policies):
         status, first, finish = reference(*cols, policy, profile, rpm_limit=rpm if policy == "rpm" else None,
                                           weights=weights, oracle=oracle.tolist())
-        lane_state = A.lane_index(state, i)
-        assert [STATUS[int(s)] for s in A.outcome(lane_state)[:n]] == [status[j] for j in order], policy
-        done = A.outcome(lane_state)[:n] == A.DONE
-        assert A.first_us(lane_state)[:n][done].tolist() == [first[j] for j in order[done]], policy
-        assert A.finish_us(lane_state)[:n][done].tolist() == [finish[j] for j in order[done]], policy
+        lane_state = AR.lane_index(state, i)
+        assert [STATUS[int(s)] for s in AR.outcome(lane_state)[:n]] == [status[j] for j in order], policy
+        done = AR.outcome(lane_state)[:n] == A.DONE
+        assert AR.first_us(lane_state)[:n][done].tolist() == [first[j] for j in order[done]], policy
+        assert AR.finish_us(lane_state)[:n][done].tolist() == [finish[j] for j in order[done]], policy
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -229,11 +231,11 @@ def test_slot_tiers_rerun_the_lanes_that_overflow_exactly():
     """With a first try of 6 slots, lanes that hold KV for more requests stop and are rerun
     with the bound: every result equals a run with the bound from the start."""
     cols = random_trace(1)
-    lane = A.make_trace(*cols, input_extra=SMALL.input_extra, num_requests=CONFIG.num_requests,
-                        num_clients=CONFIG.num_clients)
-    params = [A.make_params(p, CONFIG.num_clients, SMALL, rpm_limit=4 if p == "rpm" else None) for p in POLICIES]
-    full, done_full = A.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK)
-    tiered, done_tiered = A.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK, first_slots=6)
+    lane = AI.make_trace(*cols, input_extra=SMALL.input_extra, num_requests=CONFIG.num_requests,
+                         num_clients=CONFIG.num_clients)
+    params = [AI.make_params(p, CONFIG.num_clients, SMALL, rpm_limit=4 if p == "rpm" else None) for p in POLICIES]
+    full, done_full = AR.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK)
+    tiered, done_tiered = AR.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK, first_slots=6)
     peaks = np.asarray(full.peak)
     assert (peaks > 6).any() and (peaks <= 6).any() and done_full.all() and done_tiered.all()
     for name in ("result", "counter", "client_pred", "steps", "prefills", "peak"):
@@ -276,8 +278,8 @@ ONE_TOKEN = A.StepTime(prefill_base=0.0, prefill_per_token=1e-3, decode_base=10e
 
 
 def times(state, lane=0, n=None):
-    s = A.lane_index(state, lane)
-    return A.first_us(s)[:n].tolist(), A.finish_us(s)[:n].tolist()
+    s = AR.lane_index(state, lane)
+    return AR.first_us(s)[:n].tolist(), AR.finish_us(s)[:n].tolist()
 
 
 def test_cadence_and_stall_timeline():
@@ -329,9 +331,9 @@ def test_rpm_window_boundary_is_inclusive():
     rejected), 60.000001 (the window [0.000001, 60.000001] holds 1 only: accepted)."""
     arrivals = [0.0, 1.0, 60.0, 60.000001, 61.000002]
     lane, state = run_engine(arrivals, [0] * 5, [5] * 5, [1] * 5, ["rpm"], rpm_limits={"rpm": 2})
-    got = [STATUS[int(s)] for s in A.outcome(A.lane_index(state, 0))[:5]]
+    got = [STATUS[int(s)] for s in AR.outcome(AR.lane_index(state, 0))[:5]]
     assert got == ["done", "done", "rejected", "done", "done"]
-    m = A.lane_measures(lane, A.lane_index(state, 0), 4)
+    m = AR.lane_measures(lane, AR.lane_index(state, 0), 4)
     assert m["rejected"] == 1 and m["rejected_per_client"].tolist() == [1, 0, 0, 0]
 
 
@@ -359,7 +361,7 @@ def test_vtc_charges_decode_steps_plus_extra_at_finish():
 def test_oracle_range_refunds_and_charges_beyond():
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
     c, lane, state = _counter_after("vtc_oracle", [8], oracle_r=0.9, profile=prof)
-    p = float(A.charged(A.lane_index(state, 0))[0])
+    p = float(AR.charged(AR.lane_index(state, 0))[0])
     assert p == float(np.float32(lane.trace.rows[0, A.ORACLE].view(np.float32)))
     # charged 10 + 2p; decode steps before which generated (1..7) exceeds p: charged 2 each;
     # refund 2 (p - 8) if p > 8
@@ -374,7 +376,7 @@ def test_predict_moving_average():
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
     _, lane, state = _counter_after("vtc_predict", [6, 11, 3], profile=prof)
     assert float(state.client_pred[0, 0]) == pytest.approx((4 * 7 + 3) / 5)
-    assert A.charged(A.lane_index(state, 0))[:3].tolist() == pytest.approx([0, 6, 7])
+    assert AR.charged(AR.lane_index(state, 0))[:3].tolist() == pytest.approx([0, 6, 7])
     # counter: r0: 10 + 2*5 decode; r1: 10 + 2*6 prepaid, beyond: g in 7..10 -> 4 steps;
     # r2: 10 + 2*7, refund 2*(7-3)
     expected = (10 + 10) + (10 + 12 + 8) + (10 + 14 - 8)
@@ -398,13 +400,13 @@ def test_step_time_accepts_only_finite_non_negative_coefficients():
 
 def test_limits_are_refused_up_front():
     with pytest.raises(InputError, match="arrivals"):
-        A.make_trace([0.0, 2.0e12], [0, 0], [1, 1], [1, 1])
+        AI.make_trace([0.0, 2.0e12], [0, 0], [1, 1], [1, 1])
     with pytest.raises(InputError, match="prompt"):
-        A.make_trace([0.0], [0], [1 << 21], [1])
+        AI.make_trace([0.0], [0], [1 << 21], [1])
     cols = {"arrival_s": np.array([0.0]), "client": np.array([0]), "prompt": np.array([10]), "output": np.array([5])}
     slow = A.Profile(step_time=A.StepTime(prefill_per_token=1.0))  # 3,072 s per full prefill
     with pytest.raises(InputError, match="per step"):
-        A.check_limits(A.Workload.fixed("slow", cols), slow, 32)
+        AR.check_limits(AR.Workload.fixed("slow", cols), slow, 32)
 
 
 def test_never_admitted_is_exactly_the_engines_admission_rule():
@@ -412,28 +414,28 @@ def test_never_admitted_is_exactly_the_engines_admission_rule():
     2): a request at each limit runs to completion; one token over it, `never_admitted`
     says so, and the engine leaves it queued for ever: its lane is reported unfinished."""
     prompt, output = [598, 599, 500, 500], [10, 10, 965, 966]
-    assert A.never_admitted(prompt, output, SMALL).tolist() == [False, True, False, True]
-    fits = A.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_requests=64, num_clients=4)
-    over = [A.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_requests=64, num_clients=4)
+    assert AI.never_admitted(prompt, output, SMALL).tolist() == [False, True, False, True]
+    fits = AI.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_requests=64, num_clients=4)
+    over = [AI.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_requests=64, num_clients=4)
             for p, o in ((599, 10), (500, 966))]
-    params = A.make_params("fcfs", 4, SMALL)
+    params = AI.make_params("fcfs", 4, SMALL)
     lanes = [fits] + over + [fits] * (LANES - 3)
-    state, done = A.run(lanes, [params] * LANES, CONFIG, profiles=SMALL, chunk=CHUNK)
+    state, done = AR.run(lanes, [params] * LANES, CONFIG, profiles=SMALL, chunk=CHUNK)
     assert done.tolist() == [True, False, False] + [True] * (LANES - 3)
-    assert (A.outcome(state)[0, :2] == A.DONE).all()
-    assert A.stranded(lanes, state)[:3].tolist() == [0, 2, 2]  # the head blocks the request behind it
+    assert (AR.outcome(state)[0, :2] == A.DONE).all()
+    assert AR.stranded(lanes, state)[:3].tolist() == [0, 2, 2]  # the head blocks the request behind it
 
 
 def test_check_admissible_names_the_line_the_prompt_and_the_limit():
     cols = {"prompt": np.array([10, 3071, 3000]), "output": np.array([5, 5, 7000])}
     with pytest.raises(InputError) as err:
-        A.check_admissible(cols, A.Profile(), "log.csv", lines=np.array([2, 3, 5]))
+        AI.check_admissible(cols, A.Profile(), "log.csv", lines=np.array([2, 3, 5]))
     text = str(err.value)
     assert text.startswith("log.csv: line 3: server input 3073 tokens (prompt 3071") and "prefill_cap 3072" in text
     assert "(1 more such requests)" in text and "\n" not in text
     with pytest.raises(InputError, match=r"x: request 1: prompt 3000 .* output 7000 = 10002 KV tokens .* kv_pool 10000"):
-        A.check_admissible({"prompt": cols["prompt"][[0, 2]], "output": cols["output"][[0, 2]]}, A.Profile(), "x")
-    A.check_admissible({"prompt": np.array([3070]), "output": np.array([6895])}, A.Profile(), "x")  # both at the limit
+        AI.check_admissible({"prompt": cols["prompt"][[0, 2]], "output": cols["output"][[0, 2]]}, A.Profile(), "x")
+    AI.check_admissible({"prompt": np.array([3070]), "output": np.array([6895])}, A.Profile(), "x")  # both at the limit
 
 
 # ------------------------------------------------------------------ suites
@@ -498,13 +500,13 @@ def numpy_measures(arrival, client, prompt, output, first, end, served, k, ticks
 def test_measures_against_numpy(policy):
     cols = random_trace(11, n=60, k=4, horizon=30.0, max_output=200)
     lane, state = run_engine(*cols, [policy], A.Profile(kv_pool=3000), rpm_limits={"rpm": 6})
-    ticks = A.Ticks(spacing=3.0, count=8, window=6.0)
-    s = A.lane_index(state, 0)
-    m = A.lane_measures(lane, s, 4, ticks)
+    ticks = AR.Ticks(spacing=3.0, count=8, window=6.0)
+    s = AR.lane_index(state, 0)
+    m = AR.lane_measures(lane, s, 4, ticks)
     n = lane.prompt.size
-    served = A.outcome(s)[:n] == A.DONE
+    served = AR.outcome(s)[:n] == A.DONE
     arrival = np.round(lane.arrival_s * 1e6) / 1e6
-    first, end = A.first_us(s)[:n] / 1e6, A.finish_us(s)[:n] / 1e6
+    first, end = AR.first_us(s)[:n] / 1e6, AR.finish_us(s)[:n] / 1e6
     diff, rate, demand, thr, med = numpy_measures(arrival, lane.client, lane.prompt, lane.output, first, end,
                                                    served, 4, ticks)
     np.testing.assert_allclose(m["rate"], rate, rtol=1e-4, atol=1e-3)
@@ -514,13 +516,13 @@ def test_measures_against_numpy(policy):
     assert m["max_diff"] == pytest.approx(diff.max(), rel=1e-4, abs=1e-2)
     assert m["throughput"] == pytest.approx(thr, rel=1e-9)
     assert m["ttft_median"] == pytest.approx(med, rel=1e-9)
-    assert m["rejected"] == float((A.outcome(s)[:n] == A.REJECTED).sum())
+    assert m["rejected"] == float((AR.outcome(s)[:n] == A.REJECTED).sum())
 
 
 def test_revision_ticks():
-    assert A.Ticks.for_duration(360).bounds()[0][:2].tolist() == [28.5, 57.0]  # the artifact used T = 600
-    assert A.Ticks.for_duration(600) == A.Ticks()
-    assert A.Ticks.for_duration(900).spacing == 43.5
+    assert AR.Ticks.for_duration(360).bounds()[0][:2].tolist() == [28.5, 57.0]  # the artifact used T = 600
+    assert AR.Ticks.for_duration(600) == AR.Ticks()
+    assert AR.Ticks.for_duration(900).spacing == 43.5
 
 
 # ------------------------------------------------------------------ reading traces
@@ -535,13 +537,13 @@ def test_trace_csv_errors_name_file_and_line(tmp_path):
                          ("arrival_s,client,prompt,output,x\n", "unexpected column")):
         path.write_text(body)
         with pytest.raises(InputError, match=needle) as err:
-            A.read_trace_csv(path)
+            AI.read_trace_csv(path)
         assert str(path) in str(err.value) and "\n" not in str(err.value)
     path.write_text("client,arrival_s,prompt,output\n3,0.5,10,#2\n")  # '#' is no comment marker
     with pytest.raises(InputError, match="line 2: output"):
-        A.read_trace_csv(path)
+        AI.read_trace_csv(path)
     path.write_text("client,arrival_s,prompt,output\n3,0.5,10,2\n\n1,0.25,4,1\n")
-    cols = A.read_trace_csv(path)
+    cols = AI.read_trace_csv(path)
     assert cols["arrival_s"].tolist() == [0.5, 0.25] and cols["client"].tolist() == [3, 1]
 
 
@@ -678,12 +680,12 @@ def test_paper_weighted_rows_through_the_driver():
     from sweeps import paper
     from vtc_jax.driver.sweep import run_sweep
 
-    cols = dict(zip(A.TRACE_COLUMNS, map(np.asarray, random_trace(4, n=40, k=4))))
-    wl = A.Workload.fixed("tiny", cols)
+    cols = dict(zip(AI.TRACE_COLUMNS, map(np.asarray, random_trace(4, n=40, k=4))))
+    wl = AR.Workload.fixed("tiny", cols)
     prof = A.Profile()
     rows = [paper._row(wl, p, prof, 0.0) for p in ("vtc", "vtc_oracle", "vtc_predict")]
     rows.append(paper._row(wl, "rpm", prof, 0.0, rpm=2))
-    sched = A.Scheduler("vtc", name="vtc_weighted", weights=(1.0, 2.0, 3.0, 4.0), profile=prof)
+    sched = AR.Scheduler("vtc", name="vtc_weighted", weights=(1.0, 2.0, 3.0, 4.0), profile=prof)
     rows.insert(0, paper.Row(sched, wl, "tiny vtc_weighted", {"workload": "tiny"}))
     result = run_sweep(paper.declare("paper", rows, {}, False), 1, log=sys.stderr)
     assert [r["setting"]["policy"] for r in result["rows"]] == ["vtc_weighted", "vtc", "vtc_oracle", "vtc_predict",

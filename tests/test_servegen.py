@@ -15,6 +15,8 @@ import pytest
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import servegen as sg
+from vtc_jax.inputs import servegen_device, servegen_files
+from vtc_jax.inputs.servegen_files import GAMMA, WEIBULL
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, INT32_MAX, ORDER, OUTPUT, PROMPT, padding_rows
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "servegen", "m-large")
@@ -233,7 +235,7 @@ def test_malformed_files(tmp_path, monkeypatch):
     fails(d, "trace-only/chunk-6-trace.csv", "client 6 is also in")
 
     d = _copy(tmp_path / "k")  # size limit, named in the message, checked before reading
-    monkeypatch.setattr(sg, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(servegen_files, "MAX_FILE_BYTES", 1000)
     fails(d, "chunk-6-trace.csv: ServeGen trace is 1,820 bytes, over the limit of 1,000")
     monkeypatch.undo()
 
@@ -550,7 +552,7 @@ def test_interarrival_cv(data, busy_rows):
     p, rows, _ = busy_rows
     first, size = sg.block_layout(p)
     rng = np.random.default_rng(0)
-    checked = {sg.GAMMA: 0, sg.WEIBULL: 0}
+    checked = {GAMMA: 0, WEIBULL: 0}
     for w in range(2):
         col = p.rows[0] + w
         for c in np.argsort(-p.base[:, w])[:4]:
@@ -561,15 +563,15 @@ def test_interarrival_cv(data, busy_rows):
             gaps = np.diff(np.concatenate([np.full((len(rows), 1), float(p.bounds[w])), arrivals], axis=1))
             cv = _sample_cv(gaps)
             shape, pattern = data.shape[c, col], data.pattern[c, col]
-            draws = rng.gamma(shape, size=(2000, n)) if pattern == sg.GAMMA else rng.weibull(shape, size=(2000, n))
+            draws = rng.gamma(shape, size=(2000, n)) if pattern == GAMMA else rng.weibull(shape, size=(2000, n))
             ref = _sample_cv(draws[:, :n - 1])
             se = np.sqrt(ref.var() / len(rows) + ref.var() / len(ref))
             assert abs(cv.mean() - ref.mean()) < 5 * se, (data.client_ids[c], col, cv.mean(), ref.mean())
-            if pattern == sg.GAMMA:  # method-of-moments fits: the data's cv is 1/sqrt(shape)
+            if pattern == GAMMA:  # method-of-moments fits: the data's cv is 1/sqrt(shape)
                 assert data.cv[c, col] == pytest.approx(1 / np.sqrt(shape), rel=1e-6)
                 assert abs(cv.mean() - data.cv[c, col]) < 5 * se + abs(ref.mean() - data.cv[c, col])
             checked[pattern] += 1
-    assert checked[sg.GAMMA] >= 3 and checked[sg.WEIBULL] >= 1
+    assert checked[GAMMA] >= 3 and checked[WEIBULL] >= 1
 
 
 def test_busy_rows_layout_and_load(busy_rows):
@@ -594,6 +596,6 @@ def test_empty_and_lane_size_limits(data, monkeypatch):
     q = sg.plan(data, load=1e-6, kv_budget=M, horizon=H)
     assert (q.capacity == (data.rate > 0)).all() and q.expected_requests.sum() < 1e-2
     big = sg.plan(data, load=1.0, kv_budget=M, horizon=H)
-    monkeypatch.setattr(sg, "MAX_LANE_BYTES", 1000)
+    monkeypatch.setattr(servegen_device, "MAX_LANE_BYTES", 1000)
     with pytest.raises(InputError, match=r"one lane would hold \d+ request rows"):
         sg.generate(jax.random.key(0), big.params, layout=big.layout)
