@@ -53,7 +53,7 @@ from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep as driver
 from vtc_jax.driver.sweep import Row, Sweep
-from vtc_jax.engines import artifact as A
+from vtc_jax.driver import artifact_run as A
 from vtc_jax.inputs import artifact_suites as S
 
 ROOT = Path(__file__).resolve().parents[1]

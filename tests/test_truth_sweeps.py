@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from vtc_jax.engines import artifact as A
+from vtc_jax.driver import artifact_run as A
 
 LOG_HEADER = "arrival_s,client,prompt,output\n"
 

@@ -8,7 +8,7 @@ with repeats of its own lanes, whose results are discarded), all with one static
 config per group of rows, so a sweep compiles its engine once per group, whatever its size.
 
 An engine is an adapter with three methods (the MODEL.md engine: `MODEL_ENGINE` below;
-the artifact profile: artifact.ARTIFACT_ENGINE):
+the artifact profile: artifact_run.ARTIFACT_ENGINE):
 
   group_key(row)                          rows with equal keys share one config;
   config(rows, record_every, measures)    the static config of a group (one compile);
