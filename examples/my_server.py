@@ -23,9 +23,9 @@ from vtc_jax.servers import ideal
 MAX_RUNNING = 1
 
 
-def fits(state, params, row):
+def fits(state, params, row, *, generated=None):
     """The ideal server's memory rule, and a free seat."""
-    return ideal.fits(state, params, row) & (state.running.sum() < MAX_RUNNING)
+    return ideal.fits(state, params, row, generated=generated) & (state.running.sum() < MAX_RUNNING)
 
 
 SERVER = dataclasses.replace(ideal.IDEAL, name="one_seat", description="the ideal server, one request at a time",

@@ -9,6 +9,8 @@ series and histograms, vectorized over lanes in numpy. A measure the run did not
 
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 import functools
 from fractions import Fraction
@@ -132,6 +134,7 @@ class LaneResults:
     cost_scale: np.ndarray = dataclasses.field(repr=False, default=None)
     counter_scale: np.ndarray = dataclasses.field(repr=False, default=None)
     number_format: str = dataclasses.field(repr=False, default="wide")
+    server_state: Any = dataclasses.field(repr=False, default=None)
 
     _SHARED = ("record_every", "checkpoint_steps", "number_format")
 
@@ -441,7 +444,7 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
     # measured here: their ratio to 2U would read as a broken guarantee.
     unweighted = np.asarray([len(set(s.weights or ())) <= 1 for s in settings])
     results = LaneResults(
-        events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service,
+        server_state=host.server, events=np.asarray(host.iterations, np.int64), steps=steps, finished=finished, service=service,
         counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
@@ -489,7 +492,7 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
        processed: w_p * (admitted prompt tokens - cached ones, unless sent tokens are
        charged) + w_q * decoded tokens + beta * their contexts, from a separate ledger.
     """
-    params, _ = encode_settings(settings, config.num_clients, config.policies)
+    params, _ = encode_settings(settings, config.num_clients, config.policies, config.server)
     m = host.measures
     num = wide.numbers(config.wide)
     service = num.to_int(host.service)

@@ -107,20 +107,27 @@ def calendar_rows(max_output: int) -> int:
 def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
                   wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
-                  policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
+                  policies: Sequence[str] | None = None, server: str = "ideal", log_steps: int = 0) -> EngineConfig:
     """The static config that fits every lane of `settings` on server `server` (a
-    servers.registry name)."""
+    servers.registry name; `log_steps`: steps of schedule it logs, for servers that do)."""
     policies = tuple(policies) if policies is not None else policy_names(settings)
-    servers.get(server)  # an unknown name is one InputError naming the choices
+    chosen = servers.get(server)  # an unknown name is one InputError naming the choices
+    options = [dict(s.server_options) for s in dict.fromkeys(settings)]
+    for o in options:
+        chosen.validate(o)
+    if chosen.preempts and any(s.kv_cap is not None or s.rpm_limit is not None for s in settings):
+        raise InputError(f"server {server} preempts requests: --kv-cap and --rpm limits are not defined on it yet")
     return EngineConfig(
-        num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output), slots=slots,
+        num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output),
+        slots=chosen.plan_slots(options, slots),
         policies=policies,
         rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
         bands=any(s.bands is not None for s in settings),
         estimator=any(registry.get(p).uses_estimator for p in policies),
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
-        measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server)
+        measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,
+        log_steps=log_steps)
 
 
 @functools.partial(jax.jit, static_argnames=("shared",))
@@ -148,7 +155,7 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
                   progress: Callable[[int, int, float], None] | None = None) -> LaneResults:
     """Run lane i (settings[i], horizons[i], the shared workload or lane i of a batched
     one) to its horizon; the common path of every runner."""
-    params, scales = encode_settings(settings, config.num_clients, config.policies)
+    params, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
     horizons = np.asarray(horizons, np.int64)
     b = len(settings)
     given_shared = shared
@@ -224,7 +231,7 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None,
-               server: str = "ideal"):
+               server: str = "ideal", log_steps: int = 0):
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
@@ -267,7 +274,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                            record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies,
-                           server=server)
+                           server=server, log_steps=log_steps)
     return config, horizons, longest + 3 * most + 1, max(expected)
 
 
@@ -275,7 +282,8 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
                allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
-               progress: Callable | None = None, wide: bool | None = None, server: str = "ideal") -> LaneResults:
+               progress: Callable | None = None, wide: bool | None = None, server: str = "ideal",
+               log_steps: int = 0) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -294,12 +302,13 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
       wide: True forces the WIDE number format (default: NARROW when the planner proves
         every value fits int32, else WIDE; results are identical).
       server: the server every lane runs (servers.registry; default `ideal`, MODEL.md's).
+      log_steps: steps of schedule the server logs (servers that log, e.g. vllm; 0: none).
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
-                                                    server)
+                                                    server, log_steps)
     pad = arrival_width + 1
     shared = all(t is traces[0] for t in traces)
     if shared:

@@ -83,6 +83,7 @@ class EngineConfig:
       measures: which optional measures to accumulate.
       server: the server's registry name (servers/registry.py).
       requeue_depth: preempted requests a client's stack holds (servers that preempt).
+      log_steps: steps of schedule the server keeps a log of (0: none; servers that log).
     """
 
     num_clients: int
@@ -103,10 +104,12 @@ class EngineConfig:
     measures: MeasureConfig = MeasureConfig()
     server: str = "ideal"
     requeue_depth: int = 16
+    log_steps: int = 0
 
     @property
     def server_shape(self) -> ServerShape:
-        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots)
+        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots,
+                           num_rows=self.num_rows, log_steps=self.log_steps)
 
 
 @jax.tree_util.register_dataclass
@@ -436,7 +439,8 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
                  config)
     choice = select(state, view, params, config)
-    fits = server.fits(state.server, params, heads[choice.client])
+    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[2][choice.client]
+    fits = server.fits(state.server, params, heads[choice.client], generated=generated)
     ready = active & in_horizon & ~due & ~pending
     if server.preempts:
         beginning = ready & ~state.begun

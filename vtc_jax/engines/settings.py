@@ -32,6 +32,7 @@ import numpy as np
 from vtc_jax.core.errors import InputError
 from vtc_jax.policies import base as policy_base
 from vtc_jax.policies import estimators, registry
+from vtc_jax.servers import registry as servers
 
 DEFAULT_RPM_WINDOW = 2000
 RPM_MODES = ("delay", "reject")
@@ -117,6 +118,8 @@ class Settings:
       bands: a priority band per client (0 is served first: strict priority between bands,
         the policy inside the best band with an eligible client), or None.
       options: policy-specific options as ((name, value), ...), validated by the policy.
+      server_options: the server's settings as ((name, value), ...) (for example vLLM's
+        num_gpu_blocks), validated by the server the run uses (servers/registry.py).
     """
 
     policy: str = "vtc"
@@ -139,6 +142,7 @@ class Settings:
     estimate_seed: int = 0
     bands: tuple[int, ...] | None = None
     options: tuple = ()
+    server_options: tuple = ()
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -198,6 +202,7 @@ class Settings:
             known = ", ".join(sorted(policy.options)) or "none"
             raise InputError(f"policy {policy.name} has no option {unknown[0]!r} (its options: {known})")
         set_("options", tuple(sorted(options.items())))
+        set_("server_options", tuple(sorted(dict(self.server_options).items())))
         if policy.validate is not None:
             policy.validate(self)
 
@@ -256,6 +261,7 @@ class Params:
       estimator: estimators.EstimatorParams.
       share_window: int32[2]  (start, end) of the service-share window.
       resource: float32[2]  (weight GB per decode step, KV GB per context token).
+      server: dict  the server's traced settings (its `encode`; the ideal server: none).
     """
 
     kv_budget: jax.Array
@@ -269,6 +275,7 @@ class Params:
     estimator: estimators.EstimatorParams
     share_window: jax.Array
     resource: jax.Array
+    server: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,12 +317,14 @@ def policy_names(settings: Sequence[Settings]) -> tuple[str, ...]:
 
 
 def encode_settings(settings: Sequence[Settings], num_clients: int,
-                    policies: Sequence[str] | None = None) -> tuple[Params, Scales]:
+                    policies: Sequence[str] | None = None, server: str = "ideal") -> tuple[Params, Scales]:
     """Encode lanes' settings as a batched `Params` (leading axis B = len(settings)).
 
     `policies` is the engine's static policy set (default: those present); every policy
     in it gets params in every lane (its defaults where the lane runs another policy).
+    `server` names the server every lane runs, which encodes its `server_options`.
     """
+    encode_server = servers.get(server).encode
     if len(settings) == 0:
         raise InputError("no settings given (need at least one lane)")
     policies = tuple(policies) if policies is not None else policy_names(settings)
@@ -342,7 +351,8 @@ def encode_settings(settings: Sequence[Settings], num_clients: int,
             kv_cap=policy_base.i32(s.client_caps(num_clients)), band=policy_base.i32(s.client_bands(num_clients)),
             estimator=estimators.EstimatorParams(**estimators.encode(s.estimator, s.estimate_guess,
                                                                      s.estimate_error, s.estimate_seed)),
-            share_window=policy_base.i32(s.share_window), resource=np.asarray(s.resource, np.float32)))
+            share_window=policy_base.i32(s.share_window), resource=np.asarray(s.resource, np.float32),
+            server=encode_server(dict(s.server_options))))
         cost_scales.append(q)
         counter_scales.append(d)
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)[take]), *rows)

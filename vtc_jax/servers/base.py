@@ -9,8 +9,10 @@ the server only these questions, each for ONE lane (vmap adds the lane axis):
   load(state) -> Load                             per client: requests running and the
                                                   context they hold (what policies and
                                                   routers see);
-  fits(state, params, row) -> bool[]              would admitting this request row now
-                                                  respect the server's memory?
+  fits(state, params, row, *, generated) -> bool[]
+                                                  would admitting this request row now
+                                                  respect the server's memory and limits?
+                                                  (`generated`: as in `admit`)
   admit(state, params, row, client, value, step, mask, *, index, generated)
         -> (state, overflow)                      start the request where `mask`; `value`
                                                   is the policy's per-request int32 (given
@@ -41,6 +43,14 @@ A server that preempts (`preempts=True`) also has
                                                   engine puts each back at the front of its
                                                   client's queue (engines/requeue.py).
 
+Host side, each server also has
+
+  validate(options: dict) -> None                 InputError for settings it cannot run
+                                                  (`Settings.server_options`);
+  encode(options: dict) -> dict                   its traced params (`Params.server`);
+  plan_slots(options: list[dict], bound) -> int   running slots it needs, given the
+                                                  driver's bound on requests running.
+
 `params` is the lane's engine Params (engines/settings.py): a server reads the settings it
 needs from it (the ideal server: `kv_budget`). The engine charges `Work` with the lane's
 costs, so servers know nothing about fairness. The registry (servers/registry.py) is the
@@ -63,11 +73,15 @@ class ServerShape:
       num_clients: K.
       calendar_rows: rows of a completion calendar (the longest output + 1).
       slots: running-request slots (>= the most requests that can run at once).
+      num_rows: R, rows of the workload (a server may keep a table per request).
+      log_steps: steps of schedule a server keeps a log of (0: none).
     """
 
     num_clients: int
     calendar_rows: int
     slots: int
+    num_rows: int = 0
+    log_steps: int = 0
 
 
 @jax.tree_util.register_dataclass
@@ -134,5 +148,8 @@ class Server:
     complete: Callable[..., tuple[Any, Finished]]
     census: Callable[[Any, int], Any]
     busy: Callable[[Any], jax.Array]
+    validate: Callable[[dict], None]
+    encode: Callable[[dict], dict]
+    plan_slots: Callable[[list, int], int]
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import OUTPUT, PROMPT
 from vtc_jax.servers import completions
 from vtc_jax.servers.base import Finished, Load, Server, ServerShape, Work
@@ -45,8 +46,8 @@ def load(state: IdealState) -> Load:
     return Load(running=state.running, context=state.context)
 
 
-def fits(state: IdealState, params, row) -> jax.Array:
-    """bool[]: context held + the row's prompt <= M."""
+def fits(state: IdealState, params, row, *, generated=None) -> jax.Array:
+    """bool[]: context held + the row's prompt <= M (`generated` is always 0 here)."""
     return state.context.sum() + row[PROMPT] <= params.kv_budget
 
 
@@ -90,6 +91,20 @@ def busy(state: IdealState) -> jax.Array:
     return state.running.sum() > 0
 
 
+def validate(options: dict) -> None:
+    if options:
+        raise InputError(f"the ideal server has no settings of its own (got {', '.join(sorted(options))}); "
+                         "its memory is --kv-budget")
+
+
+def encode(options: dict) -> dict:
+    return {}
+
+
+def plan_slots(options: list, bound: int) -> int:
+    return bound
+
+
 def census(host: IdealState, num_clients: int) -> np.ndarray:
     """int64[B, K]: requests filed in each lane's calendar, per client (host side)."""
     table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
@@ -104,4 +119,4 @@ def census(host: IdealState, num_clients: int) -> np.ndarray:
 
 IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
-               census=census, busy=busy)
+               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers.base import Server
 from vtc_jax.servers.ideal import IDEAL
+from vtc_jax.servers.vllm_v1 import VLLM
 
 _REGISTRY: dict[str, Server] = {}
 
@@ -35,3 +36,4 @@ def get(name: str) -> Server:
 
 
 register(IDEAL)
+register(VLLM)

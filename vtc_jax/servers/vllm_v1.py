@@ -1,0 +1,397 @@
+"""`vllm`: the vLLM V1 scheduler's server (docs/VLLM.md), as a server component.
+
+The engine owns the waiting queue and asks the policy for the next candidate; this server
+owns what vLLM's scheduler does with requests once they are running, in one lane:
+
+- a step's token budget (`max_num_batched_tokens`) and seats (`max_num_seqs`);
+- KV memory in blocks of `block_size` tokens, `num_gpu_blocks` of them, the null block
+  never free: a request holds ceil(computed / block_size) blocks;
+- the running phase first (`begin_step`), in admission order: each running request asks for
+  its remaining prefill (capped by `long_prefill_token_threshold` when more than one
+  request runs or waits) or one decode token, within what is left of the budget; when its
+  new blocks do not fit, the newest running request is preempted (recompute: its blocks
+  are freed, it goes back to the front of its client's queue with the tokens it had
+  generated, to be recomputed), until they fit or it preempts itself;
+- admissions after (`fits`, `admit`), one per engine event in the policy's order, head of
+  line: none in a step that preempted; a request is admitted only if its whole prompt
+  (plus what it had generated) fits the free blocks, a seat is free and budget is left
+  (with chunked prefill off: its whole first chunk); it is given min(left, its prompt,
+  the cap) tokens, and blocks for those only;
+- at the step's end (`end_step`), a request whose computed tokens reach its prompt plus
+  generated tokens samples one token; when it has its output, it finishes and frees its
+  blocks. The clock moves one step; a lane with nothing running or waiting jumps to its
+  next arrival, after one empty step if the step finished a request (as vLLM's scheduler
+  still counts a finished request until it is reported).
+
+This is the closed form of vLLM's own loop under vLLM's default rules (newest victim,
+victims to the front) without prefix caching; docs/VLLM.md states every rule and which
+golden schedule of the real scheduler needs it. The running list is kept as S slots in
+admission order; each step is O(S) elementwise work, no loops.
+
+Settings (`Settings.server_options`, vLLM's flag names): num_gpu_blocks, block_size,
+max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, long_prefill_token_threshold.
+Per request the server also keeps its first-token and finish steps and its preemptions
+(`outcome`), and, when the shape asks for a log, each step's schedule (`schedule_log`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.rows import NUM_FIELDS, OUTPUT, PROMPT
+from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
+
+I32 = jnp.int32
+INT_MAX = 2**31 - 1
+LIMIT = INT_MAX // 4
+OPTIONS = {  # name: (default, lowest)
+    "num_gpu_blocks": (None, 2), "block_size": (16, 1), "max_num_batched_tokens": (2048, 1),
+    "max_num_seqs": (256, 1), "enable_chunked_prefill": (True, None), "long_prefill_token_threshold": (0, 0),
+}
+
+
+def validate(options: dict) -> None:
+    """InputError naming the first setting that is missing, unknown or out of range."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InputError(f"server vllm has no setting {unknown[0]!r} (its settings: {', '.join(OPTIONS)})")
+    if "num_gpu_blocks" not in options:
+        raise InputError("server vllm needs num_gpu_blocks (--num-gpu-blocks)")
+    for name, (_, low) in OPTIONS.items():
+        value = options.get(name, OPTIONS[name][0])
+        if low is None:
+            if type(value) is not bool:
+                raise InputError(f"{name} must be true or false, got {value!r}")
+        elif type(value) is not int or not low <= value <= LIMIT:
+            raise InputError(f"{name} must be an integer in [{low}, {LIMIT}], got {value!r}")
+
+
+def settings(options: dict) -> dict:
+    """The options with vLLM's defaults filled in."""
+    return {name: options.get(name, default) for name, (default, _) in OPTIONS.items()}
+
+
+def encode(options: dict) -> dict:
+    s = settings(options)
+    return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
+            "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
+            "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"])}
+
+
+def plan_slots(options: list, bound: int) -> int:
+    """Seats bound the running list: S = the most seats of any lane (at most `bound`)."""
+    return max(1, min(bound, max(settings(o)["max_num_seqs"] for o in options)))
+
+
+def peak_blocks(prompt, output, block_size):
+    """ceil((P + O - 1) / B): a request's most blocks (its last token never gets KV)."""
+    return -(-(np.asarray(prompt, np.int64) + np.asarray(output, np.int64) - 1) // block_size)
+
+
+def never_served(options: dict, prompt, output) -> str | None:
+    """Why some request could never finish on this server, or None: its peak blocks exceed
+    the N - 1 usable (it would preempt itself forever); with chunked prefill off, a budget
+    below vLLM's max_model_len."""
+    s = settings(options)
+    peak = peak_blocks(prompt, output, s["block_size"])
+    worst = int(np.argmax(peak))
+    if peak[worst] > s["num_gpu_blocks"] - 1:
+        return (f"request {worst} needs {int(peak[worst])} KV blocks at its peak, more than the "
+                f"{s['num_gpu_blocks'] - 1} usable (num_gpu_blocks - 1): it could never finish")
+    if not s["enable_chunked_prefill"]:
+        longest = -(-int((np.asarray(prompt) + np.asarray(output)).max()) // s["block_size"]) * s["block_size"]
+        if s["max_num_batched_tokens"] < longest:
+            return (f"with chunked prefill off vLLM needs max_num_batched_tokens >= max_model_len ({longest}), "
+                    f"got {s['max_num_batched_tokens']}")
+    return None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """Per workload row, int32[R]: first_token and finish step (-1: not yet), preemptions."""
+
+    first_token: jax.Array
+    finish: jax.Array
+    preemptions: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ScheduleLog:
+    """The first L steps that did anything (L = ServerShape.log_steps; 0: none kept):
+    count int32[]; t int32[L]; per step and slot, in vLLM's order (the running list, then
+    admissions), index int32[L, S] (workload row, -1 none), tokens int32[L, S] scheduled,
+    finished bool[L, S]; preempted int32[L, S] the rows preempted (-1 none)."""
+
+    count: jax.Array
+    t: jax.Array
+    index: jax.Array
+    tokens: jax.Array
+    finished: jax.Array
+    preempted: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class VllmState:
+    """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the
+    running list, in admission order), free blocks, left (budget left this step), cap
+    (the prefill cap this step); bool[]: preempted (this step preempted), just_finished
+    (the last step finished a request), active (the step has something to log);
+    running: int32[K] requests per client in the server (leaving ones included). Per slot, int32[S]: client, value (the policy's),
+    index (workload row), prompt, output, computed, generated, tokens (scheduled this
+    step), row int32[S, 5]. Leaving requests (finished, not yet handed back): ndone and
+    per slot done_client, done_prompt, done_output, done_value. out: Outcome; log."""
+
+    t: jax.Array
+    nrun: jax.Array
+    free: jax.Array
+    left: jax.Array
+    cap: jax.Array
+    preempted: jax.Array
+    just_finished: jax.Array
+    active: jax.Array
+    running: jax.Array
+    client: jax.Array
+    value: jax.Array
+    index: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    computed: jax.Array
+    generated: jax.Array
+    tokens: jax.Array
+    row: jax.Array
+    ndone: jax.Array
+    done_client: jax.Array
+    done_prompt: jax.Array
+    done_output: jax.Array
+    done_value: jax.Array
+    out: Outcome
+    log: ScheduleLog
+    victims: jax.Array
+
+
+_SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
+
+
+def init(shape: ServerShape) -> VllmState:
+    s, r, steps, k = shape.slots, shape.num_rows, shape.log_steps, shape.num_clients
+    zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
+    none_r = jnp.full(r, -1, I32)
+    return VllmState(
+        t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
+        just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
+        **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
+        ndone=zero, done_client=empty, done_prompt=empty, done_output=empty, done_value=empty,
+        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32)),
+        log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
+                        tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
+                        preempted=jnp.full((steps, s), -1, I32)),
+        victims=jnp.full(s, -1, I32))
+
+
+def _cdiv(a, b):
+    return (a + (b - 1)) // b
+
+
+def _excl_cumsum(x):
+    return jnp.cumsum(x) - x
+
+
+def _leading(ok):
+    """How many leading entries of bool[S] are True: int32[]."""
+    return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+
+
+def _per_client(values, client, mask, k):
+    return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
+
+
+def load(state: VllmState) -> Load:
+    """Requests in the server (leaving ones included) and the tokens they hold, per client."""
+    listed = jnp.arange(state.client.shape[0]) < state.nrun
+    return Load(running=state.running, context=_per_client(state.computed, state.client, listed,
+                                                           state.running.shape[0]))
+
+
+def _select(mask, new: VllmState, old: VllmState) -> VllmState:
+    """`new` where mask, else `old`, for the per-step and per-slot fields; the per-row
+    tables (`out`, `log`) are written by masked scatters already, so they are taken as
+    they are (a select over them would cost O(rows) per event)."""
+    small = {f.name for f in dataclasses.fields(VllmState)} - {"out", "log"}
+    return dataclasses.replace(new, **{f: jnp.where(mask, getattr(new, f), getattr(old, f)) for f in small
+                                       if getattr(new, f) is not getattr(old, f)})
+
+
+def begin_step(state: VllmState, params, view, step, mask):
+    """The running phase of step `step` where `mask` (module docstring). Returns (state,
+    Requeue): the victims, newest first (each goes to the front in turn)."""
+    p = params.server
+    bs, slots = p["block_size"], state.client.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    listed = pos < state.nrun
+    free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
+    waiting = view.waiting.sum()
+    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
+    total = state.prompt + state.generated
+    need = jnp.where(listed, jnp.minimum(jnp.minimum(total - state.computed, cap), p["budget"] + 1), 0)
+    before = p["budget"] - _excl_cumsum(need)  # budget left at each slot
+    n = jnp.clip(before, 0, need)
+    walked = listed & (before > 0)
+    held = jnp.where(listed, _cdiv(state.computed, bs), 0)
+    want = jnp.cumsum(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
+    tail = jnp.cumsum(held[::-1])[::-1]  # blocks held by slots >= m, non-increasing in m
+    # m_i: the start of the shortest tail whose blocks, freed, cover want_i.
+    covered = jnp.concatenate([tail, jnp.zeros(1, I32)]) >= (want - free)[:, None]
+    m = jnp.minimum(covered.sum(axis=1, dtype=I32) - 1, state.nrun)
+    done = _leading(walked & (m > pos))  # slots < done are scheduled
+    last = jnp.maximum(done - 1, 0)
+    m_prev = jnp.where(done > 0, m[last], state.nrun)
+    at = jnp.minimum(done, slots - 1)
+    # The next slot walks, is still listed, and even the whole tail after it is not enough:
+    # it preempts itself. vLLM's walk goes on, but the newest-victim rule has already
+    # taken everything after it, so the phase ends here.
+    self_preempt = (done < state.nrun) & walked[at] & (done < m_prev) & (m[at] <= done)
+    victim_from = jnp.where(self_preempt, done, m_prev)
+    free = free + jnp.where(victim_from < state.nrun, tail[jnp.minimum(victim_from, slots - 1)], 0)
+    free = free - jnp.where(done > 0, want[last], 0)
+    tokens = jnp.where(pos < done, n, 0)
+    victims = listed & (pos >= victim_from)
+    # Newest first: entry j is slot nrun - 1 - j.
+    order = jnp.clip(state.nrun - 1 - pos, 0, slots - 1)
+    out = Requeue(mask=mask & victims[order] & (pos < state.nrun), client=state.client[order],
+                  index=state.index[order], generated=state.generated[order], row=state.row[order])
+    preemptions = state.out.preemptions.at[jnp.where(mask & victims, state.index, state.out.preemptions.shape[0])].add(
+        1, mode="drop")
+    k = state.running.shape[0]
+    new = dataclasses.replace(
+        state, t=step, free=free, cap=cap, nrun=jnp.minimum(victim_from, state.nrun), preempted=victims.any(),
+        left=jnp.where(victims.any(), 0, p["budget"] - tokens.sum(dtype=I32)), tokens=tokens,
+        out=dataclasses.replace(state.out, preemptions=preemptions), victims=jnp.where(victims, state.index, -1),
+        running=state.running - _per_client(jnp.ones_like(pos), state.client, victims, k),
+        active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
+    return _select(mask, new, state), out
+
+
+def fits(state: VllmState, params, row, *, generated):
+    """bool[]: vLLM admits the request now (module docstring)."""
+    p = params.server
+    total = row[PROMPT] + generated
+    ask = jnp.minimum(total, state.cap)
+    return (~state.preempted & (state.left > 0) & (state.nrun < jnp.minimum(p["seats"], state.client.shape[0]))
+            & (_cdiv(total, p["block_size"]) <= state.free) & (p["chunked"] | (ask <= state.left)))
+
+
+def admit(state: VllmState, params, row, client, value, step, mask, *, index, generated):
+    """Seat the request at the end of the running list where `mask`: its first chunk."""
+    p = params.server
+    slots = state.client.shape[0]
+    n = jnp.minimum(state.left, jnp.minimum(row[PROMPT] + generated, state.cap))
+    at = jnp.where(mask, state.nrun, slots)
+    put = lambda x, v: x.at[at].set(v, mode="drop")  # noqa: E731
+    new = dataclasses.replace(
+        state, client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
+        prompt=put(state.prompt, row[PROMPT]), output=put(state.output, row[OUTPUT]), computed=put(state.computed, 0),
+        generated=put(state.generated, generated), tokens=put(state.tokens, n),
+        row=state.row.at[at].set(row, mode="drop"), nrun=state.nrun + mask.astype(I32),
+        running=state.running + ((jnp.arange(state.running.shape[0]) == client) & mask).astype(I32),
+        free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0))
+    return new, mask & (state.nrun >= slots)
+
+
+def _compact(values: dict, keep, slots: int) -> dict:
+    """Slot arrays with the kept slots moved to the front, in order."""
+    dest = jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)
+    return {name: jnp.zeros_like(v).at[dest].set(v, mode="drop") for name, v in values.items()}
+
+
+def end_step(state: VllmState, params, mask):
+    """The step's tokens are computed where `mask`: samples, finishes, the log."""
+    p = params.server
+    slots = state.client.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    listed = pos < state.nrun
+    computed = state.computed + state.tokens
+    samples = listed & (state.tokens > 0) & (computed == state.prompt + state.generated)
+    generated = state.generated + samples
+    finished = samples & (generated == state.output)
+    rows, k = state.out.first_token.shape[0], state.running.shape[0]
+    fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
+    first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(state.t, mode="drop")
+    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(state.t, mode="drop")
+    log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1), state.tokens, finished,
+               state.victims)
+    keep = listed & ~finished
+    moved = _compact({"client": state.client, "value": state.value, "index": state.index, "prompt": state.prompt,
+                      "output": state.output, "computed": computed, "generated": generated,
+                      "tokens": jnp.zeros_like(state.tokens)}, keep, slots)
+    row = jnp.zeros_like(state.row).at[jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)].set(state.row, mode="drop")
+    leaving = _compact({"done_client": state.client, "done_prompt": state.prompt, "done_output": state.output,
+                        "done_value": state.value}, finished, slots)
+    nfin = finished.sum(dtype=I32)
+    new = dataclasses.replace(
+        state, **moved, **leaving, row=row, nrun=state.nrun - nfin, ndone=nfin, just_finished=nfin > 0,
+        free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
+        out=Outcome(first_token=first, finish=finish, preemptions=state.out.preemptions), log=log,
+        preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
+    work = Work(decoded=_per_client(samples.astype(I32), state.client, samples, k),
+                attended=_per_client(state.prompt + state.generated, state.client, samples, k),
+                elapsed=jnp.ones((), I32))
+    return _select(mask, new, state), work
+
+
+def _log(log: ScheduleLog, mask, t, index, tokens, finished, victims) -> ScheduleLog:
+    steps = log.t.shape[0]
+    if steps == 0:
+        return log
+    at = jnp.where(mask & (log.count < steps), log.count, steps)
+    return ScheduleLog(count=log.count + mask.astype(I32), t=log.t.at[at].set(t, mode="drop"),
+                       index=log.index.at[at].set(index, mode="drop"), tokens=log.tokens.at[at].set(tokens, mode="drop"),
+                       finished=log.finished.at[at].set(finished, mode="drop"),
+                       preempted=log.preempted.at[at].set(victims, mode="drop"))
+
+
+def due(state: VllmState, step) -> jax.Array:
+    return state.ndone > 0
+
+
+def complete(state: VllmState, step, mask):
+    """The first leaving request (in scheduling order) is handed back where `mask`."""
+    done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
+                    value=state.done_value[0])
+    shift = lambda x: jnp.where(mask, jnp.roll(x, -1), x)  # noqa: E731
+    leaves = mask & (state.ndone > 0)
+    k = state.running.shape[0]
+    return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
+                               running=state.running - ((jnp.arange(k) == done.client) & leaves).astype(I32),
+                               done_client=shift(state.done_client), done_prompt=shift(state.done_prompt),
+                               done_output=shift(state.done_output), done_value=shift(state.done_value)), done
+
+
+def busy(state: VllmState) -> jax.Array:
+    return state.nrun > 0
+
+
+def census(host: VllmState, num_clients: int) -> np.ndarray:
+    """int64[B, K]: running and leaving requests per client, counted from the slots."""
+    client, nrun = np.asarray(host.client, np.int64), np.asarray(host.nrun, np.int64)
+    done, ndone = np.asarray(host.done_client, np.int64), np.asarray(host.ndone, np.int64)
+    out = np.zeros((client.shape[0], num_clients), np.int64)
+    for b in range(client.shape[0]):
+        out[b] += np.bincount(client[b, : nrun[b]], minlength=num_clients)[:num_clients]
+        out[b] += np.bincount(done[b, : ndone[b]], minlength=num_clients)[:num_clients]
+    return out
+
+
+VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats, KV blocks, chunked prefill, "
+              "preemption by recompute (docs/VLLM.md)",
+              init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
+              census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
+              begin_step=begin_step)
