@@ -62,7 +62,7 @@ FILES = {
 BINARY = {"junk.bin": bytes(range(256)) * 8, "nul.csv": b"arrival,client,prompt,output\n0,0,\x00,5\n",
           "nul.json": b'{"decode_base": \x00}'}
 
-CLI = "vtc_jax"
+CLI = "vtc_jax.cli.commands"
 # (id, module, argv, exit status, words of the one line). {d} is the case directory.
 CASES = [
     # ---- replay --------------------------------------------------------------------
