@@ -21,20 +21,11 @@ import numpy as np
 import optax
 
 from sweeps.context_cost import long_short_source
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, range_arg, workload_config
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import (
-    Plot,
-    Row,
-    Sweep,
-    _range,
-    add_workload_arguments,
-    aggregate,
-    evaluate,
-    make_settings,
-    workload_config,
-)
+from vtc_jax.driver.sweep import Plot, Row, Sweep, aggregate, evaluate
 from vtc_jax.driver.tune import es_minimize
 
 QUANTUM = 1 << 18  # betas are multiples of 2^-18: exact, and every charge fits int32 at M = 16384
@@ -44,7 +35,7 @@ PENALTY = 10.0
 def add_arguments(parser):
     add_workload_arguments(parser, rates="1.0,1.0")
     parser.set_defaults(kv_budget=16384, steps=2000, w_p="1/8", seeds=32)
-    parser.add_argument("--long-prompt", type=_range, default=(2048, 4096),
+    parser.add_argument("--long-prompt", type=range_arg, default=(2048, 4096),
                         help="client 0 prompt range (default 2048,4096)")
     parser.add_argument("--tolerance", type=float_arg(0.0, 1.0), default=0.05,
                         help="allowed raw-throughput loss against beta = 0 (default 0.05)")
@@ -202,7 +193,7 @@ def tune(args, source, grid, result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    return sweep.main("beta_tune", __doc__, add_arguments, build, argv)
+    return sweep_command.main("beta_tune", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

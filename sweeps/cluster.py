@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg, number_text
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
+from vtc_jax.driver import sweep, sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
 from vtc_jax.engines.cluster import (
     CHOICES,
@@ -90,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "catch-up of vtc_gateway lasts about 100 steps)")
     w.add_argument("--rate", type=float_arg(0.0, 1e4, open_min=True), default=0.75,
                    help="arrivals per step of EACH tenant per replica (default 0.75; a replica serves about 0.6)")
-    w.add_argument("--prompt", type=sweep._range, default=(16, 128), help="prompt range (default 16,128)")
-    w.add_argument("--output", type=sweep._range, default=(8, 64), help="output range (default 8,64)")
+    w.add_argument("--prompt", type=sweep_command.range_arg, default=(16, 128), help="prompt range (default 16,128)")
+    w.add_argument("--output", type=sweep_command.range_arg, default=(8, 64), help="output range (default 8,64)")
     w.add_argument("--kv-budget", type=int_arg(1, 1 << 24), default=2048, help="M per replica (default 2048)")
     w.add_argument("--weights", type=list_arg(number_text, name="weights", min_items=2, max_items=2),
                    default=["4", "1"], help="the two tenants' weights (default 4,1)")
@@ -285,22 +286,22 @@ def _main(argv) -> int:
     from vtc_jax.driver.policy_modules import preload_policy_modules
 
     preload_policy_modules(sys.argv[1:] if argv is None else argv)
-    parser = sweep.base_parser(NAME, __doc__)
+    parser = sweep_command.base_parser(NAME, __doc__)
     parser.set_defaults(seeds=DEFAULT_SEEDS)
     for action in parser._actions:
         if action.dest == "seeds":
             action.help = f"seeds per setting (default {DEFAULT_SEEDS})"
     add_arguments(parser)
     args = parser.parse_args(argv)
-    sweep.setup_runtime(args)
+    sweep_command.setup_runtime(args)
     sw = build(args)
-    fileio.check_writable_dir(args.out, sweep.output_names(sw, plots=False)
+    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sw, plots=False)
                               + ["ratio_vs_skew.png"] * (not args.no_plots))
     result = sweep.run_sweep(sw, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
                              measures=MeasureConfig())
-    print(sweep.format_table(sw, result))
+    print(sweep_outputs.format_table(sw, result))
     plots = [] if args.no_plots else [(Path(args.out) / "ratio_vs_skew.png", lambda p: draw_ratio(result, p))]
-    written = sweep.write_outputs(sw, result, Path(args.out), plots=False, extra=plots)
+    written = sweep_outputs.write_outputs(sw, result, Path(args.out), plots=False, extra=plots)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 

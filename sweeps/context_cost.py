@@ -8,10 +8,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import list_arg, number_text
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, range_arg, workload_config
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import Plot, Row, Sweep, _range, add_workload_arguments, base_metrics, make_settings, workload_config
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
@@ -24,7 +25,7 @@ def add_arguments(parser):
     # Prefill priced at 1/16 of decode (w_p = 1/8, w_q = 2): with w_p = 1 the prefill charge
     # of long prompts alone already over-charges the long client in bytes (see README).
     parser.set_defaults(kv_budget=16384, steps=4000, w_p="1/8")
-    parser.add_argument("--long-prompt", type=_range, default=(2048, 4096),
+    parser.add_argument("--long-prompt", type=range_arg, default=(2048, 4096),
                         help="client 0 prompt range (default 2048,4096)")
     parser.add_argument("--betas", type=list_arg(number_text, name="betas", max_items=256), default=BETAS,
                         help="beta grid, exact fractions or decimals (default: nine values, 0 to 1/128)")
@@ -80,7 +81,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("context_cost", __doc__, add_arguments, build, argv)
+    return sweep_command.main("context_cost", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -4,18 +4,10 @@ at admission, so the cap holds at every step)."""
 
 from __future__ import annotations
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import int_arg, list_arg
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import (
-    Plot,
-    Row,
-    Sweep,
-    add_workload_arguments,
-    base_metrics,
-    make_settings,
-    workload_config,
-    workload_source,
-)
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config, workload_source
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
 
@@ -45,7 +37,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("kv_cap", __doc__, add_arguments, build, argv)
+    return sweep_command.main("kv_cap", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep as driver
+from vtc_jax.driver import sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
 from vtc_jax.driver import artifact_run as A
 from vtc_jax.inputs import artifact_suites as S
@@ -268,7 +270,7 @@ def declare(name: str, rows: list[Row], config: dict, show_paper: bool) -> Sweep
 def format_table(sweep: Sweep, result: dict, seeds: int) -> str:
     """The driver's table, each row whose lanes did not all finish flagged at its end: its
     numbers come from the finished lanes only (n/a when none finished)."""
-    lines = driver.format_table(sweep, result).split("\n")
+    lines = sweep_outputs.format_table(sweep, result).split("\n")
     for i, entry in enumerate(result["rows"]):
         missing = entry.get("unfinished_lanes", 0)
         if missing:
@@ -360,7 +362,7 @@ def _json_default(x):
 def write(result: dict, out: Path, plots: bool) -> list[Path]:
     """results.json, results.csv and the service-rate plots, as one set."""
     files = [(out / "results.json", lambda p: p.write_text(json.dumps(result, indent=1, default=_json_default))),
-             (out / "results.csv", lambda p: p.write_text(driver.results_csv(result)))]
+             (out / "results.csv", lambda p: p.write_text(sweep_outputs.results_csv(result)))]
     if plots:
         for workload in dict.fromkeys(r["setting"]["workload"] for r in result["rows"] if "service_rate" in r):
             files.append((out / f"service_rate_{workload}.png",
@@ -444,11 +446,11 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    parser = driver.base_parser("paper", __doc__)
+    parser = sweep_command.base_parser("paper", __doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
     plans, config = build(args)
-    driver.setup_runtime(args)
+    sweep_command.setup_runtime(args)
     if jax.process_index() == 0:
         fileio.check_writable_dir(args.out, ["results.json", "results.csv"])
     results = [driver.run_sweep(s, seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,

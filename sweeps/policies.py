@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import int_arg, list_arg, number_text
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
 from vtc_jax.driver.results import histogram_quantile
 from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.engines.settings import Settings
@@ -175,7 +175,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("policies", __doc__, add_arguments, build, argv)
+    return sweep_command.main("policies", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ model's default): the computed work each client actually receives."""
 
 from __future__ import annotations
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, list_arg
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import Plot, Row, Sweep, add_workload_arguments, base_metrics, make_settings, workload_config
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
@@ -55,7 +56,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("prefix_cache", __doc__, add_arguments, build, argv)
+    return sweep_command.main("prefix_cache", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config, workload_is_default, workload_source
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import (
-    Plot,
-    Row,
-    Sweep,
-    add_workload_arguments,
-    base_metrics,
-    make_settings,
-    workload_config,
-    workload_is_default,
-    workload_source,
-)
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.traffic import silence_and_return
 
 POLICIES = ("fcfs", "lcf", "vtc")
@@ -85,7 +76,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("return_after_silence", __doc__, add_arguments, build, argv)
+    return sweep_command.main("return_after_silence", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,10 @@ VTC + the same limits."""
 
 from __future__ import annotations
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import int_arg, list_arg
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import (
-    Plot,
-    Row,
-    Sweep,
-    add_workload_arguments,
-    base_metrics,
-    make_settings,
-    workload_config,
-    workload_is_default,
-    workload_source,
-)
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config, workload_is_default, workload_source
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.engines.settings import RPM_MODES
 from vtc_jax.inputs.traffic import overload
 
@@ -64,7 +55,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("rpm", __doc__, add_arguments, build, argv)
+    return sweep_command.main("rpm", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

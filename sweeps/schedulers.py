@@ -3,20 +3,11 @@ seed document's first experiment), or on your own --trace."""
 
 from __future__ import annotations
 
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import int_arg
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config, workload_is_default, workload_source
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
-from vtc_jax.driver.sweep import (
-    Plot,
-    Row,
-    Sweep,
-    add_workload_arguments,
-    base_metrics,
-    make_settings,
-    workload_config,
-    workload_is_default,
-    workload_source,
-)
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.traffic import overload
 
 POLICIES = ("fcfs", "lcf", "vtc")
@@ -57,7 +48,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("schedulers", __doc__, add_arguments, build, argv)
+    return sweep_command.main("schedulers", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from sweeps.policies import settings_for
+from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, int_arg, list_arg, number_text
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
 from vtc_jax.driver.results import histogram_quantile
-from vtc_jax.driver.sweep import Plot, Row, Sweep
+from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs import servegen
 from vtc_jax.inputs.sources import ServeGenSource
 from vtc_jax.policies import registry
@@ -72,7 +72,7 @@ def add_arguments(parser):
 
 
 def metrics(results, rows):
-    out = sweep.base_metrics(results, rows)
+    out = base_metrics(results, rows)
     every = results.record_every  # steps / 40
     out["jain"] = results.jain_index(4 * every, 2 * every)[0]
     offered, served = results.offered, results.service
@@ -156,7 +156,7 @@ def build(args) -> Sweep:
 
 
 def main(argv=None) -> int:
-    return sweep.main("tenants", __doc__, add_arguments, build, argv)
+    return sweep_command.main("tenants", __doc__, add_arguments, build, argv)
 
 
 if __name__ == "__main__":

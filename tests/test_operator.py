@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from vtc_jax.cli import commands as cli
+from vtc_jax.cli.compare import read_log
+from vtc_jax.cli.replay import load_line
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import sweep
+from vtc_jax.driver import sweep_outputs
 from vtc_jax.inputs.workload import read_trace_csv
 
 
@@ -22,7 +24,7 @@ def _write(path, text):
 def test_timestamped_log_converts_to_steps(tmp_path):
     log = _write(tmp_path / "log.csv", "timestamp,tenant,prompt,output\n"
                  "100.0,alice,10,5\n100.02,bob,20,6\n\n100.05,alice,30,7\n101.0,carol,40,8\n")
-    trace, names, per_second = cli.read_log(log, 0.025)
+    trace, names, per_second = read_log(log, 0.025)
     assert names == ["alice", "bob", "carol"]  # numbered by first appearance
     assert list(trace.arrival) == [0, 0, 2, 40]  # floor((t - t0) / 0.025)
     assert list(trace.client) == [0, 1, 0, 2]
@@ -33,7 +35,7 @@ def test_timestamped_log_converts_to_steps(tmp_path):
 
 def test_timestamped_log_with_cached_column_and_any_order(tmp_path):
     log = _write(tmp_path / "log.csv", "tenant,output,timestamp,prompt,cached\nx,3,5.5,10,4\ny,2,5.0,8,0\n")
-    trace, names, _ = cli.read_log(log, 0.5)
+    trace, names, _ = read_log(log, 0.5)
     assert names == ["y", "x"]  # time order: y's request (5.0 s) comes first
     assert list(trace.arrival) == [0, 1] and list(trace.cached) == [0, 4] and list(trace.lines) == [3, 2]
 
@@ -51,22 +53,22 @@ def test_timestamped_log_with_cached_column_and_any_order(tmp_path):
 def test_bad_logs_name_the_line(tmp_path, text, words):
     log = _write(tmp_path / "log.csv", text)
     with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        cli.read_log(log, 0.025)
+        read_log(log, 0.025)
 
 
 def test_load_line_warns_only_past_the_threshold():
-    over = cli.load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
+    over = load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
                           "waiting_at_span_end": 20, "waiting_at_end": 17})
     assert "17 requests still waiting" in over and "OVERLOAD: 3.00x" in over
-    fine = cli.load_line({"offered_per_step": 100.0, "served_per_step": 100.0, "offered_over_served": 1.0,
+    fine = load_line({"offered_per_step": 100.0, "served_per_step": 100.0, "offered_over_served": 1.0,
                           "waiting_at_span_end": 0, "waiting_at_end": 0})
     assert "OVERLOAD" not in fine and "0 requests still waiting" in fine
-    edge = cli.load_line({"offered_per_step": 105.0, "served_per_step": 100.0, "offered_over_served": 1.05,
+    edge = load_line({"offered_per_step": 105.0, "served_per_step": 100.0, "offered_over_served": 1.05,
                           "waiting_at_span_end": 1, "waiting_at_end": 1})
     assert "OVERLOAD" not in edge
     # more offered than served over the span, but nothing queued when the last request
     # arrived: a drain tail (requests still running), not a queue
-    tail = cli.load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
+    tail = load_line({"offered_per_step": 300.0, "served_per_step": 100.0, "offered_over_served": 3.0,
                           "waiting_at_span_end": 0, "waiting_at_end": 0})
     assert "OVERLOAD" not in tail
 
@@ -76,7 +78,7 @@ def test_sweep_load_lines_flag_overloaded_rows():
         m = {"offered_per_step": {"mean": off}, "served_per_step": {"mean": srv}, "waiting_at_end": {"mean": waiting},
              "waiting_at_span_end": {"mean": waiting}}
         return {"label": label, "metrics": m}
-    text = sweep.format_load({"rows": [row("a", 200.0, 100.0, 40.0), row("b", 90.0, 90.0, 0.0)]})
+    text = sweep_outputs.format_load({"rows": [row("a", 200.0, 100.0, 40.0), row("b", 90.0, 90.0, 0.0)]})
     lines = text.splitlines()
     assert lines[0] == "load:"
     assert "a: offered 200.0 vs served 100.0" in lines[1] and "OVERLOAD: 2.00x" in lines[1]

@@ -325,7 +325,7 @@ def test_scatter_labels_do_not_overlap(tmp_path, monkeypatch):
     import matplotlib.figure
     from matplotlib.text import Text
 
-    from vtc_jax.driver import sweep
+    from vtc_jax.driver import sweep, sweep_outputs
 
     boxes = []
     original = matplotlib.figure.Figure.savefig
@@ -345,7 +345,7 @@ def test_scatter_labels_do_not_overlap(tmp_path, monkeypatch):
                         "metrics": {"throughput": _metric(x), "max_drift": _metric(y)}}
                        for i, (x, y) in enumerate(points)]}
     plot = sweep.Plot("scatter", "f.png", "close points", "throughput", "max_drift")
-    sweep.draw(result, plot, tmp_path / "f.png")
+    sweep_outputs.draw(result, plot, tmp_path / "f.png")
     assert len(boxes) == len(points)
     overlapping = [(i, j) for i in range(len(boxes)) for j in range(i) if boxes[i].overlaps(boxes[j])]
     assert not overlapping, overlapping
@@ -359,7 +359,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
     """The figure was 0.5 in per tenant: 275,220 px wide for 5,000 tenants."""
-    from vtc_jax.driver import sweep
+    from vtc_jax.driver import sweep_outputs
 
     k = 5000
     demand = [(k - i) / (k * (k + 1) / 2) for i in range(k)]  # tenant 0 demands most
@@ -367,12 +367,13 @@ def test_a_tenants_plot_of_5000_tenants_stays_small(tmp_path):
              "clients": {"offered_share": demand, "served_share": demand, "wait_p99": [float(i + 1) for i in range(k)]}}
             for p in ("vtc", "fcfs")]
     path = tmp_path / "tenants.png"
-    sweep.draw_tenants({"rows": rows}, [f"t{i}" for i in range(k)], path)
+    sweep_outputs.draw_tenants({"rows": rows}, [f"t{i}" for i in range(k)], path)
     width, height = _png_size(path)
-    assert width <= sweep.MAX_FIGURE_PIXELS and height <= sweep.MAX_FIGURE_PIXELS, (width, height)
-    assert sweep.top_tenants(demand)[:3] == [0, 1, 2] and len(sweep.top_tenants(demand)) == sweep.MAX_TENANT_BARS
+    assert width <= sweep_outputs.MAX_FIGURE_PIXELS and height <= sweep_outputs.MAX_FIGURE_PIXELS, (width, height)
+    top = sweep_outputs.top_tenants(demand)
+    assert top[:3] == [0, 1, 2] and len(top) == sweep_outputs.MAX_TENANT_BARS
     few = tmp_path / "few.png"
-    sweep.draw_tenants({"rows": [dict(r, clients={n: v[:3] for n, v in r["clients"].items()}) for r in rows]},
+    sweep_outputs.draw_tenants({"rows": [dict(r, clients={n: v[:3] for n, v in r["clients"].items()}) for r in rows]},
                        ["a", "b", "c"], few)
     assert _png_size(few)[0] < width
 

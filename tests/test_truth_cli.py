@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vtc_jax.cli import commands as cli
+from vtc_jax.cli.compare import read_log
 from vtc_jax.core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def test_drift_over_2u_is_not_reported_with_unequal_weights(tmp_path, capsys):
 def test_log_reader_refuses_unknown_and_repeated_columns(tmp_path, header, words):
     log = _write(tmp_path / "log.csv", f"{header}\n1.0,a,30,4,7\n")
     with pytest.raises(InputError) as err:
-        cli.read_log(log, 0.025)
+        read_log(log, 0.025)
     line = str(err.value)
     assert line.startswith(f"{log}: ") and words in line and header.split(",")[-1] in line
     assert "\n" not in line
@@ -169,9 +170,9 @@ def test_compare_writes_results_and_plots_as_one_set(tmp_path, capsys, monkeypat
     def full_disk(result, names, path):
         raise OSError(28, "No space left on device")
 
-    from vtc_jax.driver import sweep as sweep_mod
+    from vtc_jax.driver import sweep_outputs
 
-    monkeypatch.setattr(sweep_mod, "draw_tenants", full_disk)
+    monkeypatch.setattr(sweep_outputs, "draw_tenants", full_disk)
     code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "200", "--out", str(out),
                      "--no-cache"])
     err = capsys.readouterr().err.strip()
@@ -198,9 +199,9 @@ def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
     monkeypatch.setattr(plt, "close", lambda fig=None: closed.append(fig))
     clients = {"served_share": [0.5, 0.5], "offered_share": [0.5, 0.5], "wait_p99": [0.0, 0.0]}
     result = {"rows": [{"label": "vtc", "clients": clients}]}
-    from vtc_jax.driver import sweep as sweep_mod
+    from vtc_jax.driver import sweep_outputs
 
-    sweep_mod.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
+    sweep_outputs.draw_tenants(result, ["a", "b"], tmp_path / "t.png")
     waits = closed[0].axes[1]
     y = waits.lines[0].get_ydata()
     assert list(y) == [0.0, 0.0]  # drawn, not NaN

@@ -65,12 +65,12 @@ def _parser(name: str):
     """The full parser of sweeps.NAME, as its main builds it."""
     import importlib
 
-    from vtc_jax.driver import sweep as driver
+    from vtc_jax.cli import sweep_command
 
     module = importlib.import_module(f"sweeps.{name}")
     if hasattr(module, "build_parser"):
         return module.build_parser()
-    parser = driver.base_parser(name, module.__doc__)
+    parser = sweep_command.base_parser(name, module.__doc__)
     module.add_arguments(parser)
     return parser
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from sweeps import beta_tune, context_cost, kv_cap, prefix_cache
-from vtc_jax.driver.sweep import main
+from vtc_jax.cli.sweep_command import main
 from vtc_jax.driver.tune import centered_ranks, es_minimize
 
 

@@ -210,3 +210,10 @@ def float_arg(minimum: float | None = None, maximum: float | None = None, *, ope
             raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
     return parse
+
+
+def in_file(source, err: InputError) -> InputError:
+    """`err` with the file it is about named in front (once): a row's problem found after
+    reading (a prompt larger than M) names its line, and the line alone does not say where."""
+    message = str(err)
+    return InputError(message if message.startswith(str(source)) else f"{source}: {message}")

@@ -1,0 +1,153 @@
+"""`python -m vtc_jax compare`: several policies on your own log (a trace CSV in steps, or a
+timestamped log in seconds with any tenant names), per tenant and policy: shares, waits,
+the backlogged drift and the load line, written as results.json/csv and plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import sys
+from decimal import Decimal, InvalidOperation
+
+import numpy as np
+
+from vtc_jax.cli.common import in_file
+from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, ignored_flags, settings_from_args
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver.devices import enable_compilation_cache
+from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS
+from vtc_jax.policies import registry
+
+DEFAULT_STEP_SECONDS = 0.025
+
+LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
+
+
+def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
+    """A trace CSV in steps, or a timestamped log (timestamp,tenant,prompt,output[,cached];
+    seconds, any tenant names) converted to steps: step = floor((t - t0) / step_seconds),
+    tenants numbered by first appearance. Returns (trace, tenant names, steps per second)."""
+    text = fileio.read_text(path, what="log")
+    first_line = next((line for line in text.splitlines() if line.strip()), "")
+    header = [h.strip() for h in next(csv.reader([first_line]), [])]
+    if "timestamp" not in header:
+        trace = read_trace_csv(io.StringIO(text), source=str(path))
+        return trace, [str(k) for k in range(trace.num_clients)], 1
+    # one table reader for every CSV: an unknown column (a typo such as `cachd`, whose
+    # values would silently read as 0) or a repeated one is refused, naming it and the file
+    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS, ("cached",))
+    rows, lines, names = [], [], {}
+    for line_no, cells in records:
+        cell = dict(zip(header, cells))
+        try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
+            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
+        except InvalidOperation:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
+                             f"got {cell['timestamp'][:24]!r}") from None
+        if not t.is_finite() or t < 0 or t.adjusted() > 12:
+            raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
+                             f"[0, 1e13), got {cell['timestamp'][:24]!r}")
+        tenant = cell["tenant"]
+        if not tenant:
+            raise InputError(f"{path}: line {line_no}: empty tenant name")
+        if tenant not in names and len(names) >= MAX_CLIENTS:
+            raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
+        names.setdefault(tenant, len(names))
+        ints = []
+        for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
+            if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
+                raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
+                                 f"got {cell[col][:24]!r}")
+            ints.append(int(cell[col]))
+        rows.append((t, tenant, *ints))
+        lines.append(line_no)
+    if not rows:
+        raise InputError(f"{path}: no requests (header only)")
+    # Time order (stable: equal timestamps keep the file's order) and tenants numbered by
+    # first appearance in time: the order of the file's rows is no input.
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    rows, lines = [rows[i] for i in order], [lines[i] for i in order]
+    names = {}
+    for r in rows:
+        names.setdefault(r[1], len(names))
+    t0, step = rows[0][0], Decimal(repr(step_seconds))
+    steps = np.asarray([min(int((r[0] - t0) // step), 1 << 31) for r in rows], np.int64)
+    if steps.max() > (1 << 30):
+        raise InputError(f"{path}: the log spans {steps.max():,} steps of {step_seconds} s, over the limit of "
+                         f"{1 << 30:,}: use a larger --step-seconds")
+    cached = [r[4] if len(r) > 4 else 0 for r in rows]
+    trace = Trace(steps, np.asarray([names[r[1]] for r in rows]), np.asarray([r[2] for r in rows]),
+                  np.asarray([r[3] for r in rows]), np.asarray(cached), lines=np.asarray(lines), source=str(path))
+    trace.validate()  # names the file: the trace knows its source
+    return trace, list(names), max(1, round(1.0 / step_seconds))
+
+
+def command(args) -> int:
+    """The compare command: every policy on the log as rows of one sweep (seeds redraw
+    arrivals), its tables printed, results, plots and tenants.png written as one set."""
+    from vtc_jax.driver import sweep as sweep_mod
+    from vtc_jax.driver import sweep_outputs
+    from vtc_jax.driver.run import MAX_HORIZON, drain_horizon, validate_fits
+    from vtc_jax.inputs.sources import TraceSource
+
+    for p in args.policies:
+        registry.get(p)
+    if len(set(args.policies)) != len(args.policies):
+        raise InputError("--policies lists a policy twice")
+    trace, names, per_second = read_log(args.log, args.step_seconds)
+    k = trace.num_clients
+    if args.weights and len(args.weights) != k:
+        raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "
+                         f"({', '.join(names[:8])}{'...' if k > 8 else ''})")
+    rows = []
+    ignored = {p: ignored_flags(args, p) for p in args.policies}
+    for line in ignored[args.policies[0]]:  # a flag no listed policy reads is refused
+        flag = line.split(":")[0]
+        if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in args.policies):
+            raise InputError(line if len(args.policies) == 1 else
+                             f"{flag}: none of the policies {', '.join(args.policies)} takes it "
+                             f"({line.split(': ', 1)[1]})")
+    for p, lines in ignored.items():
+        for line in lines:
+            print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
+    settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
+    horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
+    if horizon > MAX_HORIZON:  # a cut drain bound would leave requests unserved
+        raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
+                         f"{MAX_HORIZON:,}: give --steps")
+    unit = args.phase_unit or per_second
+    source = TraceSource(trace, num_clients=k, horizon=horizon, phase_unit=unit, drain=args.steps is None)
+    for s in settings:
+        try:
+            validate_fits(trace, s, k, source.horizon, False)
+        except InputError as err:
+            raise in_file(args.log, err) from None
+        rows.append(sweep_mod.Row(s, source, s.policy))
+    enable_compilation_cache(None if args.no_cache else args.cache_dir)
+    plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
+                            "policy", "backlogged_drift"),)
+    sweep = sweep_mod.Sweep(name="compare", config={"log": str(args.log), "tenants": names,
+                                                      "step_seconds": args.step_seconds, "horizon": source.horizon,
+                                                      "phase_unit": unit, "policies": args.policies},
+                            rows=rows, metrics=sweep_mod.base_metrics,
+                            measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
+                            columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
+                                     "throughput"), plots=plots, clients=True)
+    draw = not args.no_plots
+    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    result = sweep_mod.run_sweep(sweep, args.seeds)
+    print(sweep_outputs.format_table(sweep, result))
+    print(sweep_outputs.format_load(result))
+    print("per tenant (means over seeds; waits in steps"
+          + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
+    print(sweep_outputs.format_clients(result, names))
+    # results, plots and tenants.png as ONE set: a full disk or a Ctrl-C leaves the previous
+    # results, never results without plots
+    tenants = [(args.out / "tenants.png", lambda path: sweep_outputs.draw_tenants(result, names, path))] * draw
+    written = sweep_outputs.write_outputs(sweep, result, args.out, plots=draw, extra=tenants)
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+

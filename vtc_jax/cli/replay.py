@@ -1,0 +1,183 @@
+"""`python -m vtc_jax replay`: one policy on one trace, exact numbers (a summary on stdout,
+optionally the run's numbers and a per-client report as JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from vtc_jax.cli.common import CheckFailed, in_file
+from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, settings_from_args
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver.results import load_values, overloaded
+from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
+
+# Service checkpoints kept on device: horizon // record_every * K values at most.
+MAX_CHECKPOINT_VALUES = 1 << 26
+
+
+def _number(value: Fraction):
+    """Exact integers stay integers in JSON; other values are floats."""
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def _plain(value: float):
+    """A float that holds an integer as an int (JSON and the summary print it plainly)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def load_for_replay(args) -> tuple[Trace, int]:
+    trace = read_trace_csv(args.trace)
+    num_clients = args.clients if args.clients is not None else trace.num_clients
+    if num_clients > MAX_CLIENTS:
+        row = int(trace.client.argmax())
+        raise InputError(f"{args.trace}: {trace.where(row)}: client id {num_clients - 1} needs {num_clients} "
+                         f"clients (ids are 0..K-1); at most {MAX_CLIENTS} are supported")
+    return trace, num_clients
+
+
+def replay_command(args) -> tuple[dict, dict, object]:
+    from vtc_jax.driver.run import drain_horizon, replay
+
+    trace, num_clients = load_for_replay(args)
+    window = args.share_window or (0, 0)
+    settings = settings_from_args(args, args.policy, window)
+    horizon = args.steps or drain_horizon(trace, args.rpm_window if settings.rpm_delays else 0)
+    if horizon // args.record_every * num_clients > MAX_CHECKPOINT_VALUES:
+        raise InputError(f"--record-every {args.record_every} over up to {horizon} steps keeps more than "
+                         f"{MAX_CHECKPOINT_VALUES} checkpoint values for {num_clients} clients; "
+                         "use a larger --record-every")
+    pairs = ["pair_drift"] if num_clients <= PAIR_DRIFT_MAX_CLIENTS else []
+    measures = pairs + ["latency"] + (["share"] if args.share_window else []) + (["ledger"] if args.check else [])
+    try:
+        result = replay(trace, settings, num_clients=num_clients, steps=args.steps, record_every=args.record_every,
+                        measures=MeasureConfig.of(measures))
+    except InputError as err:
+        raise in_file(args.trace, err) from None
+    if not result.finished[0]:
+        raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
+    if args.check and result.conservation[0]:
+        raise CheckFailed("conservation violated: " + "; ".join(result.conservation[0]))
+    steps = int(result.steps[0])
+    service = result.service_exact[0]
+    out = {
+        "steps": steps,
+        "clients": num_clients,
+        "service": [_number(x) for x in service],
+        "counters": [_number(x) for x in result.counters_exact[0]],
+        "admitted": [int(x) for x in result.admitted[0]],
+        "completed": [int(x) for x in result.completed[0]],
+        "max_drift": _number(result.max_drift_exact[0]),
+        "max_drift_step": int(result.max_drift_step[0]),
+        "bound_2u": _plain(result.bound_2u[0]),
+        "max_drift_over_2u": float(result.max_drift_over_2u[0]),
+        "throughput": float(sum(service) / steps),
+        "checkpoints": {"steps": [int(s) for s in result.checkpoint_steps],
+                        "service": [[_number(Fraction(v)) for v in row] for row in result.checkpoints[0]]},
+    }
+    details = client_report(result, 0)
+    drift = result.backlogged_drift_exact[0]
+    details["backlogged_drift"] = None if drift is None else _number(drift)
+    details["bound_2u"] = out["bound_2u"]
+    details["backlogged_drift_over_2u"] = None if drift is None else float(drift) / float(result.bound_2u[0])
+    if args.share_window:
+        details["share_window"] = list(args.share_window)
+        details["window_share"] = [None if not np.isfinite(x) else float(x) for x in result.share[0]]
+    if not np.all(np.isnan(result.policy_counters[0])):
+        details["policy_counters"] = [float(x) for x in result.policy_counters[0]]
+    return out, details, result
+
+
+def client_report(result, lane: int) -> dict:
+    """Per-client shares, waits and the load line of one lane (JSON-ready)."""
+    def floats(x):
+        return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64)]
+
+    load = {k: float(v[lane]) for k, v in load_values(result).items()}
+    return {
+        "share_of_service": floats(result.served_share[lane]),
+        "share_of_demand": floats(result.offered_share[lane]),
+        "arrived": [int(x) for x in result.arrived[lane]],
+        "rejected": [int(x) for x in result.rejected[lane]],
+        "waiting_at_end": [int(x) for x in result.waiting[lane]],
+        "wait_p50": floats(result.latency_percentile("wait", 0.5)[lane]),
+        "wait_p90": floats(result.latency_percentile("wait", 0.9)[lane]),
+        "wait_p99": floats(result.latency_percentile("wait", 0.99)[lane]),
+        "wait_mean": floats(result.wait_mean[lane]),
+        "load": {"offered_per_step": load["offered_per_step"], "served_per_step": load["served_per_step"],
+                 "offered_over_served": load["offered_over_served"] if math.isfinite(load["offered_over_served"])
+                 else None, "waiting_at_span_end": int(load["waiting_at_span_end"]),
+                 "waiting_at_end": int(load["waiting_at_end"])},
+    }
+
+
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) >= 100):
+        return f"{int(x)}"
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.1f}"
+
+
+def load_line(load: dict) -> str:
+    """The load line of `client_report`'s "load": offered and served over the arrival span,
+    and the overload warning where `results.overloaded` says so."""
+    ratio = load["offered_over_served"]
+    line = (f"load: offered {load['offered_per_step']:.4g} vs served {load['served_per_step']:.4g} weighted "
+            f"tokens/step over the arrival span ({load['waiting_at_span_end']} requests queued when the last "
+            f"arrived); {load['waiting_at_end']} requests still waiting")
+    if overloaded(ratio, load["waiting_at_span_end"]):
+        line += (f"\nOVERLOAD: {ratio:.2f}x the served work was offered: queues grow as long as requests arrive, "
+                 "so drift and shares describe a backlog, not a steady state")
+    return line
+
+
+def _summary(out: dict, details: dict, policy: str) -> str:
+    lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
+             f"throughput {out['throughput']:.2f} weighted tokens/step, "
+             f"max drift {out['max_drift']} at step {out['max_drift_step']}, "
+             "drift while jointly backlogged " + (
+                 f"{details['backlogged_drift']} = {details['backlogged_drift_over_2u']:.3g} x VTC's bound "
+                 f"2U = {details['bound_2u']}" if details["backlogged_drift"] is not None
+                 else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} clients: it costs K^2 per event; VTC's bound "
+                      f"2U = {details['bound_2u']})"),
+             f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
+             f"{'demand':>7} {'wait p50':>9} {'wait p99':>9}"]
+    for k in range(out["clients"]):
+        lines.append(f"{k:>6} {out['service'][k]:>14} {out['counters'][k]:>14} "
+                     f"{out['admitted'][k]:>9} {out['completed'][k]:>9} {_fmt(details['share_of_service'][k]):>7} "
+                     f"{_fmt(details['share_of_demand'][k]):>7} {_fmt(details['wait_p50'][k]):>9} "
+                     f"{_fmt(details['wait_p99'][k]):>9}")
+    lines.append(load_line(details["load"]))
+    if "window_share" in details:
+        start, end = details["share_window"]
+        lines.append(f"share of service in steps [{start}, {end}): "
+                     + ", ".join(_fmt(x) for x in details["window_share"]))
+    return "\n".join(lines)
+
+
+def command(args) -> int:
+    """The replay command: the run's numbers, its summary on stdout, and --json/--details
+    written as one set."""
+    for path in fileio.check_distinct_outputs([args.json, args.details]):
+        fileio.check_writable_file(path)
+    out, details, _ = replay_command(args)
+    files = []
+    if args.json:
+        files.append((Path(args.json), lambda p: p.write_text(json.dumps(out, indent=1))))
+    if args.details:
+        files.append((Path(args.details), lambda p: p.write_text(json.dumps(details, indent=1))))
+    if files:
+        fileio.write_outputs_atomically(files)
+    print(_summary(out, details, args.policy))
+    if args.check:
+        print("check: conservation holds (requests arrived = waiting + running + completed; "
+              "service = charges of processed tokens)")
+    return 0
+

@@ -1,0 +1,223 @@
+"""`python -m sweeps.NAME`: the command line every sweep module shares (the common flags,
+the workload flags of the MODEL.md sweeps, and `main`: parse, build the Sweep, run it on
+the driver (vtc_jax/driver/sweep.py), print its tables and write its outputs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+import jax
+
+from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver import run
+from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache, init_distributed, lane_mesh
+from vtc_jax.driver.sweep import MAX_LANES, Sweep, run_sweep
+from vtc_jax.driver.sweep_outputs import format_clients, format_load, format_table, output_names, write_outputs
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs import sources as sources_mod
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.policies import registry
+
+DEFAULT_SEEDS = 4096
+
+
+def base_parser(name: str, description: str) -> Parser:
+    parser = Parser(prog=f"python -m sweeps.{name}", description=description,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int_arg(1, MAX_LANES), default=DEFAULT_SEEDS,
+                        help="seeds per setting (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("results") / name,
+                        help=f"output directory for results.json, results.csv and plots (default results/{name})")
+    parser.add_argument("--chunk", type=int_arg(1, MAX_LANES), default=None,
+                        help="lanes per compiled call (default: sized from memory)")
+    parser.add_argument("--base-seed", type=int_arg(0, 2**31 - 1), default=0, help="base of every lane's random key")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--devices", type=int_arg(1, 4096), default=None, help="use only the first N local devices")
+    parser.add_argument("--measures", type=list_arg(str, name="measures"), default=None,
+                        help="measures to keep beyond the sweep's own: names from pair_drift, latency, resource, "
+                             "ledger, occupancy, demand, share, or all")
+    parser.add_argument("--check", action="store_true",
+                        help="verify conservation in every lane (keeps the token ledger); exit 1 if violated")
+    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR),
+                        help=f"persistent compilation cache (default {DEFAULT_CACHE_DIR}; env VTC_JAX_CACHE)")
+    parser.add_argument("--no-cache", action="store_true", help="do not use the persistent compilation cache")
+    parser.add_argument("--coordinator", default=None,
+                        help="multi-host: coordinator host:port for jax.distributed (or JAX_COORDINATOR_ADDRESS)")
+    parser.add_argument("--num-processes", type=int_arg(1, 4096), default=None, help="multi-host: number of processes")
+    parser.add_argument("--process-id", type=int_arg(0, 4095), default=None, help="multi-host: this process's index")
+    parser.add_argument("--policy-module", action="append", default=[], metavar="FILE.py",
+                        help="load policies defined in your own file (a POLICY or POLICIES attribute) so that "
+                             "--policy/--policies accept them")
+    return parser
+
+
+def setup_runtime(args) -> None:
+    """Compilation cache and (multi-host) distributed runtime, from the common flags."""
+    try:
+        init_distributed(args.coordinator, args.num_processes, args.process_id)
+        enable_compilation_cache(None if args.no_cache else args.cache_dir)
+    except OSError as err:
+        raise InputError(f"cannot use the compilation cache {args.cache_dir} ({err.strerror or err})") from None
+    except (RuntimeError, ValueError) as err:
+        raise InputError(f"cannot start the distributed runtime ({err})") from None
+
+
+def measure_config(sweep: Sweep, args) -> MeasureConfig:
+    names = set(sweep.measures) | {"latency"}
+    if args.measures:
+        names |= set(args.measures)
+    if args.check:
+        names.add("ledger")
+    try:
+        return MeasureConfig.of(names)
+    except ValueError as err:
+        raise InputError(f"--measures: {err}") from None
+
+
+def main(name: str, description: str, add_arguments: Callable, build: Callable[[argparse.Namespace], Sweep],
+         argv=None) -> int:
+    """CLI entry of a sweep module: parse, build the Sweep (every flag validated), check
+    the output directory, run, print, write the results as one set."""
+    return guarded(f"python -m sweeps.{name}", lambda: _main(name, description, add_arguments, build, argv))
+
+
+def _main(name, description, add_arguments, build, argv) -> int:
+    from vtc_jax.driver.policy_modules import preload_policy_modules
+
+    preload_policy_modules(sys.argv[1:] if argv is None else argv)
+    parser = base_parser(name, description)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    setup_runtime(args)
+    sweep = build(args)
+    measures = measure_config(sweep, args)
+    if jax.process_index() == 0:
+        fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
+    try:
+        lane_mesh(args.devices)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    for note in list(getattr(args, "notes", [])) + list(sweep.notes):
+        print(note, file=sys.stderr)
+    result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
+                       measures=measures)
+    if jax.process_index() != 0:  # process 0 reports and writes
+        return 0
+    if args.check:
+        bad = sum(r["metrics"].get("conservation_violations", {}).get("max") or 0 for r in result["rows"])
+        if bad:
+            raise CheckFailed("conservation violated in some lane (an engine defect: please report it)")
+        print("check: conservation holds in every lane")
+    print(format_table(sweep, result))
+    load = format_load(result)
+    if load:
+        print(load)
+    if sweep.clients or (sweep.clients is None and _num_clients(sweep) <= 8):
+        tables = format_clients(result)
+        if tables:
+            print("per client (means over seeds):\n" + tables)
+    written = write_outputs(sweep, result, args.out, plots=not args.no_plots)
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _num_clients(sweep: Sweep) -> int:
+    src = getattr(sweep.rows[0], "source", None) if sweep.rows else None
+    return getattr(src, "num_clients", 0)
+
+
+# ---- workload flags shared by the MODEL.md sweeps -------------------------------------
+
+def range_arg(text: str) -> tuple[int, int]:
+    """A LOW,HIGH token range flag: integers, 1 <= LOW <= HIGH <= 2^22."""
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH integers, got {text[:40]!r}") from None
+    if not 1 <= lo <= hi <= 1 << 22:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LOW <= HIGH <= {1 << 22}, got {lo},{hi}")
+    return lo, hi
+
+
+DEFAULT_WORKLOAD = {"steps": 6000, "prompt": (64, 512), "output": (32, 384), "kv_budget": 8192, "w_p": "1",
+                    "w_q": "2"}
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0,0.25", kv_budget: bool = True) -> None:
+    """Flags of the seed document's overload workload, shared by the sweeps (`kv_budget`
+    False: the sweep's grid sets M, so there is no --kv-budget flag)."""
+    parser.add_argument("--steps", type=int_arg(1, run.MAX_HORIZON), default=DEFAULT_WORKLOAD["steps"],
+                        help="horizon in steps (default %(default)s)")
+    parser.add_argument("--rates", type=list_arg(float_arg(0.0, 1e6), name="rates", max_items=4096),
+                        default=[float(x) for x in rates.split(",")],
+                        help=f"Poisson arrival rates per client, requests per step (default {rates})")
+    parser.add_argument("--prompt", type=range_arg, default=DEFAULT_WORKLOAD["prompt"],
+                        help="prompt range LOW,HIGH (default 64,512)")
+    parser.add_argument("--output", type=range_arg, default=DEFAULT_WORKLOAD["output"],
+                        help="output range LOW,HIGH (default 32,384)")
+    if kv_budget:
+        parser.add_argument("--kv-budget", type=int_arg(1, run.MAX_HORIZON), default=DEFAULT_WORKLOAD["kv_budget"],
+                            help="KV budget M in tokens (default %(default)s)")
+    parser.add_argument("--w-p", type=number_text, default="1", help="prefill token cost (default %(default)s)")
+    parser.add_argument("--w-q", type=number_text, default="2", help="decode token cost (default %(default)s)")
+    parser.add_argument("--weights", type=list_arg(number_text, name="weights"), default=None,
+                        help="client weights w0,w1,... (default all 1; policies that ignore weights refuse it)")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="replay this trace CSV (arrival,client,prompt,output[,cached], arrivals in steps) "
+                             "instead of the synthetic traffic; --steps is then the horizon")
+    parser.add_argument("--phase-unit", type=int_arg(1, 1 << 20), default=1,
+                        help="with --trace: each seed > 0 redraws every arrival uniformly inside its own block of "
+                             "this many steps (default 1: every seed replays the trace as is)")
+
+
+def workload_is_default(args, rates: str) -> bool:
+    """The workload flags are the defaults (the paper's values apply)."""
+    return (args.trace is None and args.weights is None and list(args.rates) == [float(x) for x in rates.split(",")]
+            and all(getattr(args, k, v) == v for k, v in DEFAULT_WORKLOAD.items()))
+
+
+def workload_source(args, traffic):
+    """The sweep's workload: the synthetic `traffic`, or the user's --trace."""
+    if args.trace is None:
+        return sources_mod.TrafficSource(traffic)
+    from vtc_jax.inputs.workload import read_trace_csv
+
+    trace = read_trace_csv(args.trace)
+    k = max(trace.num_clients, len(args.weights or ()))
+    return sources_mod.TraceSource(trace, num_clients=k, horizon=args.steps, phase_unit=args.phase_unit)
+
+
+def workload_config(args: argparse.Namespace) -> dict:
+    out = {"steps": args.steps, "rates": args.rates, "prompt": list(args.prompt), "output": list(args.output),
+           "w_p": str(args.w_p), "w_q": str(args.w_q)}
+    if getattr(args, "kv_budget", None) is not None:
+        out["kv_budget"] = args.kv_budget
+    if args.weights:
+        out["weights"] = list(args.weights)
+    if args.trace:
+        out.update(trace=str(args.trace), phase_unit=args.phase_unit)
+    return out
+
+
+def make_settings(args, policy: str, *, baseline: bool = False, **kwargs) -> Settings:
+    """Settings of a sweep row from the workload flags. --weights is refused for a policy
+    that does not read them, except for a `baseline` row (FCFS or RPM beside weighted
+    policies), which then runs unweighted and says so once on stderr."""
+    weights = tuple(args.weights) if args.weights else None
+    if weights is not None and "weights" not in registry.get(policy).reads:
+        why = registry.get(policy).summary.split(":")[0]
+        if not baseline:
+            raise InputError(f"--weights: policy {policy} ignores client weights (it orders by {why}); "
+                             "drop --weights or choose a weighted policy")
+        note = f"note: {policy} ignores --weights (it orders by {why}); it runs unweighted as a baseline"
+        notes = vars(args).setdefault("notes", [])  # printed by `main` once every flag is validated
+        if note not in notes:
+            notes.append(note)
+        weights = None
+    return Settings(policy, kwargs.pop("kv_budget", getattr(args, "kv_budget", None)), w_p=args.w_p, w_q=args.w_q,
+                    weights=weights, **kwargs)
