@@ -250,8 +250,13 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
             raise InputError("the trace has no requests")
         trace.validate(num_clients)
         validate_fits(trace, s, num_clients, steps, allow_unadmittable)
+        chosen = servers.get(server)
+        never = chosen.never_served(dict(s.server_options), trace.prompt, trace.output)
+        if never is not None:
+            raise InputError(f"server {server}: {never}")
         rpm_window = s.rpm_window if s.rpm_delays else 0
-        drain = drain_horizon(trace, rpm_window)
+        drain = chosen.drain_steps(dict(s.server_options), trace.arrival, trace.prompt, trace.output) + (
+            len(trace) * rpm_window)
         horizons.append(int(steps) if steps is not None else drain)
         expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))
         needs_wide |= check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()),
@@ -275,7 +280,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies,
                            server=server, log_steps=log_steps)
-    return config, horizons, longest + 3 * most + 1, max(expected)
+    return config, horizons, servers.get(server).events_per_step * longest + 3 * most + 1, max(expected)
 
 
 def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_clients: int,

@@ -49,7 +49,15 @@ Host side, each server also has
                                                   (`Settings.server_options`);
   encode(options: dict) -> dict                   its traced params (`Params.server`);
   plan_slots(options: list[dict], bound) -> int   running slots it needs, given the
-                                                  driver's bound on requests running.
+                                                  driver's bound on requests running;
+  never_served(options, prompt, output) -> str | None
+                                                  why some request could never finish here
+                                                  (the run is refused), or None;
+  drain_steps(options, arrival, prompt, output) -> int
+                                                  steps that surely drain such a trace.
+
+`events_per_step` (int) is how many events a step takes besides its admissions, arrivals
+and completions (the driver sizes its event budget with it).
 
 `params` is the lane's engine Params (engines/settings.py): a server reads the settings it
 needs from it (the ideal server: `kv_budget`). The engine charges `Work` with the lane's
@@ -151,5 +159,8 @@ class Server:
     validate: Callable[[dict], None]
     encode: Callable[[dict], dict]
     plan_slots: Callable[[list, int], int]
+    never_served: Callable[..., str | None]
+    drain_steps: Callable[..., int]
+    events_per_step: int = 1
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None

@@ -105,6 +105,17 @@ def plan_slots(options: list, bound: int) -> int:
     return bound
 
 
+def never_served(options: dict, prompt, output) -> str | None:
+    return None  # a prompt larger than M is refused by the driver (it knows --kv-budget)
+
+
+def drain_steps(options: dict, arrival, prompt, output) -> int:
+    """Last arrival + sum of outputs + 1: a request never waits while nothing runs (its
+    prompt fits M), and at every other step before the last completion some request runs
+    or arrives later."""
+    return int(np.max(arrival)) + int(np.sum(output)) + 1
+
+
 def census(host: IdealState, num_clients: int) -> np.ndarray:
     """int64[B, K]: requests filed in each lane's calendar, per client (host side)."""
     table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
@@ -119,4 +130,5 @@ def census(host: IdealState, num_clients: int) -> np.ndarray:
 
 IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
-               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots)
+               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
+               never_served=never_served, drain_steps=drain_steps)

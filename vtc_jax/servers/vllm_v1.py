@@ -111,6 +111,15 @@ def never_served(options: dict, prompt, output) -> str | None:
     return None
 
 
+def drain_steps(options: dict, arrival, prompt, output) -> int:
+    """Last arrival + sum of (prompt + output) + requests + 1. The first running request
+    is never a victim (newest first; it cannot preempt itself: its peak fits, see
+    `never_served`), so every step before the last finish computes a token of it, or
+    nothing runs and the clock jumps to an arrival (after at most one empty step per
+    finish)."""
+    return int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Outcome:
@@ -394,4 +403,4 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               "preemption by recompute (docs/VLLM.md)",
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
-              begin_step=begin_step)
+              begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3)
