@@ -13,7 +13,7 @@ For each lane count it reports, in lane-steps per second (lanes x 6000 / seconds
 and beside them, measured in the same run on the same workload:
   sequential        tests/sequential.py, a plain Python implementation of the same model
                     (deques, integer counters, O(clients) decode), one lane;
-  reference         tests/reference.py, the slow literal reference (Fractions), one lane.
+  reference         vtc_jax/testing/reference.py, the slow literal reference (Fractions), one lane.
 
 --dispatch adds the cost of mixing policies in one batch: the engine alone with every lane
 running vtc, against lanes cycling through every registered policy (one compiled program
@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tests import reference as ref
 from tests.sequential import simulate_vtc
 from vtc_jax.cli.common import guarded, int_arg, list_arg
 from vtc_jax.driver import run as run_mod
@@ -46,6 +45,7 @@ from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.testing import reference as ref
 
 STEPS, KV_BUDGET, RATES = 6000, 8192, (1.0, 0.25)
 
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     seq = sequential_rate(flat)
     reference = None if args.no_reference else reference_rate(flat, args.reference_steps)
     print(f"sequential (tests/sequential.py, one lane): {seq:,.0f} steps/s"
-          + ("" if reference is None else f"; slow reference (tests/reference.py): {reference:,.0f} steps/s"))
+          + ("" if reference is None else f"; slow reference (vtc_jax/testing/reference.py): {reference:,.0f} steps/s"))
     out = {"device": f"{device.platform} {device.device_kind}", "jax": jax.__version__, "measures": args.measures,
            "sequential_steps_per_s": seq, "reference_steps_per_s": reference, "rows": []}
     print("| lanes | end to end cold M/s | end to end warm M/s | engine alone M/s | compile+first s | events "

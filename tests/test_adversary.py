@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from sweeps import adversary as sweep
-from tests import reference as ref
+from vtc_jax.testing import reference as ref
 from vtc_jax.cli import commands as cli
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import adversary as adv
@@ -40,7 +40,7 @@ def _reference_run(trace, settings: Settings, steps: int, num_clients: int):
 
 
 def reference_backlogged_drift(trace, settings: Settings, steps: int, num_clients: int) -> Fraction:
-    """The backlogged drift from the literal reference simulator (tests/reference.py):
+    """The backlogged drift from the literal reference simulator (vtc_jax/testing/reference.py):
     per pair and per maximal jointly backlogged period [t1, t2], max - min of
     D = W_f - W_g over D(t1 - 1), ..., D(t2) (exact Fractions)."""
     res = _reference_run(trace, settings, steps, num_clients)

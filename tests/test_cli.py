@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import reference as ref
+from vtc_jax.testing import reference as ref
 from vtc_jax.cli import commands as cli
 
 ROOT = Path(__file__).resolve().parents[1]

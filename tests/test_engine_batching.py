@@ -10,21 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import random_settings, run_reference, service_matrix, to_trace
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import random_lanes, random_settings, run_reference, service_matrix
 from vtc_jax import InputError, Settings, Trace, registry, replay, replay_lanes, run_traces
 from vtc_jax.engines import engine
 
 
 def _random_lanes(seed: int, count: int, num_clients: int = 3):
-    rng = random.Random(seed)
-    traces, settings, requests = [], [], []
-    for i in range(count):
-        reqs, k, m = ref.random_trace(rng, num_clients=num_clients, num_requests=rng.randint(1, 25))
-        traces.append(to_trace(reqs))
-        settings.append(random_settings(rng, registry.names()[i % len(registry.names())], k, m))
-        requests.append(reqs)
-    return traces, settings, requests
+    return random_lanes(random.Random(seed), count, num_clients=num_clients, policies=registry.names())
 
 
 def test_jit_matches_no_jit():

@@ -1,4 +1,5 @@
-"""The engine against the slow literal reference, step by step, on random traces."""
+"""The engine against the slow literal reference, step by step, on random traces: every
+trace under every registered policy (vtc_jax.testing.lanes.random_lanes)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,16 @@ import random
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import assert_lane_matches, random_settings, run_reference, service_matrix, to_trace
 from vtc_jax import POLICIES, run_traces
+from vtc_jax.testing.lanes import assert_lane_matches, random_lanes, run_reference, service_matrix
 
 TRACES_PER_GROUP = 24
 
 
 def _lanes(seed: int, num_clients: int, burst: bool):
     """TRACES_PER_GROUP random traces, each under every policy with random settings."""
-    rng = random.Random(seed)
-    traces, settings, requests = [], [], []
-    while len(traces) < TRACES_PER_GROUP * len(POLICIES):
-        reqs, k, m = ref.random_trace(rng, num_clients=num_clients,
-                                      max_arrival=4 if burst else 40,
-                                      num_requests=rng.randint(1, 30))
-        trace = to_trace(reqs)
-        for policy in POLICIES:
-            traces.append(trace)
-            settings.append(random_settings(rng, policy, k, m))
-            requests.append(reqs)
-    return traces, settings, requests
+    return random_lanes(random.Random(seed), TRACES_PER_GROUP, num_clients=num_clients, policies=POLICIES,
+                        every_policy=True, num_requests=(1, 30), max_arrival=4 if burst else 40)
 
 
 @pytest.mark.parametrize("num_clients", [1, 2, 3, 4, 5])
@@ -53,15 +43,9 @@ def test_sparse_traces_jump_idle_stretches_exactly(num_clients):
     """A few requests spread over thousands of steps: the engine jumps over the idle
     stretches (its event count stays near the number of requests, not the steps) and still
     agrees with the reference, which steps through every one of them."""
-    rng = random.Random(77 + num_clients)
-    traces, settings, requests = [], [], []
-    for _ in range(8):
-        reqs, k, m = ref.random_trace(rng, num_clients=num_clients, max_arrival=3000,
-                                      num_requests=rng.randint(1, 6), max_output=6)
-        for policy in POLICIES:
-            traces.append(to_trace(reqs))
-            settings.append(random_settings(rng, policy, k, m))
-            requests.append(reqs)
+    traces, settings, requests = random_lanes(random.Random(77 + num_clients), 8, num_clients=num_clients,
+                                              policies=POLICIES, every_policy=True, num_requests=(1, 6),
+                                              max_arrival=3000, max_output=6)
     result = run_traces(traces, settings, num_clients=num_clients, steps=3000, record_every=1)
     assert result.finished.all()
     assert result.events.max() < 200  # versus 3000 steps: idle steps cost no event

@@ -2,8 +2,8 @@
 
 Each case is tiny (2 clients, M in the tens of tokens or less, < 20 steps). The comment
 above each case derives its numbers step by step. Each case is checked twice: against the
-engine (`replay`) and against the slow literal reference (`tests/reference.py`), so that a
-wrong hand value is caught as well as a wrong engine.
+engine (`replay`) and against the slow literal reference (`vtc_jax/testing/reference.py`),
+so that a wrong hand value is caught as well as a wrong engine.
 
 Notation: a row is (arrival, client, prompt, output[, cached]); rN is the N-th row (trace
 order). Unless stated, w_p = 1, w_q = 2, beta = 0, weights 1. "W after t" lists [W_0, W_1].
@@ -16,8 +16,8 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import run_reference
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import run_reference
 from vtc_jax import Settings, Trace, replay
 
 

@@ -4,7 +4,7 @@ The exactness tests of test_engine_exact.py run K <= 5; here most of K clients a
 few are heavy, arrivals come in bursts and the KV budget is small, so queues form across
 many clients, and the per-client paths (bands, weights, rpm windows, estimator state,
 policies' own counters) are indexed far from client 0. Every registered policy (random
-settings, tests.helpers.random_settings) runs on every trace, all lanes of one K in ONE
+settings, vtc_jax.testing.lanes.random_settings) runs on every trace, all lanes of one K in ONE
 run_traces call (one compile per K). The K = 87 batch also carries the real tenants of
 the shipped ServeGen sample (data/servegen/m-large: 87 clients), a 240-step slice with
 lengths scaled down so that the reference stays fast.
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import assert_lane_matches, random_settings, run_reference, service_matrix, to_trace
+from vtc_jax.testing import reference as ref
 from vtc_jax import POLICIES, Settings, run_traces
+from vtc_jax.testing.lanes import Lanes, assert_lane_matches, policy_lanes, run_reference, service_matrix, to_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "servegen" / "m-large"
 # K -> (traces, horizon: None runs each lane until it drains, last arrival)
@@ -95,15 +95,10 @@ def _lanes(num_clients: int):
         cases.append((bursty_trace(rng, num_clients, m, last_arrival), m))
     if num_clients == 87:
         cases.append((list(servegen_requests()), SERVEGEN_M))
-    traces, settings, requests = [], [], []
+    lanes = Lanes([], [], [])
     for reqs, m in cases:
-        trace = to_trace(reqs)
-        for policy in POLICIES:
-            s = random_settings(rng, policy, num_clients, m)
-            traces.append(trace)
-            settings.append(s)
-            requests.append(reqs)
-    return traces, settings, requests, steps
+        policy_lanes(rng, reqs, m, num_clients, POLICIES, lanes)
+    return (*lanes, steps)
 
 
 def test_servegen_slice_is_many_real_tenants():

@@ -7,11 +7,11 @@ import random
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import random_settings, run_reference, service_matrix, to_trace
 from vtc_jax import POLICIES, run_traces
 from vtc_jax.driver.results import latency_bin_edges
 from vtc_jax.measures.online import latency_bin
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import random_lanes, run_reference, service_matrix
 
 EVERY = 3
 STEPS = 36
@@ -41,16 +41,13 @@ def _pair_drift(service: np.ndarray, backlogged: np.ndarray) -> np.ndarray:
 
 
 def _lanes(seed: int, k: int, count: int):
-    rng = random.Random(seed)
-    traces, settings, requests = [], [], []
-    for i in range(count):
-        reqs, _, m = ref.random_trace(rng, num_clients=k, num_requests=rng.randint(5, 30), max_arrival=30)
-        s = random_settings(rng, POLICIES[i % len(POLICIES)], k, m)
+    """Random lanes cycling through the policies, each with a random share window."""
+    def adjust(rng, s, reqs):
         start = rng.randint(0, 20)
-        settings.append(type(s)(**{**s.__dict__, "share_window": (start, start + rng.randint(1, 15))}))
-        traces.append(to_trace(reqs))
-        requests.append(reqs)
-    return traces, settings, requests
+        return type(s)(**{**s.__dict__, "share_window": (start, start + rng.randint(1, 15))})
+
+    return random_lanes(random.Random(seed), count, num_clients=k, policies=POLICIES, num_requests=(5, 30),
+                        adjust=adjust, max_arrival=30)
 
 
 @pytest.mark.parametrize("k", [2, 3])

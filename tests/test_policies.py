@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import random_settings, run_reference, service_matrix, to_trace
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing import check_policy
+from vtc_jax.testing.lanes import random_settings, random_trace, run_reference, service_matrix, to_trace
 from vtc_jax import InputError, Settings, Trace, replay, run_traces
 from vtc_jax.cli import commands as cli
 from vtc_jax.driver import policy_modules
@@ -56,16 +57,7 @@ def test_user_policy_file_runs_in_replay_and_in_a_sweep(tmp_path):
 
 def test_user_policy_is_exact_against_its_own_reference():
     name = policy_modules.load_policy_module(MY_POLICY)[0]
-    rng = random.Random(9)
-    traces, settings, requests = [], [], []
-    for _ in range(48):
-        reqs, k, m = ref.random_trace(rng, num_clients=3, num_requests=rng.randint(1, 25))
-        traces.append(to_trace(reqs))
-        settings.append(random_settings(rng, name, k, m))
-        requests.append(reqs)
-    result = run_traces(traces, settings, num_clients=3, steps=30, record_every=1)
-    for lane, (reqs, s) in enumerate(zip(requests, settings)):
-        np.testing.assert_array_equal(result.checkpoints[lane], service_matrix(run_reference(reqs, 3, s, 30)))
+    check_policy(name, lanes=48, seed=9, num_clients=3, steps=30)
 
 
 def test_bad_policy_module_is_one_line(tmp_path, capsys):
@@ -84,7 +76,7 @@ def test_a_mixed_batch_equals_single_policy_batches():
     """Dispatch on the traced policy id changes nothing: each lane of a batch holding every
     policy equals the same lane run alone (one policy compiled)."""
     rng = random.Random(4)
-    reqs, k, m = ref.random_trace(rng, num_clients=3, num_requests=25)
+    reqs, k, m = random_trace(rng, num_clients=3, num_requests=25)
     trace = to_trace(reqs)
     settings = [random_settings(rng, p, 3, m) for p in registry.names()]
     mixed = run_traces([trace] * len(settings), settings, num_clients=3, steps=40, record_every=1)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import run_reference, service_matrix
 from tests.test_hand_cases import _check
 from vtc_jax import Settings, Trace, replay
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import run_reference, service_matrix
 
 # ---------------------------------------------------------------------------------------
 # las: llm-d forgets a program with nothing in flight and no completion within the TTL,

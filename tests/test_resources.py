@@ -9,25 +9,21 @@ import random
 import numpy as np
 import pytest
 
-from tests import reference as ref
-from tests.helpers import random_settings, run_reference, service_matrix, to_trace
 from vtc_jax import POLICIES, run_traces
+from vtc_jax.testing.lanes import random_lanes, run_reference, service_matrix
 
 STEPS = 30
 
 
 def _lanes(seed, k, count, **overrides):
-    rng = random.Random(seed)
-    traces, settings, requests = [], [], []
-    for i in range(count):
-        reqs, _, m = ref.random_trace(rng, num_clients=k, num_requests=rng.randint(5, 25), max_arrival=25,
-                                      cached_prob=0.6)
-        s = random_settings(rng, POLICIES[i % len(POLICIES)], k, m)
-        extra = {key: make(rng, m, reqs) for key, make in overrides.items()}
-        settings.append(dataclasses.replace(s, share_window=(5, 20), **extra))
-        traces.append(to_trace(reqs))
-        requests.append(reqs)
-    return traces, settings, requests
+    """Random lanes cycling through the policies, share window (5, 20), and each override
+    `key=make(rng, kv_budget, requests)` drawn per lane."""
+    def adjust(rng, s, reqs):
+        extra = {key: make(rng, s.kv_budget, reqs) for key, make in overrides.items()}
+        return dataclasses.replace(s, share_window=(5, 20), **extra)
+
+    return random_lanes(random.Random(seed), count, num_clients=k, policies=POLICIES, num_requests=(5, 25),
+                        adjust=adjust, max_arrival=25, cached_prob=0.6)
 
 
 def test_resource_service_matches_numpy():

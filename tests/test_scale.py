@@ -30,17 +30,12 @@ def _rows(out: Path) -> list:
 def test_sharded_engine_equals_one_device():
     script = """
 import numpy as np, random
-from tests import reference as ref
-from tests.helpers import random_settings, to_trace
+from vtc_jax.testing.lanes import random_lanes
 from vtc_jax import run_traces, POLICIES
 from vtc_jax.driver.devices import lane_mesh
 import jax
 assert jax.device_count() == 8
-rng = random.Random(5)
-traces, settings = [], []
-for i in range(13):
-    reqs, k, m = ref.random_trace(rng, num_clients=3, num_requests=rng.randint(1, 25))
-    traces.append(to_trace(reqs)); settings.append(random_settings(rng, POLICIES[i % len(POLICIES)], 3, m))
+traces, settings, _ = random_lanes(random.Random(5), 13, num_clients=3, policies=POLICIES)
 one = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(1))
 eight = run_traces(traces, settings, num_clients=3, steps=40, record_every=1, mesh=lane_mesh(8))
 assert len(eight.steps) == 13

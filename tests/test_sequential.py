@@ -6,12 +6,13 @@ import random
 
 import numpy as np
 
-from tests import reference as ref
 from tests.sequential import simulate_vtc
 from vtc_jax import MeasureConfig, Settings
 from vtc_jax.driver.run import _traffic_sources, generate_workloads, run_traces, simulate_traffic, traffic_config
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, Trace, client_rows
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import random_trace
 
 
 def _sequential(trace: Trace, k: int, m: int, steps: int):
@@ -22,7 +23,7 @@ def _sequential(trace: Trace, k: int, m: int, steps: int):
 def test_matches_reference_on_random_traces():
     for seed in range(40):
         rng = random.Random(seed)
-        reqs, k, m = ref.random_trace(rng)
+        reqs, k, m = random_trace(rng)
         steps = rng.randint(1, 80)
         trace = Trace.from_rows([(r.arrival, r.client, r.prompt, r.output, r.cached) for r in reqs])
         service, counter, drift = _sequential(trace, k, m, steps)
@@ -36,7 +37,7 @@ def test_matches_engine_on_random_traces():
     traces, want = [], []
     for seed in range(24):
         rng = random.Random(100 + seed)
-        reqs, _, m = ref.random_trace(rng, num_clients=3, kv_budget=48)
+        reqs, _, m = random_trace(rng, num_clients=3, kv_budget=48)
         trace = Trace.from_rows([(r.arrival, r.client, r.prompt, r.output, r.cached) for r in reqs] or [(0, 0, 1, 1)])
         traces.append(trace)
         want.append(_sequential(trace, 3, 48, 60))

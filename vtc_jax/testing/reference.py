@@ -8,7 +8,8 @@ literalness beat speed. The scheduling policy comes from the registry
 hooks, and this simulator drives it, so every registered policy (a user's own included)
 is checked against its own reference. The parts that compose with any policy (the rpm
 limit in both modes, per-client KV caps, priority bands and the cost estimators) are
-written out here.
+written out here. Random lanes and the lane-by-lane comparison with the engine live
+beside it (lanes.py; `vtc_jax.testing.check_policy` runs both in one call).
 
 A reference policy object is built per run as ``cls(settings, sim)`` and may define:
 
@@ -37,10 +38,8 @@ from __future__ import annotations
 
 import math
 import operator
-import random
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import NamedTuple
 
 from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
@@ -355,57 +354,3 @@ def throughput(res: RefResult) -> Fraction:
 def drift(res: RefResult) -> Fraction:
     """max over t of (max_k W_k(t) - min_k W_k(t)) (0 for T = 0)."""
     return max((max(w) - min(w) for w in res.service), default=Fraction(0))
-
-
-# ----------------------------------------------------------------------------------
-# random traces for tests
-# ----------------------------------------------------------------------------------
-
-class RandomTrace(NamedTuple):
-    requests: list[Request]
-    num_clients: int
-    kv_budget: int
-
-
-def random_trace(rng: random.Random, *, num_clients: int | None = None,
-                 kv_budget: int | None = None, num_requests: int | None = None,
-                 max_arrival: int = 40, max_output: int = 12,
-                 cached_prob: float = 0.3) -> RandomTrace:
-    """A small random, valid trace; unpack as ``reqs, K, M = random_trace(rng)``.
-
-    Args:
-      rng: the source of randomness (``random.Random(seed)``), the only one used.
-      num_clients: K; default drawn uniformly from 1..5.
-      kv_budget: M; default drawn uniformly from 4..64.
-      num_requests: number of rows; default drawn uniformly from 0..30.
-      max_arrival: arrivals are drawn uniformly from [0, max_arrival).
-      max_output: outputs are drawn uniformly from [1, max_output].
-      cached_prob: probability that a request with prompt >= 2 gets a cached prefix,
-        drawn uniformly from [1, prompt - 1].
-
-    Prompts are drawn from [1, M] (half the time from [1, max(1, M // 4)] so that many
-    requests run together). Clients are drawn with skewed probabilities so that some are
-    heavy and some rare. The rows are shuffled, so they are deliberately not sorted by
-    arrival; some arrivals coincide (same step, several clients).
-    """
-    K = num_clients if num_clients is not None else rng.randint(1, 5)
-    M = kv_budget if kv_budget is not None else rng.randint(4, 64)
-    n = num_requests if num_requests is not None else rng.randint(0, 30)
-    client_w = [rng.choice((1, 1, 2, 5)) for _ in range(K)]
-    reqs = []
-    for _ in range(n):
-        arrival = rng.randrange(max_arrival)
-        client = rng.choices(range(K), weights=client_w)[0]
-        if rng.random() < 0.5:
-            prompt = rng.randint(1, max(1, M // 4))
-        else:
-            prompt = rng.randint(1, M)
-        output = rng.randint(1, max_output)
-        cached = 0
-        if prompt >= 2 and rng.random() < cached_prob:
-            cached = rng.randint(1, prompt - 1)
-        reqs.append(Request(arrival, client, prompt, output, cached))
-    rng.shuffle(reqs)
-    return RandomTrace(reqs, K, M)
-
-
