@@ -2,7 +2,7 @@
 with Fractions, written from the rules, not from the JAX engine (vtc_jax/engines/cluster.py).
 
 Every router and every replica drives the registry's own literal policy references
-(`Policy.reference`, the classes tests/reference.py drives), each given a small "sim"
+(`Policy.reference`, the classes vtc_jax/testing/reference.py drives), each given a small "sim"
 object that shows it the queues it may see:
 
 * a router's sim shows its own gateway queues (per-router mode) or the cluster-wide
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from tests.reference import Request as Req  # one request record for both references
+from vtc_jax.testing.reference import Request as Req  # one request record for both references
 from vtc_jax.engines.cluster import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
 from vtc_jax.policies import registry
 from vtc_jax.policies.estimators import reference_estimate

@@ -3,7 +3,7 @@
 The baseline the benchmarks compare the engine with (benchmarks/bench_engine.py), and
 checked against it (tests/test_sequential.py): plain Python integers, one loop over the
 steps of one lane, per-client FIFOs as deques, completions in a dict keyed by step,
-decode in O(clients) from per-client counts of running requests. Unlike tests/reference.py
+decode in O(clients) from per-client counts of running requests. Unlike vtc_jax/testing/reference.py
 it keeps no per-step record and uses no Fractions, so it is as fast as a straightforward
 Python implementation gets. It covers the benchmark's case only: policy vtc (lift with the
 last-left rule), unit weights, integer w_p and w_q, no limits, a fixed horizon.

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from tests import reference as ref
-from tests.helpers import run_reference, service_matrix, to_trace
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import run_reference, service_matrix, to_trace
 from vtc_jax import InputError, MeasureConfig, Settings, replay, run_traces
 from vtc_jax.cli.commands import main as cli_main
 from vtc_jax.inputs.workload import read_trace_csv

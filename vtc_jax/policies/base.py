@@ -15,7 +15,7 @@ of a step. Every hook is a pure function of one lane; the engine vmaps lanes.
 
 `encode(settings, ctx)` (host) turns a lane's `Settings` into the traced params (a dict
 of numpy arrays, one lane; the engine stacks lanes). `reference` is a slow, literal,
-pure-Python version of the same rule (tests/reference.py drives it), so that every policy
+pure-Python version of the same rule (vtc_jax/testing/reference.py drives it), so that every policy
 in the registry is fuzzed against its own reference. See docs/POLICIES.md.
 
 Integer units (settings.py): a charge of x tokens is x * Q cost units (Q = the lane's cost
