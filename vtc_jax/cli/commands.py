@@ -5,6 +5,7 @@ trace, list the policies.
   compare LOG --policies a,b,... --kv-budget M    per tenant and policy: shares, waits, load
   gen --out TRACE.csv --tenant SPEC ...            a trace from per-tenant rates and lengths
   policies                                         the registered policies and their options
+  servers                                          the registered servers (--server NAME)
 
 Bad input of any kind ends in one line `vtc_jax: error: ...` on stderr and exit status 2;
 Ctrl-C ends in one line and 130; a closed output pipe in one line and 2.
@@ -20,10 +21,12 @@ from vtc_jax.cli import compare, gen, replay
 from vtc_jax.cli.common import EXIT_BAD_INPUT, Parser, float_arg, guarded, int_arg, list_arg
 from vtc_jax.cli.compare import DEFAULT_STEP_SECONDS
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, add_policy_module_flag, add_scheduler_flags
+from vtc_jax.cli.server_flags import add_server_flags
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import policy_modules
 from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 PROG = "vtc_jax"
 __all__ = ["main", "EXIT_BAD_INPUT"]
@@ -53,11 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     names = registry.names()
 
     rp = sub.add_parser("replay", help="replay a trace CSV under one scheduler",
-                        description="Replay TRACE.csv (header arrival,client,prompt,output[,cached]; arrival in "
-                                    "steps) under one scheduler.")
+                        description="Replay TRACE.csv under one scheduler (header arrival,client,prompt,output"
+                                    "[,cached]; with --server vllm arrival,client,prompt,output[,priority][,prefix_id]"
+                                    "[,prefix_len], any client labels; arrival in steps).")
     rp.add_argument("trace", help="trace CSV file")
     rp.add_argument("--policy", required=True, choices=names, help="scheduler: " + ", ".join(names))
-    add_scheduler_flags(rp)
+    add_scheduler_flags(rp, kv_budget_required=False)
+    add_server_flags(rp)
+    rp.add_argument("--schedule-out", metavar="OUT.json",
+                    help="server vllm: write the step-by-step schedule and per-request first-token/finish steps "
+                         "in the layout of the real vLLM scheduler's logs")
     rp.add_argument("--clients", type=int_arg(1, MAX_CLIENTS), metavar="K",
                     help="number of clients (default: largest id + 1)")
     rp.add_argument("--steps", type=int_arg(1, (1 << 30) - 1), metavar="T",
@@ -119,7 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     pp = sub.add_parser("policies", help="list the registered policies, what they read and their options",
                         description="List the registered policies, and those of every --policy-module file.")
     add_policy_module_flag(pp)
+    sub.add_parser("servers", help="list the registered servers (--server NAME)",
+                   description="List the registered servers, the default first, and what each models.")
     return parser
+
+
+def _servers(args) -> int:
+    for name in servers.names():
+        server = servers.get(name)
+        print(f"{name:8s} {server.description}" + (" (the default)" if name == servers.names()[0] else ""))
+    return 0
 
 
 def _policies(args) -> int:
@@ -145,7 +162,8 @@ def _main(argv) -> int:
             enable_compilation_cache(None if args.no_cache else args.cache_dir)
         except OSError as err:
             raise InputError(f"cannot use the compilation cache {args.cache_dir} ({err.strerror})") from None
-    commands = {"replay": replay.command, "compare": compare.command, "gen": gen.command, "policies": _policies}
+    commands = {"replay": replay.command, "compare": compare.command, "gen": gen.command, "policies": _policies,
+                "servers": _servers}
     return commands[args.command](args)
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from vtc_jax.cli.common import CheckFailed, in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, settings_from_args
+from vtc_jax.cli.server_flags import server_options
+from vtc_jax.cli.server_replay import replay_on_server
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.results import load_values, overloaded
@@ -43,8 +45,16 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 
 def replay_command(args) -> tuple[dict, dict, object]:
+    """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
+    if args.server != "ideal":
+        return _server_replay(args)
     from vtc_jax.driver.run import drain_horizon, replay
 
+    if args.kv_budget is None:
+        raise InputError("--kv-budget M is required (the ideal server's memory)")
+    server_options(args)  # refuses another server's flags
+    if args.schedule_out:
+        raise InputError("--schedule-out needs a server that keeps a schedule (--server vllm)")
     trace, num_clients = load_for_replay(args)
     window = args.share_window or (0, 0)
     settings = settings_from_args(args, args.policy, window)
@@ -60,6 +70,20 @@ def replay_command(args) -> tuple[dict, dict, object]:
                         measures=MeasureConfig.of(measures))
     except InputError as err:
         raise in_file(args.trace, err) from None
+    out, details = report(result, args, num_clients)
+    return out, details, result
+
+
+def _server_replay(args):
+    result, _, num_clients, schedule, labels = replay_on_server(
+        args, lambda a: settings_from_args(a, a.policy, (0, 0)))
+    out, details = report(result, args, num_clients)
+    details["queues"] = labels
+    return out, details, (result, schedule)
+
+
+def report(result, args, num_clients: int) -> tuple[dict, dict]:
+    """The run's numbers and the per-client report of lane 0 (JSON-ready)."""
     if not result.finished[0]:
         raise InputError("the run did not reach its horizon within the event budget (flagged, not reported)")
     if args.check and result.conservation[0]:
@@ -91,7 +115,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
         details["window_share"] = [None if not np.isfinite(x) else float(x) for x in result.share[0]]
     if not np.all(np.isnan(result.policy_counters[0])):
         details["policy_counters"] = [float(x) for x in result.policy_counters[0]]
-    return out, details, result
+    return out, details
 
 
 def client_report(result, lane: int) -> dict:
@@ -165,10 +189,13 @@ def _summary(out: dict, details: dict, policy: str) -> str:
 def command(args) -> int:
     """The replay command: the run's numbers, its summary on stdout, and --json/--details
     written as one set."""
-    for path in fileio.check_distinct_outputs([args.json, args.details]):
+    for path in fileio.check_distinct_outputs([args.json, args.details, args.schedule_out]):
         fileio.check_writable_file(path)
-    out, details, _ = replay_command(args)
+    out, details, ran = replay_command(args)
     files = []
+    if args.schedule_out:
+        schedule = ran[1]
+        files.append((Path(args.schedule_out), lambda p: p.write_text(json.dumps(schedule, indent=1))))
     if args.json:
         files.append((Path(args.json), lambda p: p.write_text(json.dumps(out, indent=1))))
     if args.details:

@@ -200,6 +200,12 @@ def existing_requests(workload: Workload, shared: bool, lanes: int) -> np.ndarra
     return np.broadcast_to(count, (lanes,)) if shared else count
 
 
+def workload_pad(arrival_width: int = 4) -> int:
+    """Padding rows after each client's block in a trace's workload (`run_traces`): the
+    arrival look-ahead never leaves the block."""
+    return arrival_width + 1
+
+
 def drain_horizon(trace: Trace, rpm_window: int) -> int:
     """A horizon that drains `trace`: last arrival + sum of outputs + requests * rpm_window + 1.
 
@@ -314,7 +320,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
                                                     server, log_steps)
-    pad = arrival_width + 1
+    pad = workload_pad(arrival_width)
     shared = all(t is traces[0] for t in traces)
     if shared:
         workload = make_workload(traces[0], num_clients, pad, steps)

@@ -222,6 +222,15 @@ def layout_trace(trace: Trace, num_clients: int, pad: int, sizes: np.ndarray | N
     return np.concatenate(blocks) if blocks else padding_rows(0)
 
 
+def trace_rows(trace: Trace, num_clients: int, pad: int) -> np.ndarray:
+    """int64[R]: the trace row of each row of `layout_trace(trace, num_clients, pad)`
+    (-1 for padding), so that what a lane reports per workload row reads per trace row."""
+    order = np.lexsort((np.arange(len(trace)), trace.arrival))
+    rows = layout_trace(trace, num_clients, pad)
+    rank = rows[:, ORDER].astype(np.int64)
+    return np.where(rank < len(trace), order[np.minimum(rank, len(trace) - 1)], -1)
+
+
 def requests_per_client(trace: Trace, num_clients: int) -> np.ndarray:
     return np.bincount(trace.client, minlength=num_clients)
 

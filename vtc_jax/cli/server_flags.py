@@ -1,0 +1,66 @@
+"""`--server NAME` and the settings of servers other than `ideal`, under the names of the
+engines they model (vLLM's engine arguments: `--num-gpu-blocks`, `--max-num-seqs`, ...).
+
+A flag given for a server that does not read it is refused (one line naming both), so a
+run never silently ignores what a user asked for."""
+
+from __future__ import annotations
+
+import argparse
+
+from vtc_jax.cli.common import int_arg
+from vtc_jax.core.errors import InputError
+from vtc_jax.servers import registry as servers
+
+# flag -> (server, setting name); vLLM's engine-argument names and meanings.
+VLLM_FLAGS = {
+    "num_gpu_blocks": "--num-gpu-blocks", "block_size": "--block-size",
+    "max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
+    "enable_chunked_prefill": "--enable-chunked-prefill", "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "scheduling_policy": "--scheduling-policy", "enable_prefix_caching": "--enable-prefix-caching",
+}
+LIMIT = (1 << 29) - 1
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    names = servers.names()
+    parser.add_argument("--server", choices=names, default="ideal",
+                        help="the server every lane runs (default ideal, MODEL.md's): "
+                             + "; ".join(f"{n}: {servers.get(n).description}" for n in names))
+    group = parser.add_argument_group("server vllm (vLLM V1's engine arguments)")
+    group.add_argument("--num-gpu-blocks", type=int_arg(2, LIMIT), metavar="N", help="KV blocks (the null block included)")
+    group.add_argument("--block-size", type=int_arg(1, LIMIT), metavar="B", help="tokens per KV block (default 16)")
+    group.add_argument("--max-num-batched-tokens", type=int_arg(1, LIMIT), metavar="T",
+                       help="token budget of one step (default 2048)")
+    group.add_argument("--max-num-seqs", type=int_arg(1, LIMIT), metavar="S", help="running requests at most (default 256)")
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                       help="split long prefills over steps (default on)")
+    group.add_argument("--long-prefill-token-threshold", type=int_arg(0, LIMIT), metavar="L",
+                       help="prefill tokens of one request per step when several run or wait (default 0: no cap)")
+    group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default=None,
+                       help="vLLM's waiting order: fcfs (default) or priority (the trace's priority column, "
+                            "lower first; the --policy orders requests of equal priority)")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                       help="share KV blocks of common prefixes (trace columns prefix_id, prefix_len)")
+
+
+def server_options(args) -> tuple:
+    """The server settings the user gave, as ((name, value), ...); a flag of another
+    server is refused."""
+    given = {name: getattr(args, name) for name in VLLM_FLAGS if getattr(args, name, None) is not None}
+    if given and args.server != "vllm":
+        first = next(iter(given))
+        raise InputError(f"{VLLM_FLAGS[first]} is a setting of --server vllm (the run uses --server {args.server})")
+    if given.get("enable_prefix_caching"):
+        raise InputError("--enable-prefix-caching is not supported by the vllm server yet (vtc_jax.testing's "
+                         "reference models it; the server component does not)")
+    given.pop("enable_prefix_caching", None)
+    if given.get("scheduling_policy") == "fcfs":
+        given.pop("scheduling_policy")
+    return tuple(sorted(given.items()))
+
+
+def memory_tokens(options: dict) -> int:
+    """The KV tokens a vllm server holds: (num_gpu_blocks - 1) x block_size (the null
+    block holds none); the M of VTC's bound and of the load line."""
+    return (options["num_gpu_blocks"] - 1) * options.get("block_size", 16)

@@ -1,0 +1,71 @@
+"""`replay --server NAME` for servers with settings of their own (vllm): the trace's tenant
+labels and priorities, the server's flags, and the run's schedule in the layout of the real
+scheduler's golden logs (`--schedule-out`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from vtc_jax.cli.common import in_file
+from vtc_jax.cli.server_flags import memory_tokens, server_options
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_report
+from vtc_jax.inputs.server_trace import read_server_trace
+from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
+from vtc_jax.servers import registry as servers
+
+FIRST_LOG = 4096  # steps the schedule log holds on a first run (a longer run is rerun with room)
+MAX_LOG_BYTES = 1 << 30
+
+
+def server_settings(args, settings_from_args, queue_bands):
+    """The lane's Settings on a server with settings: the server's options, its memory as
+    M (for the 2U bound and the load line), bands from the trace's priorities."""
+    options = dict(server_options(args))
+    server = servers.get(args.server)
+    server.validate(options)
+    if args.kv_budget is not None:
+        raise InputError(f"--kv-budget is the ideal server's memory; --server {args.server} takes its own "
+                         "(--num-gpu-blocks x --block-size)")
+    if args.bands and queue_bands is not None:
+        raise InputError("--bands and --scheduling-policy priority both set priorities: use the trace's column")
+    settings = settings_from_args(argparse.Namespace(**{**vars(args), "kv_budget": memory_tokens(options)}))
+    return dataclasses.replace(settings, server_options=tuple(sorted(options.items())),
+                               bands=tuple(queue_bands) if queue_bands is not None else settings.bands)
+
+
+def replay_on_server(args, settings_from_args):
+    """(result, trace, num_clients, queues): the run, with the schedule logged when asked."""
+    from vtc_jax.driver.run import run_traces, workload_pad
+
+    source = read_server_trace(args.trace)
+    by_priority = getattr(args, "scheduling_policy", None) == "priority"
+    queue, bands, tenant_of = source.queues(by_priority)
+    trace = source.engine_trace(queue)
+    num_clients = len(bands)
+    settings = server_settings(args, settings_from_args, bands if by_priority else None)
+    pairs = ["pair_drift"] if num_clients <= PAIR_DRIFT_MAX_CLIENTS else []
+    measures = MeasureConfig.of(pairs + ["latency"] + (["ledger"] if args.check else []))
+    log_steps = FIRST_LOG if args.schedule_out else 0
+
+    def run(log_steps):
+        try:
+            return run_traces([trace], [settings], num_clients=num_clients, steps=args.steps,
+                              record_every=args.record_every, measures=measures, server=args.server,
+                              log_steps=log_steps)
+        except InputError as err:
+            raise in_file(args.trace, err) from None
+
+    result = run(log_steps)
+    if args.schedule_out and keeps_schedule(result.server_state) and logged_steps(result) > log_steps:
+        need = logged_steps(result)
+        slots = result.server_state.index.shape[-1]
+        if need * slots * 13 > MAX_LOG_BYTES:
+            raise InputError(f"--schedule-out: the run took {need} steps; its log ({need} x {slots} seats) would "
+                             f"pass {MAX_LOG_BYTES >> 20} MiB: replay fewer steps (--steps)")
+        result = run(need)
+    schedule = schedule_report(result, trace, num_clients, workload_pad()) if args.schedule_out else None
+    labels = [{"queue": q, "tenant": source.tenants[t], "priority": int(b)} for q, (t, b) in
+              enumerate(zip(tenant_of, bands))]
+    return result, trace, num_clients, schedule, labels
