@@ -18,15 +18,9 @@ import pytest
 from tests import cluster_reference as cref
 from vtc_jax import Settings, Trace
 from vtc_jax.core.errors import InputError
-from vtc_jax.engines.cluster import (
-    AFFINITY_SALT,
-    CHOICES,
-    COUNTERS,
-    INGRESS_BITS,
-    ClusterSettings,
-    ingress_router,
-    simulate_traces,
-)
+from vtc_jax.driver.cluster_run import simulate_traces
+from vtc_jax.engines.cluster import ingress_router
+from vtc_jax.engines.cluster_settings import AFFINITY_SALT, CHOICES, COUNTERS, INGRESS_BITS, ClusterSettings
 from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, ORDER
 from vtc_jax.measures.online import latency_bin
 from vtc_jax.policies import registry
