@@ -23,16 +23,8 @@ from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep, sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
-from vtc_jax.engines.cluster import (
-    CHOICES,
-    COUNTERS,
-    SATURATION,
-    ClusterSettings,
-    gateway_problem,
-    lane_bytes,
-    simulate_sources,
-    source_config,
-)
+from vtc_jax.driver.cluster_run import lane_bytes, simulate_sources, source_config
+from vtc_jax.engines.cluster_settings import CHOICES, COUNTERS, SATURATION, ClusterSettings, gateway_problem
 from vtc_jax.engines.settings import Settings, to_fraction
 from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload

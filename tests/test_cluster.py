@@ -1,5 +1,5 @@
 """The cluster lane (vtc_jax/engines/cluster.py) against its literal reference
-(tests/cluster_reference.py), to the integer, on many small random clusters (R, G in
+(vtc_jax/testing/cluster_reference.py), to the integer, on many small random clusters (R, G in
 1..3, K in 2..4, every saturation rule, replica choice and counter mode, several router
 and engine policies); hand cases with known outcomes (the 1:1 collapse under full skew,
 shared counters restoring 4:1, replica choice rules); the ingress and p2c hashes; input
@@ -15,18 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import cluster_reference as cref
+from vtc_jax.testing import cluster_reference as cref
 from vtc_jax import Settings, Trace
 from vtc_jax.core.errors import InputError
-from vtc_jax.engines.cluster import (
-    AFFINITY_SALT,
-    CHOICES,
-    COUNTERS,
-    INGRESS_BITS,
-    ClusterSettings,
-    ingress_router,
-    simulate_traces,
-)
+from vtc_jax.driver.cluster_run import simulate_traces
+from vtc_jax.engines.cluster import ingress_router
+from vtc_jax.engines.cluster_settings import AFFINITY_SALT, CHOICES, COUNTERS, INGRESS_BITS, ClusterSettings
 from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, ORDER
 from vtc_jax.measures.online import latency_bin
 from vtc_jax.policies import registry

@@ -16,7 +16,8 @@ import pytest
 from vtc_jax import InputError, Settings, Trace, replay
 from vtc_jax.cli import commands as cli
 from vtc_jax.driver import policy_modules
-from vtc_jax.engines.cluster import ClusterSettings, simulate_traces
+from vtc_jax.driver.cluster_run import simulate_traces
+from vtc_jax.engines.cluster_settings import ClusterSettings
 from vtc_jax.policies import registry
 from vtc_jax.policies.vtc import VTC
 

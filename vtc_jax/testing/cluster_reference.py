@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from vtc_jax.engines.cluster_settings import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
 from vtc_jax.testing.reference import Request as Req  # one request record for both references
-from vtc_jax.engines.cluster import AFFINITY_SALT, INGRESS_BITS, INGRESS_SALT, P2C_SALT, ClusterSettings
 from vtc_jax.policies import registry
 from vtc_jax.policies.estimators import reference_estimate
 
