@@ -75,7 +75,7 @@ def test_cli_reproduces_the_real_scheduler(tmp_path, capsys, directory, name):
 ])
 def test_bad_server_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, words):
     trace = tmp_path / "t.csv"
-    trace.write_text("arrival,client,prompt,output\n0,a,40,8\n1,b,30,9\n")
+    trace.write_text("arrival,client,prompt,output\n0,a,30,20\n1,b,30,9\n")
     argv = [a.replace("{d}", str(tmp_path)) for a in argv]
     assert main(["replay", str(trace), "--policy", "fcfs", "--no-cache", *argv]) == 2
     err = capsys.readouterr().err.strip()
