@@ -27,6 +27,7 @@ from vtc_jax.driver import policy_modules
 from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
+from vtc_jax.servers import step_time
 
 PROG = "vtc_jax"
 __all__ = ["main", "EXIT_BAD_INPUT"]
@@ -91,7 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("log", help="trace CSV (steps) or timestamped log (seconds, tenant names)")
     cp.add_argument("--policies", type=list_arg(str, name="policies", max_items=64), default=["fcfs", "vtc"],
                     help="comma-separated policies (default fcfs,vtc): " + ", ".join(names))
-    add_scheduler_flags(cp)
+    add_scheduler_flags(cp, kv_budget_required=False)
+    add_server_flags(cp)
+    cp.add_argument("--preset", default=None, help="server vllm: a step-time model by name (" + ", ".join(
+        step_time.presets()) + "): step durations in us, arrivals from the log's timestamps")
+    cp.add_argument("--step-time", default=None, metavar="FILE.json",
+                    help="server vllm: your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
+    cp.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                    help="server vllm: SLOs for goodput, vLLM's form (e.g. ttft:500 tpot:50; NAME ttft, tpot, e2el)")
+    cp.add_argument("--requests-out", default=None, metavar="FILE.csv",
+                    help="server vllm: one row per request and policy (arrival, first token, finish, TTFT, TPOT, "
+                         "E2E in us, output, preemptions)")
     cp.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=DEFAULT_STEP_SECONDS,
                     help=f"seconds per step for a timestamped log (default {DEFAULT_STEP_SECONDS}: a 25 ms decode "
                          "step; use your engine's mean decode iteration time)")

@@ -14,6 +14,7 @@ import numpy as np
 
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, ignored_flags, settings_from_args
+from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import enable_compilation_cache
@@ -93,6 +94,18 @@ def command(args) -> int:
     from vtc_jax.driver.run import MAX_HORIZON, drain_horizon, validate_fits
     from vtc_jax.inputs.sources import TraceSource
 
+    for p in args.policies:
+        registry.get(p)
+    if args.server != "ideal":
+        from vtc_jax.cli import timed_compare
+
+        return timed_compare.command(args)
+    if args.kv_budget is None:
+        raise InputError("--kv-budget M is required (the ideal server's memory)")
+    server_options(args)  # refuses another server's flags
+    for flag in ("preset", "step_time", "goodput", "requests_out"):
+        if getattr(args, flag):
+            raise InputError(f"--{flag.replace('_', '-')} applies to a timed server (--server vllm)")
     for p in args.policies:
         registry.get(p)
     if len(set(args.policies)) != len(args.policies):

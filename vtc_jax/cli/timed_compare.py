@@ -1,0 +1,187 @@
+"""`compare LOG --server vllm [--preset NAME | --step-time FILE]`: every policy on the
+user's own log on a timed vLLM server, and per tenant what `vllm bench serve` reports:
+TTFT, TPOT, E2EL and queueing delay in ms (mean, p50, p90, p99), throughput, goodput
+(`--goodput ttft:500 tpot:50`), preemptions; `--requests-out FILE.csv` one row per
+request. Arrivals are the log's timestamps in exact microseconds (no --step-seconds)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import numpy as np
+
+from vtc_jax.cli.common import in_file
+from vtc_jax.cli.compare import LOG_COLUMNS
+from vtc_jax.cli.scheduler_flags import settings_from_args
+from vtc_jax.cli.server_flags import memory_tokens, server_options
+from vtc_jax.core import fileio
+from vtc_jax.core.errors import InputError
+from vtc_jax.driver.latency import PERCENTILES, parse_goodput, request_table, summarize
+from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.servers import step_time
+
+H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
+REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "first_token_us", "finish_us", "ttft_us", "tpot_us", "e2e_us",
+                   "output", "preemptions")
+
+
+def read_timed_log(path):
+    """(arrival_us int64[N] from the first timestamp, tenant int64[N], names, prompt, output,
+    row int64[N] each request's data row in the file, 0-based), in time order (stable). A
+    timestamped log: timestamp (seconds, exact decimals),tenant,prompt,output."""
+    text = fileio.read_text(path, what="log")
+    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS)
+    rows = []
+    for number, (line, cells) in enumerate(records):
+        cell = dict(zip(header, cells))
+        try:
+            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
+        except InvalidOperation:
+            t = Decimal("nan")
+        if not t.is_finite() or t < 0:
+            raise InputError(f"{path}: line {line}: timestamp must be a number of seconds >= 0, "
+                             f"got {cell['timestamp'][:24]!r}")
+        if not cell["tenant"]:
+            raise InputError(f"{path}: line {line}: empty tenant name")
+        lengths = []
+        for col in ("prompt", "output"):
+            if not cell[col].isdigit() or len(cell[col]) > 9 or int(cell[col]) < 1:
+                raise InputError(f"{path}: line {line}: {col} must be an integer >= 1, got {cell[col][:24]!r}")
+            lengths.append(int(cell[col]))
+        rows.append((t, cell["tenant"], *lengths, number))
+    if not rows:
+        raise InputError(f"{path}: no requests (header only)")
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0]
+    us = [int((r[0] - t0) * 1_000_000) for r in rows]  # exact: truncated to the microsecond
+    names: dict = {}
+    tenant = [names.setdefault(r[1], len(names)) for r in rows]
+    return (np.asarray(us, np.int64), np.asarray(tenant, np.int64), list(names),
+            np.asarray([r[2] for r in rows], np.int64), np.asarray([r[3] for r in rows], np.int64),
+            np.asarray([r[4] for r in rows], np.int64))
+
+
+def model_of(args) -> step_time.StepTime:
+    if args.preset and args.step_time:
+        raise InputError("give --preset or --step-time, not both")
+    if args.preset:
+        return step_time.preset(args.preset)
+    if args.step_time:
+        return step_time.read_step_time(args.step_time)
+    raise InputError("compare --server vllm needs a step-time model: --preset NAME (e.g. qwen2.5-7b-h100) or "
+                     "--step-time FILE.json")
+
+
+def server_settings(args, model: step_time.StepTime) -> dict:
+    options = dict(server_options(args))
+    if "num_gpu_blocks" not in options:
+        if model.num_gpu_blocks is None:
+            raise InputError(f"step-time model {model.name} names no KV pool: give --num-gpu-blocks")
+        options["num_gpu_blocks"] = model.num_gpu_blocks
+    if "h100" in model.name or "h200" in model.name:
+        for name, value in H100_DEFAULTS.items():
+            options.setdefault(name, value)
+    model.check(options.get("max_num_batched_tokens", 2048), options.get("max_num_seqs", 256))
+    return options
+
+
+def command(args) -> int:
+    from vtc_jax.driver.run import run_traces, workload_pad
+
+    if args.kv_budget is not None:
+        raise InputError("--kv-budget is the ideal server's memory; --server vllm takes --num-gpu-blocks")
+    if args.seeds != 1:
+        raise InputError("--seeds redraws arrivals in steps; a timed server replays the log as it is (--seeds 1)")
+    slos = parse_goodput(args.goodput)
+    model = model_of(args)
+    options = server_settings(args, model)
+    arrival_us, tenant, names, prompt, output, file_row = read_timed_log(args.log)
+    if int(arrival_us.max()) + model.a0 > MAX_ARRIVAL:
+        raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
+                         f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): split the log")
+    trace = Trace(arrival_us + model.a0, tenant, prompt, output, np.zeros_like(prompt), source=str(args.log))
+    trace.validate()
+    k = len(names)
+    run_options = tuple(sorted({**options, **dict(model.options())}.items()))
+    lanes = []
+    for policy in args.policies:
+        s = settings_from_args(_with_budget(args, memory_tokens(options)), policy, lenient=True)
+        lanes.append(dataclasses.replace(s, server_options=run_options))
+    fileio.check_distinct_outputs([args.requests_out])
+    for path in ([args.requests_out] if args.requests_out else []):
+        fileio.check_writable_file(path)
+    fileio.check_writable_dir(args.out, ["results.json"])
+    try:
+        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server="vllm", measures=MeasureConfig(),
+                            steps=args.steps)
+    except InputError as err:
+        raise in_file(args.log, err) from None
+    report = {"log": str(args.log), "server": "vllm", "step_time": model.name, "settings": options,
+              "tenants": names, "policies": {}}
+    tables = {}
+    for lane, policy in enumerate(args.policies):
+        table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
+        report["policies"][policy] = summarize(table, tenant, names, prompt, slos)
+        report["policies"][policy]["finished_all"] = bool(result.finished[lane])
+        tables[policy] = table
+    print(format_report(report, names))
+    files = [(Path(args.out) / "results.json", lambda p: p.write_text(json.dumps(report, indent=1)))]
+    if args.requests_out:
+        files.append((Path(args.requests_out), lambda p: p.write_text(requests_csv(tables, tenant, names, file_row))))
+    fileio.write_outputs_atomically(files)
+    print(f"wrote {', '.join(str(p) for p, _ in files)}")
+    return 0
+
+
+def _with_budget(args, memory: int):
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "kv_budget": memory})
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def format_report(report: dict, names) -> str:
+    head = (f"server vllm, step time {report['step_time']}; " + ", ".join(f"{k} {v}" for k, v in report["settings"].items()
+                                                                      if not k.startswith("time_")))
+    lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
+             f"{'TPOT p99':>9} {'E2EL p99':>9} {'queue p99':>9} {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]
+    for policy, summary in report["policies"].items():
+        groups = [(name, summary["tenants"][name]) for name in names] + [("all", summary["overall"])]
+        for name, g in groups:
+            goodput = "n/a" if g["goodput"] is None else f"{g['goodput']:.2f}"
+            lines.append(f"{policy:10} {name[:14]:14} {g['finished']:>5} {_ms(g['ttft']['p50']):>9} "
+                         f"{_ms(g['ttft']['p99']):>9} {_ms(g['tpot']['p50']):>9} {_ms(g['tpot']['p99']):>9} "
+                         f"{_ms(g['e2el']['p99']):>9} {_ms(g['queue']['p99']):>9} "
+                         f"{g['output_tokens_per_s']:>8.1f} {goodput:>8} {g['preemptions']:>7}")
+        if not summary["finished_all"]:
+            lines.append(f"{policy}: NOT FINISHED: some requests did not finish within the horizon (not averaged in)")
+    if report["policies"] and next(iter(report["policies"].values()))["slos_ms"]:
+        slos = next(iter(report["policies"].values()))["slos_ms"]
+        lines.append("goodput: requests/s meeting " + " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items()))
+    lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests")
+    return "\n".join(lines)
+
+
+def requests_csv(tables: dict, tenant: np.ndarray, names, file_row: np.ndarray) -> str:
+    """One row per request and policy, in the file's row order."""
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(("policy",) + REQUEST_COLUMNS)
+    for policy, t in tables.items():
+        for i in np.argsort(file_row, kind="stable"):
+            def us(x):
+                return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
+            w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]),
+                        int(t["first_token_us"][i]) if t["first_token_us"][i] >= 0 else "",
+                        int(t["finish_us"][i]) if t["finish_us"][i] >= 0 else "", us(t["ttft_us"][i]),
+                        us(t["tpot_us"][i]), us(t["e2el_us"][i]), int(t["output"][i]), int(t["preemptions"][i])))
+    return out.getvalue()
