@@ -1,110 +1,136 @@
-"""Speed of the JAX vLLM V1 step (vtc_jax/servers/vllm.py), engine alone.
+"""Speed of the `vllm` server (vtc_jax/servers/vllm_v1.py) on the engine, beside `ideal`.
 
-    PYTHONPATH=. python3 benchmarks/bench_vllm.py [--lanes 4096,512] [--steps 512]
+Workload (bench_engine's: the seed's first experiment): two clients, Poisson 1.0 and 0.25
+requests per step, prompts U[64, 512], outputs U[32, 384], 6000 steps, policy vtc. On
+`vllm`: 513 blocks of 16 tokens (M = 8192, the ideal run's budget), a 2048-token budget,
+256 seats, chunked prefill (vLLM's defaults off H100). Reported in lane-steps per second
+(lanes x 6000 / seconds), all measured in this one run so a loaded machine shows as a lower
+baseline too:
+  engine alone   the compiled runner on pre-generated requests (best of --repeats), for
+                 each server;
+  end to end     one simulate_traffic call (generation, the run, results to the host);
+  reference      vtc_jax/testing/vllm_reference.py (pure Python, the literal scheduler)
+                 on one lane under fcfs, as the plain sequential implementation.
 
-One workload (the lead's prototype bench): R = 64 requests per lane arriving over 400
-steps, prompts 16-699, outputs 1-199, a 400-block pool of 16-token blocks, a 512-token
-budget, 16 seats, fcfs (the closed-form path). Reported, all in this one run so a loaded
-machine shows as a lower baseline too: compile time, lane-steps/s at each lane count;
-the literal lax-loop step (`exact_step`, forced on the same lanes) at 512 lanes; the
-pure-Python reference (vtc_jax/testing/vllm_reference.py) on a few lanes; and a simple
-baseline, a scan of 16 int32 elementwise ops over [lanes, R] per step, in element-ops/s.
+    python -m benchmarks.bench_vllm                   # 1024 and 4096 lanes (CPU)
+    python -m benchmarks.bench_vllm --lanes 65536     # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.servers import vllm
+from vtc_jax.cli.common import guarded, int_arg
+from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
+from vtc_jax.driver import run as run_mod
+from vtc_jax.driver import runner
+from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.inputs.workload import client_rows
+from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.testing.vllm_reference import TraceRequest, simulate
 
-ROWS = 64
-CONFIG = {"num_blocks": 400, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 16}
+STEPS, KV_BUDGET, RATES = 6000, 8192, (1.0, 0.25)
+VLLM = (("block_size", 16), ("max_num_batched_tokens", 2048), ("max_num_seqs", 256), ("num_gpu_blocks", 513))
+SERVERS = {"ideal": (), "vllm": VLLM}
 
 
-def workload(lanes: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{"arrival": np.sort(rng.integers(0, 400, ROWS)), "prompt": rng.integers(16, 700, ROWS),
-             "output": rng.integers(1, 200, ROWS)} for _ in range(lanes)]
+def settings(lanes: int, server: str, policy: str = "vtc") -> list[Settings]:
+    return [Settings(policy, KV_BUDGET, server_options=SERVERS[server])] * lanes
 
 
-def packed(cfg: vllm.VllmConfig, lanes: list[dict]) -> vllm.Lane:
-    return vllm.stack_lanes([vllm.pack_lane(cfg, ROWS, lane["arrival"], lane["prompt"], lane["output"])
-                             for lane in lanes])
+def engine_alone(lanes: int, server: str, repeats: int) -> tuple[float, float, int]:
+    """(best seconds, compile-and-first-run seconds, events of the slowest lane)."""
+    traffic = overload(list(RATES), STEPS)
+    lane_settings = settings(lanes, server)
+    measures = MeasureConfig()
+    config = run_mod.traffic_config([traffic] * lanes, lane_settings, measures=measures, server=server)
+    srcs = run_mod._traffic_sources([traffic] * lanes)
+    workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
+    params, _ = encode_settings(lane_settings, 2, config.policies, server)
+    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
+    jax.block_until_ready(workload)
+    per_step = 1 + (2 if server != "ideal" else 0)
+    expected = per_step * STEPS + 3 * int(sum(RATES) * STEPS)
+
+    def once():
+        t = time.perf_counter()
+        host, done = runner.run(PROGRAM, config, batch, None, event_budget=4 * expected, expected_events=expected)
+        if not np.asarray(done).all():
+            raise RuntimeError("a lane did not finish")
+        return time.perf_counter() - t, int(np.asarray(host.iterations).max())
+
+    first, events = once()
+    return min(once()[0] for _ in range(repeats)), first, events
 
 
-def timed_run(rules: vllm.Rules, traces: vllm.Lane, steps: int) -> tuple[float, float, float]:
-    """(compile s, run s, share of active lane-steps) of `steps` steps without logs."""
-    shapes = vllm.shapes_of(traces)
-    vllm.check_run(rules, traces, steps)
-    t0 = time.perf_counter()
-    compiled = vllm.run.lower(rules, traces, steps, shapes, False).compile()
-    t1 = time.perf_counter()
-    out, _ = compiled(traces)
-    jax.block_until_ready(out)
-    t2 = time.perf_counter()
-    finished = float((np.asarray(out.finish) >= 0).mean())
-    return t1 - t0, t2 - t1, finished
+def end_to_end(lanes: int, server: str, seed0: int) -> float:
+    traffic = overload(list(RATES), STEPS)
+    start = time.perf_counter()
+    result = run_mod.simulate_traffic([traffic] * lanes, settings(lanes, server), range(seed0, seed0 + lanes),
+                                      measures=MeasureConfig(), server=server)
+    if not result.finished.all():
+        raise RuntimeError("a lane did not finish")
+    return time.perf_counter() - start
 
 
-def baseline(lanes: int, steps: int) -> float:
-    """Element-ops/s of a scan of 16 dependent int32 elementwise ops over [lanes, ROWS]."""
-
-    @jax.jit
-    def go(x):
-        def body(x, _):
-            for k in range(8):
-                x = (x * 3 + k) % 1021
-            return x, None
-
-        return jax.lax.scan(body, x, None, length=steps)[0]
-
-    x = jnp.ones((lanes, ROWS), jnp.int32)
-    go(x).block_until_ready()
-    t0 = time.perf_counter()
-    go(x).block_until_ready()
-    return 16 * lanes * ROWS * steps / (time.perf_counter() - t0)
-
-
-def reference_rate(cfg_dict: dict, lanes: list[dict]) -> float:
-    """Lane-steps/s of the pure-Python reference, each lane run to the end."""
-    t0, total = time.perf_counter(), 0
-    for lane in lanes:
-        reqs = [TraceRequest(arrival=int(a), client="c", prompt=int(p), output=int(o))
-                for a, p, o in zip(lane["arrival"], lane["prompt"], lane["output"])]
-        total += simulate(reqs, cfg_dict)["num_steps"]
-    return total / (time.perf_counter() - t0)
+def reference_rate(steps: int) -> float:
+    """Steps per second of the literal scheduler on lane 0's requests (fcfs)."""
+    traffic = overload(list(RATES), STEPS)
+    config = run_mod.traffic_config([traffic], settings(1, "vllm"), measures=MeasureConfig(), server="vllm")
+    rows = client_rows(run_mod.generate_workloads(run_mod._traffic_sources([traffic]), [0], config))[0]
+    flat = np.concatenate([np.column_stack([r, np.full(len(r), k)]) for k, r in enumerate(rows)])
+    flat = flat[flat[:, ARRIVAL] < steps]
+    flat = flat[np.argsort(flat[:, ORDER], kind="stable")]
+    reqs = [TraceRequest(int(r[ARRIVAL]), str(r[-1]), int(r[PROMPT]), int(r[OUTPUT])) for r in flat]
+    cfg = dict(VLLM)
+    cfg = {"num_blocks": cfg["num_gpu_blocks"], "block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 256,
+           "max_steps": 1000 * steps}
+    start = time.perf_counter()
+    out = simulate(reqs, cfg)
+    seconds = time.perf_counter() - start
+    return len(out["steps"]) / seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lanes", default="4096,512", help="comma-separated lane counts")
-    parser.add_argument("--steps", type=int, default=512)
-    parser.add_argument("--reference-lanes", type=int, default=8)
-    args = parser.parse_args()
-    cfg = vllm.VllmConfig.from_golden(CONFIG)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; R = {ROWS}, {args.steps} steps, config {CONFIG}")
-    print(f"baseline: {baseline(512, args.steps) / 1e9:.2f} G int32 elementwise ops/s at 512 x {ROWS}")
-    for count in (int(x) for x in args.lanes.split(",")):
-        lanes = workload(count)
-        comp, secs, fin = timed_run(cfg.rules, packed(cfg, lanes), args.steps)
-        print(f"fast_step  {count:5d} lanes: {count * args.steps / secs / 1e6:7.3f} M lane-steps/s "
-              f"(run {secs:.2f} s, compile {comp:.1f} s, {fin:.0%} of requests finished)")
-    lanes = workload(512)
-    # The same lanes through the literal loop: the rules forced off the closed form.
-    exact = dataclasses.replace(cfg.rules, victim="policy")
-    comp, secs, _ = timed_run(exact, packed(cfg, lanes), args.steps)
-    print(f"exact_step   512 lanes: {512 * args.steps / secs / 1e6:7.3f} M lane-steps/s "
-          f"(run {secs:.2f} s, compile {comp:.1f} s; fcfs's arrival-order victim, which here is the newest)")
-    rate = reference_rate(CONFIG, lanes[: args.reference_lanes])
-    print(f"reference  {args.reference_lanes:5d} lanes: {rate / 1e6:7.4f} M lane-steps/s (pure Python)")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_vllm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[1024, 4096])
+    parser.add_argument("--repeats", type=int_arg(1, 20), default=3)
+    parser.add_argument("--reference-steps", type=int_arg(10, STEPS), default=100,
+                        help="arrival steps of the lane the reference drains (default 100)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}")
+    ref = reference_rate(args.reference_steps)
+    print(f"reference (vtc_jax/testing/vllm_reference.py, one lane, fcfs): {ref:,.0f} steps/s")
+    out = {"device": f"{device.platform} {device.device_kind}", "reference_steps_per_s": ref, "rows": []}
+    print("| server | lanes | engine alone M lane-steps/s | end to end M lane-steps/s | compile+first s | events |")
+    print("|---|---|---|---|---|---|")
+    for lanes in args.lanes:
+        for server in SERVERS:
+            alone, first, events = engine_alone(lanes, server, args.repeats)
+            e2e = end_to_end(lanes, server, seed0=100_000 + lanes)
+            row = {"server": server, "lanes": lanes, "engine_alone": lanes * STEPS / alone / 1e6,
+                   "end_to_end": lanes * STEPS / e2e / 1e6, "first_call_s": first, "events": events}
+            out["rows"].append(row)
+            print(f"| {server} | {lanes} | {row['engine_alone']:.3f} | {row['end_to_end']:.3f} | {first:.1f} "
+                  f"| {events} |", flush=True)
+    if args.json:
+        from vtc_jax.core.fileio import write_text_atomically
+
+        write_text_atomically(args.json, json.dumps(out, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded("python -m benchmarks.bench_vllm", lambda: main(sys.argv[1:])))

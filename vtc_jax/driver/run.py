@@ -424,8 +424,12 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
                              f"could never fit the KV cap {min(s.client_caps(k))}")
         if s.policy not in config.policies:
             raise InputError(f"policy {s.policy} is not in the engine config's policies {config.policies}")
+        never = servers.get(config.server).never_served(dict(s.server_options), np.asarray([max_prompt]),
+                                                         np.asarray([max_output]))
+        if never is not None:
+            raise InputError(f"server {config.server}: {never}")
     needed = source_config(srcs, settings, config.record_every, config.arrival_width, config.measures,
-                           config.policies)
+                           config.policies, config.server)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
             or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)
             or needed.num_clients != config.num_clients):
@@ -491,7 +495,7 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
     validate_lanes(srcs, settings, config)
     horizon = srcs[0].horizon
     workload = shared_workloads(srcs, seeds, config, base_seed)
-    budget = horizon + 3 * config.num_rows + 1
+    budget = servers.get(config.server).events_per_step * horizon + 3 * config.num_rows + 1
     # From the sources' expectation, not the draw: the chunk size (a static argument of
     # the compiled call) must not change from one batch of seeds to the next.
     expected = horizon + int(2 * max(s.expected_requests() for s in sources.unique(srcs)))
