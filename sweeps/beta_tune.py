@@ -23,7 +23,7 @@ import optax
 from sweeps.context_cost import long_short_source
 from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, int_arg
-from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, range_arg, workload_config
+from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, on_server, range_arg, workload_config
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.sweep import Plot, Row, Sweep, aggregate, evaluate
 from vtc_jax.driver.tune import es_minimize
@@ -88,8 +88,8 @@ class Objective:
 
     def run(self, betas):
         self.calls += 1
-        return evaluate(self.sweep(betas), self.seeds, base_seed=self.args.base_seed, chunk=self.args.chunk,
-                        devices=self.args.devices, log=_Quiet())
+        return evaluate(on_server(self.sweep(betas), self.args), self.seeds, base_seed=self.args.base_seed,
+                        chunk=self.args.chunk, devices=self.args.devices, log=_Quiet())
 
     def per_lane(self, values, n):
         gap = values.metrics["resource_gap"].reshape(n, -1)

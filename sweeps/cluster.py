@@ -6,7 +6,10 @@ FCFS) at equal throughput.
 
 Default: replicas 4, routers 1,2,4, skew 0,0.5,1, counters per_router,shared,delayed,
 estimate error 0, 1000 steps, 32 seeds (a few minutes on 2 CPU cores);
---full runs the whole grid (replicas 1,2,4,8,16, estimate error 0,0.5)."""
+--full runs the whole grid (replicas 1,2,4,8,16, estimate error 0,0.5).
+
+--server names the replicas' server: a server that preempts (vllm) is refused, as a
+replica has no requeue and sizes its slots and saturation rule from M = --kv-budget."""
 
 from __future__ import annotations
 
@@ -19,11 +22,12 @@ import numpy as np
 
 from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep, sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
-from vtc_jax.driver.cluster_run import lane_bytes, simulate_sources, source_config
+from vtc_jax.driver.cluster_run import check_server, lane_bytes, simulate_sources, source_config
 from vtc_jax.engines.cluster_settings import CHOICES, COUNTERS, SATURATION, ClusterSettings, gateway_problem
 from vtc_jax.engines.settings import Settings, to_fraction
 from vtc_jax.inputs.sources import TrafficSource
@@ -104,6 +108,8 @@ def _grid(args) -> dict:
 
 
 def build(args) -> Sweep:
+    options = server_options(args)  # a server's flag without its --server is one line
+    check_server(args.server)
     if args.check:
         raise InputError("--check (the conservation ledger) is not available for the cluster sweep")
     if args.measures:
@@ -122,7 +128,7 @@ def build(args) -> Sweep:
 
     def settings(r: int, g: int, skew, counters, error, gateway, engine, theta=None) -> ClusterSettings:
         eng = Settings(engine, args.kv_budget, w_p=args.w_p, w_q=args.w_q, weights=weights, estimator="noisy",
-                       estimate_error=error)
+                       estimate_error=error, server_options=options)
         return ClusterSettings(engine=eng, gateway_policy=gateway, replicas=r, routers=g, skew=skew,
                                counters=counters, delay=args.delay, holdback=not args.no_holdback,
                                saturation=args.saturation, kv_threshold=theta or args.kv_threshold,
@@ -162,8 +168,9 @@ def build(args) -> Sweep:
               "gateway_policy": args.gateway_policy, "engine_policy": args.engine_policy, "delay": args.delay,
               "holdback": not args.no_holdback, "saturation": args.saturation, "kv_threshold": str(args.kv_threshold),
               "queue_limit": args.queue_limit, "choice": args.choice, "grid": grid, "full": bool(args.full)}
-    return Sweep(name=NAME, config=config, rows=rows, metrics=metrics, columns=COLUMNS, engine=ClusterEngine(),
-                 clients=False)
+    sw = Sweep(name=NAME, config=config, rows=rows, metrics=metrics, columns=COLUMNS, engine=ClusterEngine(),
+               clients=False)
+    return sweep_command.on_server(sw, args)
 
 
 def metrics(results, rows) -> dict:
@@ -186,11 +193,11 @@ class ClusterEngine:
 
     @staticmethod
     def group_key(row: Row):
-        return (row.settings.replicas, row.source.horizon, id(row.source))
+        return (row.server, row.settings.replicas, row.source.horizon, id(row.source))
 
     @staticmethod
     def config(rows, record_every: int = 0, measures=None):
-        return source_config([r.source for r in rows], [r.settings for r in rows])
+        return source_config([r.source for r in rows], [r.settings for r in rows], server=rows[0].server)
 
     @staticmethod
     def run(rows, seeds, config, base_seed: int, mesh, progress):

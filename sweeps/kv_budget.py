@@ -1,11 +1,17 @@
 """A policy's drift (VTC's by default) against the KV budget M, beside the bound 2 * w_q * M
-(the seed document's third experiment)."""
+(the seed document's third experiment).
+
+With --server vllm the grid still sets M: each M of --budgets becomes num_gpu_blocks =
+M // block_size + 1 (the null block holds none, so the pool holds exactly M tokens; M must
+be a multiple of --block-size, and --num-gpu-blocks is not given)."""
 
 from __future__ import annotations
 
 from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import int_arg, list_arg
+from vtc_jax.cli.server_flags import VLLM_FLAGS
 from vtc_jax.cli.sweep_command import add_workload_arguments, make_settings, workload_config, workload_is_default, workload_source
+from vtc_jax.core.errors import InputError
 from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
@@ -24,7 +30,8 @@ PAPER_VALUES = {
 def add_arguments(parser):
     add_workload_arguments(parser, rates=RATES, kv_budget=False)  # M is the grid: --budgets
     parser.add_argument("--budgets", type=list_arg(int_arg(1, 1 << 30), name="budgets", max_items=64),
-                        default=BUDGETS, help="KV budgets M to sweep (default 2048,4096,8192,16384,32768)")
+                        default=BUDGETS, help="KV budgets M to sweep (default 2048,4096,8192,16384,32768; "
+                                              "--server vllm: num_gpu_blocks = M // block_size + 1 each)")
     parser.add_argument("--policy", choices=registry.names(), default="vtc", help="scheduler (default vtc)")
 
 
@@ -34,9 +41,26 @@ def metrics(results, rows):
     return out
 
 
+def server_options(args, m: int) -> tuple:
+    """Row M's server settings: --server vllm's with num_gpu_blocks = M // block_size + 1
+    (its pool then holds M tokens); the ideal server's memory is M itself."""
+    options = dict(args.server_options)
+    if args.server == "ideal":
+        return ()
+    if "num_gpu_blocks" in options:
+        raise InputError(f"{VLLM_FLAGS['num_gpu_blocks']}: this sweep sets it from each M of --budgets "
+                         "(num_gpu_blocks = M // block_size + 1)")
+    block = options.get("block_size", 16)
+    if m % block:
+        raise InputError(f"--budgets: M={m} is not a multiple of --block-size {block} (on --server {args.server} "
+                         "M = (num_gpu_blocks - 1) x block_size)")
+    return tuple(sorted(dict(options, num_gpu_blocks=m // block + 1).items()))
+
+
 def build(args) -> Sweep:
     source = workload_source(args, overload(args.rates, args.steps, prompt=args.prompt, output=args.output))
-    rows = [Row(make_settings(args, args.policy, kv_budget=m), source, f"M={m}") for m in args.budgets]
+    rows = [Row(make_settings(args, args.policy, kv_budget=m, server_options=server_options(args, m)), source,
+                f"M={m}") for m in args.budgets]
     config = dict(workload_config(args), budgets=args.budgets, policy=args.policy)
     return Sweep(
         name="kv_budget", config=config, rows=rows, metrics=metrics,

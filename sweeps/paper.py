@@ -50,6 +50,7 @@ import numpy as np
 
 from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg
+from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep as driver
@@ -396,6 +397,10 @@ def build(args) -> tuple[list[tuple[Sweep, int]], dict]:
     for flag in ("measures", "check", "policy_module"):
         if getattr(args, flag, None):
             raise InputError(f"--{flag.replace('_', '-')} is not supported by the artifact profile")
+    if args.server != "ideal":
+        raise InputError(f"--server {args.server}: the paper's tables run on the artifact profile, an engine of its "
+                         "own (docs/ARTIFACT.md), not on a server")
+    server_options(args)  # a server's flag without its --server is one line
     parts = list(dict.fromkeys(args.parts))
     bad = [p for p in parts if p not in PARTS]
     if bad:

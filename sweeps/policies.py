@@ -41,6 +41,7 @@ from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload, silence_and_return
 from vtc_jax.policies import registry
 from vtc_jax.policies.estimators import ESTIMATORS
+from vtc_jax.servers import registry as servers
 
 WORKLOADS = ("overload", "return", "weighted", "zipf")
 PROMPT, OUTPUT = (64, 512), (32, 384)
@@ -74,10 +75,11 @@ def workload(name: str, steps: int, kv_budget: int) -> tuple[TrafficSource, tupl
 
 
 def settings_for(policy: str, kv_budget: int, *, capacity: float, num_clients: int, estimator: str | None = None,
-                 estimate_error: str = "0", weights=None, window=(0, 0)) -> Settings:
+                 estimate_error: str = "0", weights=None, window=(0, 0), server_options: tuple = ()) -> Settings:
     """One policy's settings for a comparison: output-predicting policies use `estimator`
     (default exact; vtc_gateway: llm-d's fixed guess of 128 tokens); rpm gets each client's
-    fair share of `capacity` (requests per step) per RPM_WINDOW steps."""
+    fair share of `capacity` (requests per step) per RPM_WINDOW steps; `server_options`:
+    --server's settings."""
     spec = registry.get(policy)
     if estimator != "noisy" and estimate_error not in ("0", 0):
         raise InputError("--estimate-error applies to --estimator noisy only")
@@ -89,13 +91,26 @@ def settings_for(policy: str, kv_budget: int, *, capacity: float, num_clients: i
             extra.update(estimator="fixed", estimate_guess=128)
     if policy == "rpm":
         extra.update(rpm_limit=max(1, round(capacity * RPM_WINDOW / num_clients)), rpm_window=RPM_WINDOW)
-    return Settings(policy, kv_budget, weights=weights, share_window=window, **extra)
+    return Settings(policy, kv_budget, weights=weights, share_window=window, server_options=server_options, **extra)
+
+
+def chosen_policies(args) -> list[str]:
+    """--policy, or every registered policy; on a server that preempts (vllm) the default
+    leaves out rpm, whose limits are not defined there yet (said once on stderr)."""
+    if args.policy:
+        return list(args.policy)
+    names = list(registry.names())
+    if servers.get(args.server).preempts and "rpm" in names:
+        names.remove("rpm")
+        vars(args).setdefault("notes", []).append(f"note: --server {args.server} preempts requests, where rpm's "
+                                                  "limits are not defined yet: rpm is left out")
+    return names
 
 
 def add_arguments(parser):
     parser.set_defaults(seeds=256)
     parser.add_argument("--policy", type=list_arg(str, name="policies", max_items=64), default=None,
-                        help="policies to compare (default: every registered one)")
+                        help="policies to compare (default: every registered one; rpm left out on --server vllm)")
     parser.add_argument("--workloads", type=list_arg(str, name="workloads", max_items=4), default=list(WORKLOADS),
                         help=f"workloads (default {','.join(WORKLOADS)})")
     parser.add_argument("--steps", type=int_arg(1000, 1 << 24), default=6000, help="horizon (default 6000)")
@@ -144,7 +159,7 @@ def series(results, rows):
 
 
 def build(args) -> Sweep:
-    policies = args.policy or list(registry.names())
+    policies = chosen_policies(args)
     for p in policies:
         registry.get(p)
     for w in args.workloads:
@@ -158,7 +173,7 @@ def build(args) -> Sweep:
         for p in policies:
             s = settings_for(p, args.kv_budget, capacity=capacity(args.kv_budget), num_clients=source.num_clients,
                              estimator=args.estimator, estimate_error=args.estimate_error, weights=weights,
-                             window=window)
+                             window=window, server_options=args.server_options)
             rows.append(Row(s, source, f"{name} {p}", {"workload": name}))
     plots = [Plot("series", f"gap_{w}.png", f"{w}: weighted service gap over time (max - min of W_k / w_k)", "step",
                   "weighted_gap", ylabel="weighted tokens", where=(("workload", w),)) for w in args.workloads]

@@ -37,6 +37,9 @@ def build(args) -> Sweep:
     if args.trace is not None:
         raise InputError("--trace does not apply: the sweep varies the cached fraction of synthetic prompts "
                          "(a trace carries its own cached column)")
+    if args.server != "ideal":
+        raise InputError(f"--server {args.server} does not model prefix caching (it computes every prompt token), "
+                         "so this sweep's cached prefixes would not be what it runs: use --server ideal")
     if len(args.rates) != 2:
         raise InputError(f"--rates needs two rates (cache-hitting client, missing client), got {len(args.rates)}")
     rows = []

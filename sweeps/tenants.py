@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sweeps.policies import settings_for
+from sweeps.policies import chosen_policies, settings_for
 from vtc_jax.cli import sweep_command
 from vtc_jax.cli.common import float_arg, int_arg, list_arg, number_text
 from vtc_jax.core.errors import InputError
@@ -60,7 +60,7 @@ def add_arguments(parser):
     parser.add_argument("--load", type=list_arg(float_arg(1e-3, 1e3), name="loads", max_items=16),
                         default=list(LOADS), help="offered loads RHO (default 0.8,1.0,1.5,2.0)")
     parser.add_argument("--policy", type=list_arg(str, name="policies", max_items=64), default=None,
-                        help="policies to compare (default: every registered one)")
+                        help="policies to compare (default: every registered one; rpm left out on --server vllm)")
     parser.add_argument("--steps", type=int_arg(400, 1 << 24), default=20000,
                         help="steps the six hours map onto (default 20000: 1 step = 1.08 s)")
     parser.add_argument("--kv-budget", type=int_arg(512, 1 << 24), default=32768, help="KV budget M (default 32768)")
@@ -111,7 +111,7 @@ def read_data(path: Path) -> servegen.ServeGenData:
 
 
 def build(args) -> Sweep:
-    policies = args.policy or list(registry.names())
+    policies = chosen_policies(args)
     for p in policies:
         registry.get(p)
     data = read_data(args.data)
@@ -124,7 +124,8 @@ def build(args) -> Sweep:
         capacity = plan.expected_requests.sum() / args.steps / load  # requests per step at RHO = 1
         for p in policies:
             s = settings_for(p, args.kv_budget, capacity=capacity, num_clients=plan.num_clients,
-                             estimator=args.estimator, estimate_error=args.estimate_error)
+                             estimator=args.estimator, estimate_error=args.estimate_error,
+                             server_options=args.server_options)
             rows.append(Row(s, source, f"load {load:g} {p}", {"load": load}))
     first = plans[args.load[0]]
     notes = [first.summary()]

@@ -1,10 +1,12 @@
 """`python -m sweeps.NAME`: the command line every sweep module shares (the common flags,
-the workload flags of the MODEL.md sweeps, and `main`: parse, build the Sweep, run it on
-the driver (vtc_jax/driver/sweep.py), print its tables and write its outputs)."""
+--server and its settings, the workload flags of the MODEL.md sweeps, and `main`: parse,
+build the Sweep, run it on the driver (vtc_jax/driver/sweep.py), print its tables and
+write its outputs)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -12,18 +14,21 @@ from typing import Callable
 import jax
 
 from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.cli.server_flags import add_server_flags, memory_tokens, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run
 from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache, init_distributed, lane_mesh
-from vtc_jax.driver.sweep import MAX_LANES, Sweep, run_sweep
+from vtc_jax.driver.sweep import MAX_LANES, Sweep, run_sweep, with_server
 from vtc_jax.driver.sweep_outputs import format_clients, format_load, format_table, output_names, write_outputs
 from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs import sources as sources_mod
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 DEFAULT_SEEDS = 4096
+_UNSET = object()  # --kv-budget before parsing: was it given?
 
 
 def base_parser(name: str, description: str) -> Parser:
@@ -53,7 +58,39 @@ def base_parser(name: str, description: str) -> Parser:
     parser.add_argument("--policy-module", action="append", default=[], metavar="FILE.py",
                         help="load policies defined in your own file (a POLICY or POLICIES attribute) so that "
                              "--policy/--policies accept them")
+    add_server_flags(parser)
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse, then apply --server (`apply_server`), knowing whether --kv-budget was given
+    (argparse leaves a value already in the namespace unless the flag sets it)."""
+    budget = next((a for a in parser._actions if a.dest == "kv_budget"), None)
+    if budget is None:
+        args = parser.parse_args(argv)
+    else:
+        args = parser.parse_args(argv, namespace=argparse.Namespace(kv_budget=_UNSET))
+    given = budget is not None and args.kv_budget is not _UNSET
+    if budget is not None and not given:
+        args.kv_budget = budget.default
+    apply_server(args, has_kv_budget=budget is not None, kv_budget_given=given)
+    return args
+
+
+def apply_server(args, *, has_kv_budget: bool, kv_budget_given: bool) -> None:
+    """Sets args.server_options (every row's Settings.server_options; a flag of another
+    server is refused). On a server with a memory of its own (vllm) that memory is M
+    (args.kv_budget: the 2U bound, the load line), so --kv-budget is refused; a sweep
+    without --kv-budget (its grid sets M) maps each M itself."""
+    args.server_options = server_options(args)
+    if args.server == "ideal":
+        return
+    if kv_budget_given:
+        raise InputError(f"--kv-budget is the ideal server's memory; --server {args.server} takes its own "
+                         "(--num-gpu-blocks x --block-size)")
+    if has_kv_budget:
+        servers.get(args.server).validate(dict(args.server_options))
+        args.kv_budget = memory_tokens(dict(args.server_options))
 
 
 def setup_runtime(args) -> None:
@@ -92,9 +129,9 @@ def _main(name, description, add_arguments, build, argv) -> int:
     preload_policy_modules(sys.argv[1:] if argv is None else argv)
     parser = base_parser(name, description)
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     setup_runtime(args)
-    sweep = build(args)
+    sweep = on_server(build(args), args)
     measures = measure_config(sweep, args)
     if jax.process_index() == 0:
         fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
@@ -124,6 +161,15 @@ def _main(name, description, add_arguments, build, argv) -> int:
     written = write_outputs(sweep, result, args.out, plots=not args.no_plots)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
+
+
+def on_server(sweep: Sweep, args) -> Sweep:
+    """The built sweep on --server: every row runs it, and a non-default server is
+    recorded in results.json's config (the default leaves every output as it was)."""
+    if args.server == "ideal":
+        return sweep
+    config = dict(sweep.config, server=args.server, server_options=dict(args.server_options))
+    return dataclasses.replace(with_server(sweep, args.server), config=config)
 
 
 def _num_clients(sweep: Sweep) -> int:
@@ -178,6 +224,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0
 def workload_is_default(args, rates: str) -> bool:
     """The workload flags are the defaults (the paper's values apply)."""
     return (args.trace is None and args.weights is None and list(args.rates) == [float(x) for x in rates.split(",")]
+            and getattr(args, "server", "ideal") == "ideal"
             and all(getattr(args, k, v) == v for k, v in DEFAULT_WORKLOAD.items()))
 
 
@@ -205,9 +252,9 @@ def workload_config(args: argparse.Namespace) -> dict:
 
 
 def make_settings(args, policy: str, *, baseline: bool = False, **kwargs) -> Settings:
-    """Settings of a sweep row from the workload flags. --weights is refused for a policy
-    that does not read them, except for a `baseline` row (FCFS or RPM beside weighted
-    policies), which then runs unweighted and says so once on stderr."""
+    """Settings of a sweep row from the workload flags and --server's settings. --weights is
+    refused for a policy that does not read them, except for a `baseline` row (FCFS or RPM
+    beside weighted policies), which then runs unweighted and says so once on stderr."""
     weights = tuple(args.weights) if args.weights else None
     if weights is not None and "weights" not in registry.get(policy).reads:
         why = registry.get(policy).summary.split(":")[0]
@@ -219,5 +266,6 @@ def make_settings(args, policy: str, *, baseline: bool = False, **kwargs) -> Set
         if note not in notes:
             notes.append(note)
         weights = None
+    kwargs.setdefault("server_options", getattr(args, "server_options", ()))
     return Settings(policy, kwargs.pop("kv_budget", getattr(args, "kv_budget", None)), w_p=args.w_p, w_q=args.w_q,
                     weights=weights, **kwargs)

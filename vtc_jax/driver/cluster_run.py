@@ -36,6 +36,7 @@ from vtc_jax.inputs import sources
 from vtc_jax.inputs.workload import Trace, Workload, make_workload, requests_per_client
 from vtc_jax.measures.online import LATENCY_BINS
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 
 # ---- planning and running (host) ---------------------------------------------------------
@@ -62,7 +63,7 @@ def encode(clusters: Sequence[ClusterSettings], cfg: ClusterConfig, horizons: Se
     k = cfg.num_clients
     tenants = _tenants(k if tenants is None else tenants, len(clusters))
     pad = lambda s, n: padded_settings(s, n, k)  # noqa: E731
-    eng, _ = encode_settings([pad(c.engine, n) for c, n in zip(clusters, tenants)], k, cfg.engine_policies)
+    eng, _ = encode_settings([pad(c.engine, n) for c, n in zip(clusters, tenants)], k, cfg.engine_policies, cfg.server)
     gate, _ = encode_settings([pad(c.gateway, n) for c, n in zip(clusters, tenants)], k, cfg.gateway_policies)
     arr = lambda f, dt=np.int32: jnp.asarray(np.asarray([f(c) for c in clusters], dt))  # noqa: E731
     thresholds = [_padded(c.thresholds(n), cfg.routers) + [[1 << INGRESS_BITS] * cfg.routers] * (k - n)
@@ -86,13 +87,31 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
+def check_server(name: str):
+    """The replicas' server (servers.registry), refused when the cluster cannot run it: a
+    replica sizes its running slots and its saturation rule from M (--kv-budget) and has no
+    requeue, so a server that preempts (vllm) does not run on the cluster yet."""
+    chosen = servers.get(name)
+    if chosen.preempts:
+        raise InputError(f"--server {name}: the cluster's replicas cannot run a server that preempts requests yet "
+                         "(a replica has no requeue, and sizes its slots and saturation rule from M = --kv-budget); "
+                         "use --server ideal")
+    return chosen
+
+
 def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows: int, min_prompt: int,
                 max_prompt: int, max_output: int, max_requests: int, horizon: int, arrival_width: int = 4,
-                record: bool = False, lane_max_prompts: Sequence[int] | None = None) -> ClusterConfig:
+                record: bool = False, lane_max_prompts: Sequence[int] | None = None,
+                server: str = "ideal") -> ClusterConfig:
     """The static config that fits every lane (validated: exact int32 arithmetic, prompts
-    that fit M). `num_clients`: K, or one tenant count per lane (K is then the largest)."""
+    that fit M, the server's settings). `num_clients`: K, or one tenant count per lane (K is
+    then the largest); `server`: the replicas' server (`check_server`)."""
     if not clusters:
         raise InputError("no cluster lanes given")
+    chosen = check_server(server)
+    options = [dict(e.server_options) for e in dict.fromkeys(c.engine for c in clusters)]
+    for o in options:
+        chosen.validate(o)
     if not 1 <= horizon <= MAX_HORIZON:
         raise InputError(f"horizon must be in [1, {MAX_HORIZON}], got {horizon}")
     if not 1 <= arrival_width < TIMELINE_PAD:
@@ -123,12 +142,12 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
     g = max(c.routers for c in clusters)
     return ClusterConfig(
         num_clients=num_clients, replicas=max(c.replicas for c in clusters), routers=g, tenant_rows=tenant_rows,
-        calendar_rows=calendar_rows(max_output), slots=_pow2(running),
+        calendar_rows=calendar_rows(max_output), slots=_pow2(chosen.plan_slots(options, running)),
         wait_slots=_pow2(min(waiting, max_requests)), gateway_policies=tuple(n for n in names if n in gates),
         engine_policies=tuple(n for n in names if n in engines),
         union=any(c.routers > 1 and c.counters != "per_router" for c in clusters),
         ring=max(delays) if delays and g > 1 else 0,
-        arrival_width=arrival_width, record=record)
+        arrival_width=arrival_width, record=record, server=server)
 
 
 def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons: Sequence[int], cfg: ClusterConfig,
@@ -148,11 +167,13 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
 
 
 def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings], *, num_clients, steps: int,
-                    record: bool = False, chunk: int | None = None, arrival_width: int = 4) -> "ClusterResults":
+                    record: bool = False, chunk: int | None = None, arrival_width: int = 4,
+                    server: str = "ideal") -> "ClusterResults":
     """Run lane i = trace i under clusters[i] for `steps` steps, all lanes in one compiled
     batch. `num_clients`: K, or one tenant count per lane (lanes of different K, R and G
     share the batch). Every request must fit M (prompt <= M); requests with arrival >=
-    steps never arrive. `record`: keep each request's dispatch and admission."""
+    steps never arrive. `record`: keep each request's dispatch and admission. `server`:
+    the replicas' server (`check_server`)."""
     if len(traces) != len(clusters) or not traces:
         raise InputError(f"{len(traces)} traces for {len(clusters)} cluster settings")
     tenants = _tenants(num_clients, len(traces))
@@ -169,7 +190,7 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
                       max_prompt=max(int(t.prompt.max()) for t in traces),
                       max_output=max(int(t.output.max()) for t in traces), max_requests=max(len(t) for t in traces),
                       horizon=steps, arrival_width=arrival_width, record=record,
-                      lane_max_prompts=[int(t.prompt.max()) for t in traces])
+                      lane_max_prompts=[int(t.prompt.max()) for t in traces], server=server)
     per_lane = []
     for t, c in zip(traces, counts):
         sizes = c + pad
@@ -181,25 +202,28 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
                      event_budget=steps + 4 * most + 2, chunk=chunk, tenants=tenants)
 
 
-def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4) -> ClusterConfig:
-    """The static config that fits every lane of `srcs` (sources.py) x `clusters`."""
+def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4,
+                  server: str = "ideal") -> ClusterConfig:
+    """The static config that fits every lane of `srcs` (sources.py) x `clusters` on the
+    replicas' `server`."""
     uniq = sources.unique(srcs)
     lay = sources.layout(uniq, arrival_width + 2)
     k = uniq[0].num_clients
     return plan_config(clusters, num_clients=k, tenant_rows=lay.num_rows,
                        min_prompt=min(s.lengths()[0] for s in uniq), max_prompt=max(s.lengths()[1] for s in uniq),
                        max_output=max(s.lengths()[2] for s in uniq), max_requests=lay.num_rows,
-                       horizon=uniq[0].horizon, arrival_width=arrival_width)
+                       horizon=uniq[0].horizon, arrival_width=arrival_width, server=server)
 
 
 def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[int], *, base_seed: int = 0,
                      config: ClusterConfig | None = None, chunk: int | None = None, mesh=None,
-                     progress: Callable | None = None) -> "ClusterResults":
+                     progress: Callable | None = None, server: str = "ideal") -> "ClusterResults":
     """Lane i: requests generated from seeds[i] and srcs[i] (sources.py), run under
-    clusters[i] for the sources' horizon, in one compiled batch."""
+    clusters[i] for the sources' horizon, in one compiled batch (`server`: the replicas',
+    ignored when `config` is given)."""
     if not (len(srcs) == len(clusters) == len(seeds)) or not seeds:
         raise InputError(f"{len(srcs)} workloads, {len(clusters)} clusters, {len(seeds)} seeds: need one each per lane")
-    cfg = config or source_config(srcs, clusters)
+    cfg = config or source_config(srcs, clusters, server=server)
     sources.check_batch(srcs)
     uniq = sources.unique(srcs)
     lay = sources.layout(uniq, cfg.arrival_width + 2)
@@ -357,4 +381,4 @@ class ClusterResults:
 
 
 __all__ = ["ClusterSettings", "ClusterResults", "simulate_traces", "simulate_sources", "source_config", "plan_config",
-           "run_lanes", "encode", "lane_bytes"]
+           "run_lanes", "encode", "lane_bytes", "check_server"]

@@ -41,6 +41,7 @@ from vtc_jax.inputs import sources as sources_mod
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.measures.stats import summarize
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 MAX_LANES = 1 << 24
 PROGRESS_SECONDS = 3.0
@@ -50,19 +51,29 @@ PROGRESS_SECONDS = 3.0
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One grid point: its scheduler settings, its workload, its label, and setting keys
-    beyond those derived from the settings (for example the workload's name)."""
+    """One grid point: its scheduler settings, its workload, its label, setting keys
+    beyond those derived from the settings (for example the workload's name), and the
+    server it runs on (servers.registry; its options are `settings.server_options`)."""
 
     settings: Any
     source: Any
     label: str
     extra: dict = dataclasses.field(default_factory=dict)
+    server: str = "ideal"
 
     @property
     def setting(self) -> dict:
         """JSON setting keys: policy and kv_budget, every other Settings field that differs
-        from its default, then `extra`."""
-        return dict(settings_keys(self.settings), **self.extra)
+        from its default, the server unless it is `ideal`, then `extra`."""
+        server = {} if self.server == "ideal" else {"server": self.server}
+        return dict(settings_keys(self.settings), **server, **self.extra)
+
+
+def with_server(sweep: "Sweep", server: str) -> "Sweep":
+    """`sweep` with every row on `server` (a sweep's rows share one server: --server)."""
+    if server == "ideal" and all(r.server == "ideal" for r in sweep.rows):
+        return sweep
+    return dataclasses.replace(sweep, rows=[dataclasses.replace(r, server=server) for r in sweep.rows])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,15 +180,16 @@ class ModelEngine:
 
     @staticmethod
     def group_key(row: Row):
-        return sources_mod.signature(row.source)
+        return row.server, sources_mod.signature(row.source)
 
     @staticmethod
     def config(rows: Sequence[Row], record_every: int, measures: MeasureConfig):
         names = registry.names()
         present = tuple(n for n in names if n in {r.settings.policy for r in rows})
         config = run.source_config([r.source for r in rows], [r.settings for r in rows], record_every,
-                                   measures=measures, policies=present)
+                                   measures=measures, policies=present, server=rows[0].server)
         run.validate_lanes([r.source for r in rows], [r.settings for r in rows], config)  # before any output
+        check_served(rows)
         return config
 
     @staticmethod
@@ -198,6 +210,18 @@ class ModelEngine:
     @staticmethod
     def steps(config, rows) -> int:
         return max(r.source.horizon for r in rows)
+
+
+def check_served(rows: Sequence[Row]) -> None:
+    """Refuse rows whose server could never finish the workload's longest request (the
+    largest prompt with the largest output: for vllm, more KV blocks than the pool)."""
+    for row in rows:
+        _, prompt, output = row.source.lengths()
+        why = servers.get(row.server).never_served(dict(row.settings.server_options), np.asarray([prompt]),
+                                                   np.asarray([output]))
+        if why is not None:
+            raise InputError(f"server {row.server}, {row.label}: the workload's longest request (prompt {prompt} + "
+                             f"output {output} tokens; 'request 0' below): {why}")
 
 
 NUM_WORDS = 5 + 6  # request row fields + the generator's temporaries per row
