@@ -23,6 +23,14 @@ It also searches FCFS and LCF (and, for contrast, VTC and the VTC artifact's lif
 MODEL.md's `last_left` clause, "vtc-artifact") over a grid of horizons, requests per client
 growing with the horizon (N = 16 T / 256 by default), to show how the worst case grows.
 
+--server NAME runs every candidate on that server (vtc_jax/servers): `ideal` (the default,
+MODEL.md's: memory bounds admission only, running requests grow past M), `ideal_reserve`
+(admission reserves prompt + output within M: the VTC theorem's assumption) or `vllm`
+(vLLM V1's scheduler, with --block-size, --max-num-batched-tokens and --max-num-seqs and a
+KV pool of M tokens: num_gpu_blocks = M // block_size + 1). On the bounded servers every
+candidate request must fit M alone (the largest prompt + output), or the search is refused.
+The witnesses' JSON then name the server and its settings, and their replay command too.
+
 Before any search, each one's memory is checked against what the machine has (the whole
 population runs as engine lanes of one call; `search_bytes`), and a search that would not
 fit is refused, naming the flags that shrink it. With --w-q 0 the lower bound w_q * M is 0
@@ -60,6 +68,7 @@ from vtc_jax.driver import adversary, devices
 from vtc_jax.driver.sweep import MODEL_ENGINE
 from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 PROG = "python -m sweeps.adversary"
 SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to attack
@@ -73,6 +82,7 @@ MAX_GENERATION_REQUESTS = 1 << 26  # population x K x N: about 5 GiB of genes an
 # beside the engine lanes, so this and MODEL_ENGINE.lane_bytes (x2 for XLA's buffers)
 # make an estimate about twice what a search holds (K = 2, N = 16 and 64).
 HOST_BYTES_PER_REQUEST = 256
+VLLM_DEFAULTS = {"block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # vLLM's own
 FLAGS_FOR_MEMORY = "lower --population or --requests (or give fewer --clients, smaller --horizon-grid horizons)"
 
 
@@ -134,6 +144,19 @@ def build_parser() -> Parser:
                         default=list(GROWTH_POLICIES),
                         help="policies of the growth search (default fcfs,lcf,vtc,vtc-artifact; vtc-artifact: vtc "
                              "without the lift's last_left clause, the VTC artifact's variant)")
+    parser.add_argument("--server", choices=servers.names(), default="ideal",
+                        help="the server every candidate runs on (default ideal, MODEL.md's: memory bounds admission "
+                             "only); ideal_reserve: admission reserves prompt + output within M (the VTC theorem's "
+                             "assumption); vllm: vLLM V1's scheduler with a KV pool of num_gpu_blocks = M // "
+                             "block_size + 1 blocks (the null block holds none: M tokens of KV; M must be a multiple "
+                             "of --block-size)")
+    parser.add_argument("--block-size", type=int_arg(1, 1 << 20), default=None, metavar="B",
+                        help=f"--server vllm: tokens per KV block (default {VLLM_DEFAULTS['block_size']})")
+    parser.add_argument("--max-num-batched-tokens", type=int_arg(1, 1 << 29), default=None, metavar="T",
+                        help=f"--server vllm: token budget of one step (default "
+                             f"{VLLM_DEFAULTS['max_num_batched_tokens']})")
+    parser.add_argument("--max-num-seqs", type=int_arg(1, 1 << 29), default=None, metavar="S",
+                        help=f"--server vllm: running requests at most (default {VLLM_DEFAULTS['max_num_seqs']})")
     parser.add_argument("--sigma", type=float_arg(1e-3, 10.0), default=0.6, help="ES sample scale (default 0.6)")
     parser.add_argument("--no-construction", action="store_true",
                         help="do not seed the search with the blocked-decode construction (adversary.blocked_decode)")
@@ -156,6 +179,7 @@ def parse(argv=None):
     args.kv_budget = list(dict.fromkeys(args.kv_budget))
     args.clients = list(dict.fromkeys(args.clients))
     args.growth_policy = list(dict.fromkeys(args.growth_policy))
+    args.vllm = vllm_flags(args)
     if args.prompt[1] > min(args.kv_budget):
         raise InputError(f"--prompt up to {args.prompt[1]} exceeds --kv-budget {min(args.kv_budget)}: "
                          "such a prompt could never be admitted")
@@ -169,10 +193,10 @@ def parse(argv=None):
                          "to it exists; give one of them a positive price")
     for k in args.clients:  # every limit checked before any search
         for s in args.settings.values():
-            _limits(args, k, args.horizon).check(s)
+            _limits(args, k, args.horizon).check(s, args.server)
     for t in args.horizon_grid:
         for p in args.growth_policy:
-            _limits(args, 2, t).check(args.settings[(p, args.kv_budget[0])])
+            _limits(args, 2, t).check(args.settings[(p, args.kv_budget[0])], args.server)
     # One generation holds population x K x N requests (genes, noise, engine lanes):
     # refuse a size that cannot fit before any search starts, not in the middle of one.
     searches = [(k, args.horizon) for k in args.clients] + [(2, t) for t in args.horizon_grid if args.growth_policy]
@@ -205,7 +229,8 @@ def check_memory(args, available: int) -> None:
     bytes."""
     for policy, m, k, t in dict.fromkeys(planned_searches(args)):
         limits = _limits(args, k, t)
-        need = search_bytes(adversary.Objective(args.settings[(policy, m)], limits), args.search.population)
+        need = search_bytes(adversary.Objective(args.settings[(policy, m)], limits, server=args.server),
+                            args.search.population)
         if need > available:
             raise InputError(f"the search {policy} M={m} K={k} T={t} needs about {need / 2**30:.1f} GiB "
                              f"(--population {args.search.population:,} candidates of {k} x {limits.requests} "
@@ -230,10 +255,37 @@ def out_of_memory(err: BaseException) -> bool:
                                              and "RESOURCE_EXHAUSTED" in str(err))
 
 
+def vllm_flags(args) -> dict:
+    """The vllm server's flags with vLLM's defaults (empty on another server, which
+    refuses them), every --kv-budget checked to be a whole number of blocks."""
+    given = {name: getattr(args, name) for name in VLLM_DEFAULTS if getattr(args, name) is not None}
+    if args.server != "vllm":
+        if given:
+            flag = "--" + next(iter(given)).replace("_", "-")
+            raise InputError(f"{flag} is a setting of --server vllm (the search runs on --server {args.server})")
+        return {}
+    flags = {**VLLM_DEFAULTS, **given}
+    for m in args.kv_budget:
+        if m % flags["block_size"] or m < flags["block_size"]:
+            raise InputError(f"--kv-budget {m} is not a whole number of --block-size {flags['block_size']} blocks: "
+                             "on --server vllm the KV pool is M / block_size blocks (+ the null block)")
+    return flags
+
+
+def server_options(args, kv_budget: int) -> tuple:
+    """Settings.server_options of the search's server at M = kv_budget (vllm: its flags and
+    num_gpu_blocks = M // block_size + 1; the other servers take none)."""
+    if args.server != "vllm":
+        return ()
+    return tuple(sorted({**args.vllm, "num_gpu_blocks": kv_budget // args.vllm["block_size"] + 1}.items()))
+
+
 def make_settings(name: str, kv_budget: int, args) -> Settings:
-    """A policy name or a VARIANTS name at M = kv_budget and the flags' prices."""
+    """A policy name or a VARIANTS name at M = kv_budget, the flags' prices and the
+    server's options."""
     policy, extra = VARIANTS.get(name, (name, {}))
-    return Settings(policy, kv_budget, w_p=args.w_p, w_q=args.w_q, beta=args.beta, kv_cap=args.kv_cap, **extra)
+    return Settings(policy, kv_budget, w_p=args.w_p, w_q=args.w_q, beta=args.beta, kv_cap=args.kv_cap,
+                    server_options=server_options(args, kv_budget), **extra)
 
 
 def _limits(args, clients: int, horizon: int) -> adversary.Limits:
@@ -269,14 +321,16 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
     """One search; its witness verified by a fresh replay. Returns the row (with the
     witness trace under "_trace", removed before JSON)."""
     settings = args.settings[(policy, m)]
-    label = f"{policy} M={m} K={limits.clients} T={limits.horizon}"
-    config = adversary.SearchConfig(**{**args.search.__dict__, "seed": _seed(args.seed, label)})
-    objective = adversary.Objective(settings, limits)
+    base = f"{policy} M={m} K={limits.clients} T={limits.horizon}"
+    label = base if args.server == "ideal" else f"{base} on {args.server}"
+    # The seed is the setting's on every server: the servers' searches are paired.
+    config = adversary.SearchConfig(**{**args.search.__dict__, "seed": _seed(args.seed, base)})
+    objective = adversary.Objective(settings, limits, server=args.server)
     say = None if args.quiet else (lambda line: log(f"[adversary] {label}: {line}"))
     try:
         initial = None if args.no_construction else adversary.to_genes(*adversary.blocked_decode(limits), limits)
         result = adversary.search(objective, limits, config, initial=initial, log=say)
-        exact = adversary.replay_drift(result.trace, settings, limits.horizon, limits.clients)
+        exact = adversary.replay_drift(result.trace, settings, limits.horizon, limits.clients, server=args.server)
     except RuntimeError as err:  # a lane that did not finish: an engine defect, never bad input
         if out_of_memory(err):  # XLA's out of memory is a RuntimeError too: `within_memory` reports it
             raise
@@ -295,7 +349,8 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
     log(f"[adversary] {label}: worst {float(exact):,.6g} = {_cell(_ratio(exact, bound))} x 2U "
         f"({result.candidates:,} candidates, {result.seconds:.1f} s)")
     return {"setting": {"policy": policy, "kv_budget": m, "clients": limits.clients, "horizon": limits.horizon,
-                        "requests": limits.requests, "lift_last_left": settings.lift_last_left},
+                        "requests": limits.requests, "lift_last_left": settings.lift_last_left,
+                        **({"server": args.server} if args.server != "ideal" else {})},
             "label": label, "metrics": metrics, "progress": [float(x) for x in result.progress],
             "_trace": result.trace, "_settings": settings, "_limits": limits}
 
@@ -303,7 +358,11 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
 def witness_json(row: dict, args) -> dict:
     """The small JSON beside a witness: its settings, limits, drift and the replay command."""
     s, lim, m = row["_settings"], row["_limits"], row["metrics"]
-    command = (f"python -m vtc_jax replay {Path(m['witness']).name} --policy {s.policy} --kv-budget {s.kv_budget} "
+    options = dict(s.server_options)
+    memory = (" ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items()) if options
+              else f"--kv-budget {s.kv_budget}")  # vllm's M is its pool: (num_gpu_blocks - 1) x block_size
+    command = (f"python -m vtc_jax replay {Path(m['witness']).name} --policy {s.policy}"
+               + ("" if args.server == "ideal" else f" --server {args.server}") + f" {memory} "
                f"--w-p {s.w_p} --w-q {s.w_q}" + (f" --beta {s.beta}" if s.beta else "")
                + ("" if s.lift_last_left else " --no-last-left") + (f" --kv-cap {s.kv_cap}" if s.kv_cap else "")
                + f" --steps {lim.horizon} --details out.json")
@@ -314,7 +373,8 @@ def witness_json(row: dict, args) -> dict:
             "ratio_to_2u": m["ratio_to_2u"],
             "limits": {"requests_per_client": lim.requests, "prompt": list(lim.prompt), "output": list(lim.output),
                        "arrival": [0, lim.horizon - 1]},
-            "replay": command}
+            "replay": command,
+            **({"server": args.server, "server_options": options} if args.server != "ideal" else {})}
 
 
 def counterexamples(rows: list[dict]) -> list[dict]:
@@ -432,6 +492,7 @@ def run(args, log=None) -> int:
               "horizon": args.horizon, "requests_per_client": args.requests, "prompt": list(args.prompt),
               "output": list(args.output), "w_p": str(args.w_p), "w_q": str(args.w_q), "beta": str(args.beta),
               "kv_cap": args.kv_cap,
+              **({"server": args.server, "server_options": args.vllm} if args.server != "ideal" else {}),
               "horizon_grid": list(args.horizon_grid),
               "growth_policies": args.growth_policy if args.horizon_grid else [],
               "search": {k: (list(v) if isinstance(v, tuple) else v) for k, v in args.search.__dict__.items()},

@@ -2,8 +2,9 @@
 stays within its limits, its bulk layout is the project's own trace layout, its objective
 is the engine's backlogged drift (and the literal reference's, brute force), a tiny
 search beats random sampling and its witness replays exactly through the replay CLI, the
-sweep CLI writes its files and refuses bad flags, and every committed witness replays to
-its recorded value (VTC's also through the literal reference simulator)."""
+sweep CLI writes its files (on every server) and refuses bad flags, and every committed
+witness replays to its recorded value on its server (VTC's on `ideal` also through the
+literal reference simulator)."""
 
 from __future__ import annotations
 
@@ -306,6 +307,10 @@ def test_sweep_cli_writes_its_files(tmp_path, capsys):
     (["--horizon-grid", "x"], "--horizon-grid"),
     (["--bogus"], "unrecognized"), (["--w-q", "abc"], "w_q"), (["--output", "1,2,3"], "--output"),
     (["--seed", "-1"], "--seed"), (["--kv-cap", "100"], "KV cap"),
+    (["--server", "nope"], "--server"), (["--server", "ideal_reserve"], "ideal_reserve"),
+    (["--block-size", "8"], "--server vllm"),
+    (["--server", "vllm", "--kv-budget", "250", "--prompt", "8,100"], "--block-size"),
+    (["--server", "vllm", "--kv-cap", "400", "--prompt", "8,192"], "preempts"),
 ])
 def test_sweep_cli_refuses_bad_flags(tmp_path, capsys, args, words):
     out = tmp_path / "never"
@@ -314,6 +319,37 @@ def test_sweep_cli_refuses_bad_flags(tmp_path, capsys, args, words):
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"{sweep.PROG}: error: ") and words in lines[0], captured.err
     assert "Traceback" not in captured.err and not out.exists()
+
+
+@pytest.mark.parametrize("server", ["ideal_reserve", "vllm"])
+def test_sweep_cli_runs_on_a_bounded_server(tmp_path, capsys, server):
+    """--server ideal_reserve / vllm: the search runs there (vllm's pool: M / 16 + 1 = 5
+    blocks), writes its files, and its witness replays to its drift on that server from
+    what its JSON records (vllm's also through its replay command, the CLI)."""
+    out = tmp_path / "adv"
+    args = ["--policy", "vtc", "--generations", "1", "--population", "48", "--restarts", "2", "--horizon", "24",
+            "--requests", "3", "--prompt", "4,40", "--output", "1,16", "--kv-budget", "64", "--horizon-grid", "none",
+            "--quiet", "--no-plots", "--server", server]
+    assert sweep.main(["--out", str(out), *args]) == 0, capsys.readouterr().err
+    result = json.loads((out / "results.json").read_text())
+    (row,) = result["rows"]
+    assert row["label"] == f"vtc M=64 K=2 T=24 on {server}" and row["setting"]["server"] == server
+    assert result["config"]["server"] == server
+    meta = json.loads((out / row["metrics"]["witness"]).with_suffix(".json").read_text())
+    options = {"num_gpu_blocks": 5, "block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 256}
+    assert meta["server"] == server and meta["server_options"] == (options if server == "vllm" else {})
+    assert f"--server {server}" in meta["replay"] and meta["backlogged_drift"] == row["metrics"]["worst_drift"]
+    trace = read_trace_csv(out / row["metrics"]["witness"])
+    settings = Settings("vtc", 64, w_p=1, w_q=2, server_options=tuple(meta["server_options"].items()))
+    again = run_traces([trace], [settings], num_clients=2, steps=24, measures=adv.MEASURES, server=server)
+    assert float(again.backlogged_drift_exact[0]) == meta["backlogged_drift"]
+    if server == "vllm":
+        command = meta["replay"].split()[3:]  # after "python -m vtc_jax"
+        details = tmp_path / "details.json"
+        command[command.index("--details") + 1] = str(details)
+        command[1] = str(out / row["metrics"]["witness"])
+        assert cli.main(command) == 0, capsys.readouterr().err
+        assert json.loads(details.read_text())["backlogged_drift"] == meta["backlogged_drift"]
 
 
 def test_sweep_cli_w_q_zero_has_no_ratio_to_a_zero_lower_bound(tmp_path, capsys):
@@ -412,18 +448,21 @@ def test_committed_witnesses_replay_exactly():
     groups = {}
     for meta_path in _committed():
         meta = json.loads(meta_path.read_text())
-        groups.setdefault((meta["clients"], meta["steps"]), []).append(
+        server = (meta.get("server", "ideal"), tuple(sorted(meta.get("server_options", {}).items())))
+        groups.setdefault((meta["clients"], meta["steps"], server), []).append(
             (meta, read_trace_csv(meta_path.with_suffix(".csv"))))
-    for (k, steps), entries in groups.items():
+    for (k, steps, (server, options)), entries in groups.items():
         settings = [Settings(m["policy"], m["kv_budget"], w_p=m["w_p"], w_q=m["w_q"], beta=m["beta"],
-                             lift_last_left=m.get("lift_last_left", True), kv_cap=m.get("kv_cap"))
+                             lift_last_left=m.get("lift_last_left", True), kv_cap=m.get("kv_cap"),
+                             server_options=options)
                     for m, _ in entries]
-        result = run_traces([t for _, t in entries], settings, num_clients=k, steps=steps, measures=adv.MEASURES)
+        result = run_traces([t for _, t in entries], settings, num_clients=k, steps=steps, measures=adv.MEASURES,
+                            server=server)
         for (meta, trace), s, drift in zip(entries, settings, result.backlogged_drift_exact):
             assert drift == Fraction(meta["backlogged_drift"]), meta["witness"]
             assert int(trace.prompt.max()) <= meta["limits"]["prompt"][1] and len(trace) == k * \
                 meta["limits"]["requests_per_client"]
-            if s.policy == "vtc" and steps <= 256:
+            if s.policy == "vtc" and steps <= 256 and server == "ideal":  # the reference is MODEL.md's server
                 assert reference_backlogged_drift(trace, s, steps, k) == drift, meta["witness"]
 
 

@@ -40,6 +40,12 @@ refilled in step t counts as backlogged at both steps although the lift acted in
 Without MODEL.md's `last_left` clause (Settings.lift_last_left=False) a client returning
 when nobody is backlogged keeps a stale counter, and the gap it then opens grows with the
 time it was away, as under LCF.
+
+On other servers (`Objective(server=...)`): `ideal_reserve` admits a request only when the
+prompt + output of every running request and its own fit M, the theorem's assumption, and
+the search finds nothing above 2U there; `vllm` bounds the KV it holds by preemption but,
+like MODEL.md, reserves no output at admission, and the search finds 2.9 x 2U
+(docs/results/adversary/README.md, "Where memory is bounded").
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Evaluation. A population's genes are decoded and laid out in bulk (numpy, no per
 candidate `Trace`): every candidate has the same block sizes (N + pad rows per client),
 so the whole population is one batched `Workload` [B, K * (N + pad), 5] (its arrival
 timeline included), run to the horizon T in ONE vmapped engine call (`run.run_workloads`,
-one static `EngineConfig` per (policy, K, M, limits): one compile per search).
+one static `EngineConfig` per (policy, K, M, limits, server): one compile per search).
 """
 
 from __future__ import annotations
@@ -62,11 +62,15 @@ from vtc_jax.inputs.workload import (
     padding_rows,
 )
 from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.servers import registry as servers
 
 NUM_GENES = 3  # per request: arrival, prompt, output
 MEASURES = MeasureConfig.of(["pair_drift"])
 MAX_CLIENTS = 4
 MAX_HORIZON = 1 << 20
+# Servers whose admission reserves prompt + output within M (their `never_served` does not
+# see M, so the search refuses a larger request here).
+RESERVING = ("ideal_reserve",)
 EXTREME = 16.0  # +-16 maps to the ends of any range of up to 8.8M values (1 - sigmoid(16) = 1.1e-7)
 
 
@@ -116,8 +120,19 @@ class Limits:
         """int64[3, 2]: the (lo, hi) of arrival, prompt and output."""
         return np.asarray([(0, self.horizon - 1), self.prompt, self.output], np.int64)
 
-    def check(self, settings: Settings) -> None:
-        """Refuse settings a candidate could not run under exactly (InputError)."""
+    def check(self, settings: Settings, server: str = "ideal") -> None:
+        """Refuse settings a candidate could not run under exactly on `server` (InputError),
+        a candidate request the server could never serve included."""
+        chosen = servers.get(server)
+        options = dict(settings.server_options)
+        chosen.validate(options)
+        largest = self.prompt[1] + self.output[1]
+        never = chosen.never_served(options, np.asarray([self.prompt[1]]), np.asarray([self.output[1]]))
+        if never is None and server in RESERVING and largest > settings.kv_budget:
+            never = f"a request reserves its prompt + output, up to {largest} > M={settings.kv_budget}: it is never admitted"
+        if never is not None:
+            raise InputError(f"server {server}, the largest candidate request (prompt {self.prompt[1]}, output "
+                             f"{self.output[1]}): {never}")
         if self.prompt[1] > settings.kv_budget:
             raise InputError(f"prompts up to {self.prompt[1]} tokens exceed the KV budget M={settings.kv_budget}; "
                              "they could never be admitted")
@@ -302,15 +317,17 @@ def write_witness_csv(path, trace: Trace) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """Backlogged drift of candidates under one Settings and Limits (one static engine
-    config: every call with the same population size reuses one compiled program)."""
+    """Backlogged drift of candidates under one Settings and Limits on one server (a
+    servers.registry name; its own settings are `settings.server_options`), one static
+    engine config: every call with the same population size reuses one compiled program."""
 
     settings: Settings
     limits: Limits
     arrival_width: int = 4
+    server: str = "ideal"
 
     def __post_init__(self):
-        self.limits.check(self.settings)
+        self.limits.check(self.settings, self.server)
 
     @property
     def pad(self) -> int:
@@ -323,9 +340,14 @@ class Objective:
         k, requests = lim.clients, lim.clients * lim.requests
         wide = check_exact_limits(s, k, min_prompt=lim.prompt[0], max_prompt=lim.prompt[1], max_output=lim.output[1],
                                   horizon=lim.horizon, max_requests=requests, arrival_width=self.arrival_width)
+        # A server that preempts (vllm) admits on free blocks, and a request it has only
+        # partly prefilled holds fewer than its prompt: M // prompt_lo does not bound its
+        # running requests, the candidate's requests do.
+        least = 1 if servers.get(self.server).preempts else lim.prompt[0]
         return engine_config([s], num_clients=k, num_rows=k * (lim.requests + self.pad), max_output=lim.output[1],
-                             slots=running_slots([s], lim.prompt[0], requests), wide_numbers=wide, record_every=0,
-                             num_checkpoints=0, arrival_width=self.arrival_width, drain=False, measures=MEASURES)
+                             slots=running_slots([s], least, requests), wide_numbers=wide, record_every=0,
+                             num_checkpoints=0, arrival_width=self.arrival_width, drain=False, measures=MEASURES,
+                             server=self.server)
 
     def values(self, arrival, prompt, output) -> np.ndarray:
         """float64[B] backlogged drift of candidates given as int[B, K, N] values.
@@ -335,9 +357,10 @@ class Objective:
         lim = self.limits
         workload = layout_candidates(arrival, prompt, output, self.pad)
         requests = lim.clients * lim.requests
+        per_step = servers.get(self.server).events_per_step  # 1 on ideal
         results = run_workloads(workload, [self.settings] * b, [lim.horizon] * b, config=self.config, shared=False,
-                                event_budget=lim.horizon + 3 * requests + 1,
-                                expected_events=lim.horizon + 2 * requests)
+                                event_budget=per_step * lim.horizon + 3 * requests + 1,
+                                expected_events=per_step * lim.horizon + 2 * requests)
         if not results.finished.all():
             raise RuntimeError(f"{int((~results.finished).sum())} candidate lanes did not finish (engine defect)")
         return np.asarray(results.backlogged_drift, np.float64)
@@ -358,11 +381,12 @@ def lower_bound(settings: Settings) -> Fraction:
     return settings.w_q * settings.kv_budget
 
 
-def replay_drift(trace: Trace, settings: Settings, horizon: int, num_clients: int | None = None) -> Fraction:
-    """The exact backlogged drift of one trace through the public replay path (a fresh
-    single-lane run, independent of the batched search)."""
+def replay_drift(trace: Trace, settings: Settings, horizon: int, num_clients: int | None = None,
+                 server: str = "ideal") -> Fraction:
+    """The exact backlogged drift of one trace on `server` through the public replay path
+    (a fresh single-lane run, independent of the batched search)."""
     k = int(trace.client.max()) + 1 if num_clients is None else num_clients
-    result = replay(trace, settings, num_clients=k, steps=horizon, measures=MEASURES)
+    result = replay(trace, settings, num_clients=k, steps=horizon, measures=MEASURES, server=server)
     if not result.finished[0]:
         raise RuntimeError("the replay did not reach its horizon")
     return Fraction(result.backlogged_drift_exact[0])

@@ -8,6 +8,13 @@ preempted, so a request's completion step is known at admission and running requ
 in a calendar (completions.py): O(1) per admission and completion.
 
 State per lane: running, context: int32[K] per client; calendar: completions.Calendar.
+
+`ideal_reserve` (IDEAL_RESERVE) is the same server with the VTC theorem's assumption as its
+admission rule: a request fits when the prompt + output of every running request plus its
+own prompt + output is at most M, so the context held never exceeds M (a request whose
+prompt + output exceeds M is never admitted: keep such traces off it). Its state wraps
+IdealState with that running total; every other function is the ideal server's
+(`drain_steps` holds because each request fits M alone).
 """
 
 from __future__ import annotations
@@ -132,3 +139,72 @@ IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds adm
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps)
+
+
+# ---------------------------------------------------------------------------------
+# `ideal_reserve`: the theorem's assumption as a server
+# ---------------------------------------------------------------------------------
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ReserveState:
+    """ideal: the ideal server's state; reserved: int32[] the sum of prompt + output over
+    the running requests (what they will hold at their peak)."""
+
+    ideal: IdealState
+    reserved: jax.Array
+
+
+def reserve_init(shape: ServerShape) -> ReserveState:
+    return ReserveState(ideal=init(shape), reserved=jnp.zeros((), I32))
+
+
+def reserve_load(state: ReserveState) -> Load:
+    return load(state.ideal)
+
+
+def reserve_fits(state: ReserveState, params, row, *, generated=None) -> jax.Array:
+    """bool[]: reserved + the row's prompt + output <= M, so the running requests' context
+    (at most their prompt + output each) never exceeds M."""
+    return state.reserved + row[PROMPT] + row[OUTPUT] <= params.kv_budget
+
+
+def reserve_admit(state: ReserveState, params, row, client, value, step, mask, *, index=None, generated=None):
+    inner, overflow = admit(state.ideal, params, row, client, value, step, mask, index=index, generated=generated)
+    return ReserveState(ideal=inner, reserved=state.reserved + jnp.where(mask, row[PROMPT] + row[OUTPUT], 0)), overflow
+
+
+def reserve_end_step(state: ReserveState, params, mask):
+    inner, work = end_step(state.ideal, params, mask)
+    return dataclasses.replace(state, ideal=inner), work
+
+
+def reserve_due(state: ReserveState, step) -> jax.Array:
+    return due(state.ideal, step)
+
+
+def reserve_complete(state: ReserveState, step, mask):
+    inner, done = complete(state.ideal, step, mask)
+    return ReserveState(ideal=inner, reserved=state.reserved - jnp.where(mask, done.prompt + done.output, 0)), done
+
+
+def reserve_busy(state: ReserveState) -> jax.Array:
+    return busy(state.ideal)
+
+
+def reserve_census(host: ReserveState, num_clients: int) -> np.ndarray:
+    return census(host.ideal, num_clients)
+
+
+def reserve_validate(options: dict) -> None:
+    if options:
+        raise InputError(f"the ideal_reserve server has no settings of its own (got {', '.join(sorted(options))}); "
+                         "its memory is --kv-budget")
+
+
+IDEAL_RESERVE = Server(
+    name="ideal_reserve", description="the ideal server, admitting a request only when the prompt + output of "
+    "every running request and its own fit M (the VTC theorem's assumption: memory never passes M)",
+    init=reserve_init, load=reserve_load, fits=reserve_fits, admit=reserve_admit, end_step=reserve_end_step,
+    due=reserve_due, complete=reserve_complete, census=reserve_census, busy=reserve_busy, validate=reserve_validate,
+    encode=encode, plan_slots=plan_slots, never_served=never_served, drain_steps=drain_steps)
