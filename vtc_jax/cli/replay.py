@@ -19,6 +19,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver.results import load_values, overloaded
 from vtc_jax.inputs.workload import Trace, read_trace_csv
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
+from vtc_jax.servers import registry as servers
 
 # Service checkpoints kept on device: horizon // record_every * K values at most.
 MAX_CHECKPOINT_VALUES = 1 << 26
@@ -46,7 +47,7 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 def replay_command(args) -> tuple[dict, dict, object]:
     """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
-    if args.server != "ideal":
+    if servers.get(args.server).preempts or args.server == "vllm":  # its memory is its own, not --kv-budget
         return _server_replay(args)
     from vtc_jax.driver.run import drain_horizon, replay
 
@@ -67,7 +68,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
     measures = pairs + ["latency"] + (["share"] if args.share_window else []) + (["ledger"] if args.check else [])
     try:
         result = replay(trace, settings, num_clients=num_clients, steps=args.steps, record_every=args.record_every,
-                        measures=MeasureConfig.of(measures))
+                        measures=MeasureConfig.of(measures), server=args.server)
     except InputError as err:
         raise in_file(args.trace, err) from None
     out, details = report(result, args, num_clients)
