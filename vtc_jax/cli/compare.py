@@ -21,6 +21,7 @@ from vtc_jax.driver.devices import enable_compilation_cache
 from vtc_jax.inputs.workload import Trace, read_trace_csv
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 DEFAULT_STEP_SECONDS = 0.025
 
@@ -96,7 +97,7 @@ def command(args) -> int:
 
     for p in args.policies:
         registry.get(p)
-    if args.server != "ideal":
+    if servers.get(args.server).preempts:  # vllm: its own memory, timed
         from vtc_jax.cli import timed_compare
 
         return timed_compare.command(args)
@@ -138,7 +139,7 @@ def command(args) -> int:
             validate_fits(trace, s, k, source.horizon, False)
         except InputError as err:
             raise in_file(args.log, err) from None
-        rows.append(sweep_mod.Row(s, source, s.policy))
+        rows.append(sweep_mod.Row(s, source, s.policy, server=args.server))
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)

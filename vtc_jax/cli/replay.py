@@ -47,7 +47,7 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 def replay_command(args) -> tuple[dict, dict, object]:
     """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
-    if servers.get(args.server).preempts or args.server == "vllm":  # its memory is its own, not --kv-budget
+    if servers.get(args.server).preempts:  # vllm: its memory is its own, not --kv-budget
         return _server_replay(args)
     from vtc_jax.driver.run import drain_horizon, replay
 
