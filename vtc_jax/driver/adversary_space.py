@@ -127,7 +127,8 @@ class Limits:
         options = dict(settings.server_options)
         chosen.validate(options)
         largest = self.prompt[1] + self.output[1]
-        never = chosen.never_served(options, np.asarray([self.prompt[1]]), np.asarray([self.output[1]]))
+        never = chosen.never_served(options, np.asarray([self.prompt[1]]), np.asarray([self.output[1]]),
+                                    settings.kv_budget)
         if never is None and server in RESERVING and largest > settings.kv_budget:
             never = f"a request reserves its prompt + output, up to {largest} > M={settings.kv_budget}: it is never admitted"
         if never is not None:

@@ -257,7 +257,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         trace.validate(num_clients)
         validate_fits(trace, s, num_clients, steps, allow_unadmittable)
         chosen = servers.get(server)
-        never = chosen.never_served(dict(s.server_options), trace.prompt, trace.output)
+        never = chosen.never_served(dict(s.server_options), trace.prompt, trace.output, s.kv_budget)
         if never is not None:
             raise InputError(f"server {server}: {never}")
         rpm_window = s.rpm_window if s.rpm_delays else 0
@@ -425,7 +425,7 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
         if s.policy not in config.policies:
             raise InputError(f"policy {s.policy} is not in the engine config's policies {config.policies}")
         never = servers.get(config.server).never_served(dict(s.server_options), np.asarray([max_prompt]),
-                                                         np.asarray([max_output]))
+                                                         np.asarray([max_output]), s.kv_budget)
         if never is not None:
             raise InputError(f"server {config.server}: {never}")
     needed = source_config(srcs, settings, config.record_every, config.arrival_width, config.measures,

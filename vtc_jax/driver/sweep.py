@@ -218,7 +218,7 @@ def check_served(rows: Sequence[Row]) -> None:
     for row in rows:
         _, prompt, output = row.source.lengths()
         why = servers.get(row.server).never_served(dict(row.settings.server_options), np.asarray([prompt]),
-                                                   np.asarray([output]))
+                                                   np.asarray([output]), row.settings.kv_budget)
         if why is not None:
             raise InputError(f"server {row.server}, {row.label}: the workload's longest request (prompt {prompt} + "
                              f"output {output} tokens; 'request 0' below): {why}")

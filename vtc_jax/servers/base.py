@@ -50,11 +50,14 @@ Host side, each server also has
   encode(options: dict) -> dict                   its traced params (`Params.server`);
   plan_slots(options: list[dict], bound) -> int   running slots it needs, given the
                                                   driver's bound on requests running;
-  never_served(options, prompt, output) -> str | None
+  never_served(options, prompt, output, kv_budget) -> str | None
                                                   why some request could never finish here
                                                   (the run is refused), or None;
   drain_steps(options, arrival, prompt, output) -> int
-                                                  steps that surely drain such a trace.
+                                                  steps that surely drain such a trace;
+  fuzz_options(rng, prompt, output) -> dict       random valid settings for such a trace
+                                                  (random.Random; the registry-wide tests
+                                                  fuzz every policy on every server with it).
 
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
@@ -162,5 +165,6 @@ class Server:
     never_served: Callable[..., str | None]
     drain_steps: Callable[..., int]
     events_per_step: int = 1
+    fuzz_options: Callable[..., dict] | None = None
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None

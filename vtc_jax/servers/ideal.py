@@ -112,8 +112,18 @@ def plan_slots(options: list, bound: int) -> int:
     return bound
 
 
-def never_served(options: dict, prompt, output) -> str | None:
-    return None  # a prompt larger than M is refused by the driver (it knows --kv-budget)
+def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
+    return None  # a prompt larger than M is refused by the driver (it refuses it for every server)
+
+
+def reserve_never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
+    """A request whose prompt + output passes M is never admitted (it reserves both)."""
+    total = np.asarray(prompt, np.int64) + np.asarray(output, np.int64)
+    worst = int(np.argmax(total))
+    if total[worst] > kv_budget:
+        return (f"request {worst} reserves its prompt + output, {int(total[worst])} tokens, more than M={kv_budget}: "
+                "it could never be admitted")
+    return None
 
 
 def drain_steps(options: dict, arrival, prompt, output) -> int:
@@ -121,6 +131,10 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     prompt fits M), and at every other step before the last completion some request runs
     or arrives later."""
     return int(np.max(arrival)) + int(np.sum(output)) + 1
+
+
+def fuzz_options(rng, prompt, output) -> dict:
+    return {}  # no settings of its own
 
 
 def census(host: IdealState, num_clients: int) -> np.ndarray:
@@ -138,7 +152,7 @@ def census(host: IdealState, num_clients: int) -> np.ndarray:
 IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
-               never_served=never_served, drain_steps=drain_steps)
+               never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options)
 
 
 # ---------------------------------------------------------------------------------
@@ -207,4 +221,5 @@ IDEAL_RESERVE = Server(
     "every running request and its own fit M (the VTC theorem's assumption: memory never passes M)",
     init=reserve_init, load=reserve_load, fits=reserve_fits, admit=reserve_admit, end_step=reserve_end_step,
     due=reserve_due, complete=reserve_complete, census=reserve_census, busy=reserve_busy, validate=reserve_validate,
-    encode=encode, plan_slots=plan_slots, never_served=never_served, drain_steps=drain_steps)
+    encode=encode, plan_slots=plan_slots, never_served=reserve_never_served, drain_steps=drain_steps,
+    fuzz_options=fuzz_options)

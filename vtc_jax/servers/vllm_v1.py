@@ -93,7 +93,7 @@ def peak_blocks(prompt, output, block_size):
     return -(-(np.asarray(prompt, np.int64) + np.asarray(output, np.int64) - 1) // block_size)
 
 
-def never_served(options: dict, prompt, output) -> str | None:
+def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
     """Why some request could never finish on this server, or None: its peak blocks exceed
     the N - 1 usable (it would preempt itself forever); with chunked prefill off, a budget
     below vLLM's max_model_len."""
