@@ -27,13 +27,13 @@ from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import sweep, sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
-from vtc_jax.driver.cluster_run import check_server, lane_bytes, simulate_sources, source_config
+from vtc_jax.driver.cluster_run import check_server
+from vtc_jax.driver.cluster_sweep import ClusterEngine
 from vtc_jax.engines.cluster_settings import CHOICES, COUNTERS, SATURATION, ClusterSettings, gateway_problem
 from vtc_jax.engines.settings import Settings, to_fraction
 from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.measures.online import MeasureConfig
-from vtc_jax.policies.estimators import mix32
 
 NAME = "cluster"
 FULL = {"replicas": [1, 2, 4, 8, 16], "routers": [1, 2, 4], "skew": ["0", "0.5", "1"],
@@ -183,44 +183,6 @@ def metrics(results, rows) -> dict:
             "max_drift": results.max_drift, "throughput": results.throughput,
             "p99_wait": results.wait_percentile(0.99),
             "backlogged_fraction": results.backlogged_steps / span}
-
-
-class ClusterEngine:
-    """The cluster lane behind the sweep driver (vtc_jax.driver.sweep): rows whose settings are
-    ClusterSettings and whose source is a TrafficSource."""
-
-    name = "cluster"
-
-    @staticmethod
-    def group_key(row: Row):
-        return (row.server, row.settings.replicas, row.source.horizon, id(row.source))
-
-    @staticmethod
-    def config(rows, record_every: int = 0, measures=None):
-        return source_config([r.source for r in rows], [r.settings for r in rows], server=rows[0].server)
-
-    @staticmethod
-    def run(rows, seeds, config, base_seed: int, mesh, progress):
-        clusters = [_lane_settings(r.settings, s, base_seed) for r, s in zip(rows, seeds)]
-        return simulate_sources([r.source for r in rows], clusters, list(seeds), base_seed=base_seed, config=config,
-                                mesh=mesh, progress=progress)
-
-    @staticmethod
-    def lane_bytes(config) -> int:
-        return lane_bytes(config)
-
-    @staticmethod
-    def steps(config, rows) -> int:
-        return max(r.source.horizon for r in rows)
-
-
-def _lane_settings(cs: ClusterSettings, seed: int, base_seed: int) -> ClusterSettings:
-    """The row's settings with the lane's own seeds (ingress, p2c, affinity, estimate noise)."""
-    import jax.numpy as jnp
-
-    mixed = int(mix32(jnp.uint32((seed * 0x9E3779B1 + base_seed) & 0xFFFFFFFF)))
-    engine = dataclasses.replace(cs.engine, estimate_seed=int(mix32(jnp.uint32(mixed ^ 0x85EBCA6B))))
-    return dataclasses.replace(cs, engine=engine, seed=mixed)
 
 
 # ---- output ------------------------------------------------------------------------------

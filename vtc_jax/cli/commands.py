@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from vtc_jax.cli import compare, gen, replay
+from vtc_jax.cli.cluster_flags import add_cluster_flags
 from vtc_jax.cli.common import EXIT_BAD_INPUT, Parser, float_arg, guarded, int_arg, list_arg
 from vtc_jax.cli.compare import DEFAULT_STEP_SECONDS
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, add_policy_module_flag, add_scheduler_flags
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the per-client report as JSON: shares, waits, load, backlogged drift")
     rp.add_argument("--check", action="store_true",
                     help="verify conservation (requests and charges) and fail with exit 1 if it does not hold")
+    add_cluster_flags(rp, replay=True)
     _cache_flags(rp)
 
     cp = sub.add_parser("compare", help="compare policies on your own log: per tenant shares, waits, load",
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--out", type=Path, default=Path("results") / "compare",
                     help="output directory for results.json, results.csv and plots (default results/compare)")
     cp.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_cluster_flags(cp)
     _cache_flags(cp)
 
     gp = sub.add_parser("gen", help="write a trace from per-tenant rates, lengths and patterns",

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 
 import numpy as np
 
+from vtc_jax.cli import cluster_flags
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, ignored_flags, settings_from_args
 from vtc_jax.cli.server_flags import server_options
@@ -87,9 +88,28 @@ def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
     return trace, list(names), max(1, round(1.0 / step_seconds))
 
 
+def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
+    """Refuse a flag that no listed policy (nor the cluster's `gateway` policy) takes, one
+    line; note on stderr, per policy, the flags it runs without."""
+    skip = None if gateway is None else {line.split(":")[0] for line in ignored_flags(args, gateway)}
+    ignored = {p: [line for line in ignored_flags(args, p) if skip is None or line.split(":")[0] in skip]
+               for p in policies}
+    for line in ignored[policies[0]]:  # a flag no listed policy reads is refused
+        flag = line.split(":")[0]
+        if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in policies):
+            raise InputError(line if len(policies) == 1 and gateway is None else
+                             f"{flag}: none of the policies {', '.join(policies)}"
+                             + (f" (nor the gateway policy {gateway})" if gateway else "")
+                             + f" takes it ({line.split(': ', 1)[1]})")
+    for p, lines in ignored.items():
+        for line in lines:
+            print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
+
+
 def command(args) -> int:
     """The compare command: every policy on the log as rows of one sweep (seeds redraw
-    arrivals), its tables printed, results, plots and tenants.png written as one set."""
+    arrivals), its tables printed, results, plots and tenants.png written as one set; with
+    --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare)."""
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
     from vtc_jax.driver.run import MAX_HORIZON, drain_horizon, validate_fits
@@ -97,6 +117,7 @@ def command(args) -> int:
 
     for p in args.policies:
         registry.get(p)
+    cluster = cluster_flags.given(args)
     if servers.get(args.server).preempts:  # vllm: its own memory, timed
         from vtc_jax.cli import timed_compare
 
@@ -111,22 +132,17 @@ def command(args) -> int:
         registry.get(p)
     if len(set(args.policies)) != len(args.policies):
         raise InputError("--policies lists a policy twice")
+    gateway = None
+    if cluster:
+        cluster_flags.check_flags(args)
+        gateway = cluster_flags.gateway_policy(args)
     trace, names, per_second = read_log(args.log, args.step_seconds)
     k = trace.num_clients
     if args.weights and len(args.weights) != k:
         raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "
                          f"({', '.join(names[:8])}{'...' if k > 8 else ''})")
     rows = []
-    ignored = {p: ignored_flags(args, p) for p in args.policies}
-    for line in ignored[args.policies[0]]:  # a flag no listed policy reads is refused
-        flag = line.split(":")[0]
-        if all(any(x.split(":")[0] == flag for x in ignored[p]) for p in args.policies):
-            raise InputError(line if len(args.policies) == 1 else
-                             f"{flag}: none of the policies {', '.join(args.policies)} takes it "
-                             f"({line.split(': ', 1)[1]})")
-    for p, lines in ignored.items():
-        for line in lines:
-            print(f"note: {line.split(':')[0]} does not apply to {p}; it runs without it", file=sys.stderr)
+    check_unused(args, args.policies, gateway)
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
     horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
     if horizon > MAX_HORIZON:  # a cut drain bound would leave requests unserved
@@ -140,12 +156,15 @@ def command(args) -> int:
         except InputError as err:
             raise in_file(args.log, err) from None
         rows.append(sweep_mod.Row(s, source, s.policy, server=args.server))
+    config = {"log": str(args.log), "tenants": names, "step_seconds": args.step_seconds, "horizon": source.horizon,
+              "phase_unit": unit, "policies": args.policies}
+    if cluster:
+        return cluster_compare(args, settings, source, names, per_second, dict(config, cluster=cluster_flags.describe(
+            args, gateway)), settings_from_args(args, gateway, lenient=True))
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)
-    sweep = sweep_mod.Sweep(name="compare", config={"log": str(args.log), "tenants": names,
-                                                      "step_seconds": args.step_seconds, "horizon": source.horizon,
-                                                      "phase_unit": unit, "policies": args.policies},
+    sweep = sweep_mod.Sweep(name="compare", config=config,
                             rows=rows, metrics=sweep_mod.base_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
                             columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
@@ -158,10 +177,72 @@ def command(args) -> int:
     print("per tenant (means over seeds; waits in steps"
           + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
     print(sweep_outputs.format_clients(result, names))
-    # results, plots and tenants.png as ONE set: a full disk or a Ctrl-C leaves the previous
-    # results, never results without plots
+    return _write(args, sweep, result, names)
+
+
+def _write(args, sweep, result: dict, names: list[str]) -> int:
+    """results, plots and tenants.png as ONE set: a full disk or a Ctrl-C leaves the
+    previous results, never results without plots."""
+    from vtc_jax.driver import sweep_outputs
+
+    draw = not args.no_plots
     tenants = [(args.out / "tenants.png", lambda path: sweep_outputs.draw_tenants(result, names, path))] * draw
     written = sweep_outputs.write_outputs(sweep, result, args.out, plots=draw, extra=tenants)
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
+
+CLUSTER_COLUMNS = ("all_backlogged_drift", "all_backlogged_steps", "wait_p50", "wait_p99")
+
+
+def cluster_compare(args, settings, source, names: list[str], per_second: int, config: dict, gateway) -> int:
+    """Each policy at the replicas of the cluster the flags describe (its routers run
+    `gateway`'s policy), as rows of one sweep through the cluster's adapter: the same
+    load line and per-tenant shares as compare, waits also in seconds for a timestamped log."""
+    from vtc_jax.driver import sweep as sweep_mod
+    from vtc_jax.driver import sweep_outputs
+    from vtc_jax.driver.cluster_sweep import ClusterEngine, tenant_metrics
+
+    extra = {} if args.ingress is None else {"ingress": args.ingress}
+    rows = [sweep_mod.Row(cluster_flags.cluster_settings(args, s, gateway, names), source, s.policy, extra,
+                          server=args.server) for s in settings]
+    enable_compilation_cache(None if args.no_cache else args.cache_dir)
+    plots = (sweep_mod.Plot("metric", "all_backlogged_drift.png", "cluster: drift while every tenant is backlogged, "
+                            "per engine policy", "engine_policy", "all_backlogged_drift"),)
+    sweep = sweep_mod.Sweep(name="compare", config=config, rows=rows, metrics=tenant_metrics, columns=CLUSTER_COLUMNS,
+                            plots=plots, engine=ClusterEngine(per_tenant=True), clients=True)
+    draw = not args.no_plots
+    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    result = sweep_mod.run_sweep(sweep, args.seeds)
+    c = config["cluster"]
+    print(f"cluster: {c['routers']} router(s) running {c['gateway_policy']} ({c['counters']} counters) in front of "
+          f"{c['replicas']} replica(s) of --server {args.server} with M = {args.kv_budget} each; rows: the replicas' "
+          "policy")
+    print(sweep_outputs.format_table(sweep, result))
+    print(sweep_outputs.format_load(result))
+    seconds = args.step_seconds if per_second > 1 else None
+    print("per tenant (means over seeds; waits from router arrival to admission, in steps"
+          + (f" and seconds at {seconds} s per step" if seconds else "") + "):")
+    print(format_tenants(result, names, seconds))
+    return _write(args, sweep, result, names)
+
+
+def format_tenants(result: dict, names: list[str], step_seconds: float | None) -> str:
+    """Per row, per tenant: share of service and of demand, admitted/arrived, wait p50 and
+    p99 in steps (and in seconds when `step_seconds` is given)."""
+    from vtc_jax.driver.sweep_outputs import _fmt, _render
+
+    keys = ("served_share", "offered_share", "admitted_over_arrived", "wait_p50", "wait_p99")
+    header = ["tenant", "share of service", "share of demand", "admitted/arrived", "wait p50", "wait p99"]
+    header += ["wait p50 (s)", "wait p99 (s)"] if step_seconds else []
+    out = []
+    for entry in result["rows"]:
+        c = entry.get("clients") or {}
+        lines = []
+        for i in range(len(c.get("served_share", []))):
+            cells = [names[i]] + [_fmt(c[key][i]) for key in keys]
+            if step_seconds:
+                cells += [_fmt(None if c[key][i] is None else c[key][i] * step_seconds) for key in keys[3:]]
+            lines.append(cells)
+        out.append(f"{entry['label']}:\n" + _render(header, lines))
+    return "\n".join(out)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vtc_jax.cli import cluster_flags
 from vtc_jax.cli.common import CheckFailed, in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, settings_from_args
 from vtc_jax.cli.server_flags import server_options
@@ -47,6 +48,8 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 def replay_command(args) -> tuple[dict, dict, object]:
     """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
+    if cluster_flags.given(args):
+        return _cluster_replay(args)
     if servers.get(args.server).preempts:  # vllm: its memory is its own, not --kv-budget
         return _server_replay(args)
     from vtc_jax.driver.run import drain_horizon, replay
@@ -125,21 +128,84 @@ def client_report(result, lane: int) -> dict:
         return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64)]
 
     load = {k: float(v[lane]) for k, v in load_values(result).items()}
-    return {
+    rejected, wait_mean = getattr(result, "rejected", None), getattr(result, "wait_mean", None)
+    out = {
         "share_of_service": floats(result.served_share[lane]),
         "share_of_demand": floats(result.offered_share[lane]),
         "arrived": [int(x) for x in result.arrived[lane]],
-        "rejected": [int(x) for x in result.rejected[lane]],
+        "rejected": None if rejected is None else [int(x) for x in rejected[lane]],
         "waiting_at_end": [int(x) for x in result.waiting[lane]],
         "wait_p50": floats(result.latency_percentile("wait", 0.5)[lane]),
         "wait_p90": floats(result.latency_percentile("wait", 0.9)[lane]),
         "wait_p99": floats(result.latency_percentile("wait", 0.99)[lane]),
-        "wait_mean": floats(result.wait_mean[lane]),
+        "wait_mean": None if wait_mean is None else floats(wait_mean[lane]),
         "load": {"offered_per_step": load["offered_per_step"], "served_per_step": load["served_per_step"],
                  "offered_over_served": load["offered_over_served"] if math.isfinite(load["offered_over_served"])
                  else None, "waiting_at_span_end": int(load["waiting_at_span_end"]),
                  "waiting_at_end": int(load["waiting_at_end"])},
     }
+    return {k: v for k, v in out.items() if v is not None}  # a cluster keeps no rejections or wait sums
+
+
+def _cluster_replay(args):
+    """`replay` at the replicas of a cluster (cluster_flags): lane seed 0 of `compare`'s
+    cluster rows; its JSON keys are `cluster_report`'s."""
+    from vtc_jax.cli.compare import check_unused
+    from vtc_jax.driver.cluster_sweep import lane_settings, simulate_tenants
+    from vtc_jax.driver.run import drain_horizon, validate_fits
+    from vtc_jax.inputs.sources import TraceSource
+
+    if args.kv_budget is None:
+        raise InputError("--kv-budget M is required (each replica's memory)")
+    server_options(args)  # refuses another server's flags
+    for flag, why in (("schedule_out", "keeps no schedule"), ("check", "keeps no token ledger"),
+                      ("share_window", "measures no share window")):
+        if getattr(args, flag):
+            raise InputError(f"--{flag.replace('_', '-')}: the cluster {why}")
+    cluster_flags.check_flags(args)
+    gateway = cluster_flags.gateway_policy(args)
+    trace, num_clients = load_for_replay(args)
+    check_unused(args, [args.policy], gateway)
+    settings = settings_from_args(args, args.policy, lenient=True)
+    horizon = args.steps or drain_horizon(trace, 0)
+    try:
+        validate_fits(trace, settings, num_clients, horizon, False)
+        source = TraceSource(trace, num_clients=num_clients, horizon=horizon, drain=args.steps is None)
+        cs = cluster_flags.cluster_settings(args, settings, settings_from_args(args, gateway, lenient=True),
+                                            [str(k) for k in range(num_clients)])
+        result = simulate_tenants([source], [lane_settings(cs, 0, 0)], [0], server=args.server)
+    except InputError as err:
+        raise in_file(args.trace, err) from None
+    out, details = cluster_report(result, num_clients)
+    out["cluster"] = details["cluster"] = cluster_flags.describe(args, gateway)
+    return out, details, result
+
+
+def cluster_report(result, num_clients: int) -> tuple[dict, dict]:
+    """The run's numbers and the per-client report of a cluster's lane 0 (JSON-ready):
+    exact service per tenant (and per replica), the replicas' counters, dispatches per
+    (router, replica, tenant), the drift while every tenant waits (docs/CLUSTER.md)."""
+    if not result.finished[0]:
+        raise InputError("the run did not finish within the event budget (flagged, not reported)")
+    c = result.cluster
+    q, d = int(c.cost_scale[0]), int(c.counter_scale[0])
+    per_replica = [[Fraction(int(x), q) for x in row] for row in c.service_units[0]]
+    drift = _number(Fraction(int(c.drift_units[0]), q * d))
+    out = {
+        "steps": int(result.steps[0]),
+        "clients": num_clients,
+        "service": [_number(sum(col)) for col in zip(*per_replica)],
+        "service_per_replica": [[_number(x) for x in row] for row in per_replica],
+        "counters_per_replica": [[_number(Fraction(int(x), q * d)) for x in row] for row in c.counter_units[0]],
+        "admitted": [int(x) for x in result.admitted[0]],
+        "completed": [int(x) for x in result.completed[0]],
+        "dispatched": np.asarray(c.dispatched[0]).tolist(),
+        "all_backlogged_drift": drift,
+        "all_backlogged_steps": int(c.backlogged_steps[0]),
+    }
+    details = client_report(result, 0)
+    details["all_backlogged_drift"] = drift
+    return out, details
 
 
 def _fmt(x) -> str:
@@ -187,6 +253,22 @@ def _summary(out: dict, details: dict, policy: str) -> str:
     return "\n".join(lines)
 
 
+def _cluster_summary(out: dict, details: dict, policy: str) -> str:
+    c = out["cluster"]
+    lines = [f"{policy} at {c['replicas']} replica(s) behind {c['routers']} router(s) running {c['gateway_policy']} "
+             f"({c['counters']} counters): {out['steps']} steps, {out['clients']} clients, drift while every tenant "
+             f"was backlogged {out['all_backlogged_drift']} tokens per unit weight ({out['all_backlogged_steps']} "
+             "such steps)",
+             f"{'client':>6} {'service':>14} {'admitted':>9} {'completed':>9} {'share':>7} {'demand':>7} "
+             f"{'wait p50':>9} {'wait p99':>9}"]
+    for k in range(out["clients"]):
+        lines.append(f"{k:>6} {out['service'][k]:>14} {out['admitted'][k]:>9} {out['completed'][k]:>9} "
+                     f"{_fmt(details['share_of_service'][k]):>7} {_fmt(details['share_of_demand'][k]):>7} "
+                     f"{_fmt(details['wait_p50'][k]):>9} {_fmt(details['wait_p99'][k]):>9}")
+    lines.append(load_line(details["load"]))
+    return "\n".join(lines)
+
+
 def command(args) -> int:
     """The replay command: the run's numbers, its summary on stdout, and --json/--details
     written as one set."""
@@ -203,7 +285,7 @@ def command(args) -> int:
         files.append((Path(args.details), lambda p: p.write_text(json.dumps(details, indent=1))))
     if files:
         fileio.write_outputs_atomically(files)
-    print(_summary(out, details, args.policy))
+    print((_cluster_summary if "cluster" in out else _summary)(out, details, args.policy))
     if args.check:
         print("check: conservation holds (requests arrived = waiting + running + completed; "
               "service = charges of processed tokens)")

@@ -1,0 +1,191 @@
+"""The cluster's flags on `compare` and `replay` (docs/CLUSTER.md, "On your own log"): G
+routers in front of R replicas of --server, the ingress from tenant to router, the gateway
+counters and policy, the replica choice and saturation. `--routers` or `--replicas` turns
+the cluster on (the other defaults to 1); every other cluster flag without them, or one its
+choices make meaningless, is refused in one line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from fractions import Fraction
+
+from vtc_jax.cli.common import int_arg, number_text
+from vtc_jax.core.errors import InputError
+from vtc_jax.engines.cluster_settings import (
+    CHOICES,
+    COUNTERS,
+    MAX_DELAY,
+    MAX_REPLICAS,
+    MAX_ROUTERS,
+    SATURATION,
+    ClusterSettings,
+    gateway_problem,
+)
+from vtc_jax.engines.settings import Settings, to_fraction
+from vtc_jax.policies import registry
+
+DEFAULTS = {"gateway_policy": "fcfs", "counter": "per_router", "delay": 10, "choice": "least_kv",
+            "saturation": "kv", "kv_threshold": "1", "queue_limit": 8}
+# flags that shape the cluster beyond its size (None: not given)
+SHAPING = ("ingress", "skew", "counter", "delay", "no_holdback", "gateway_policy", "choice", "saturation",
+           "kv_threshold", "queue_limit")
+# engine Settings fields a gateway policy may read where the engine policy does not
+SHARED_FIELDS = ("weights", "estimator", "estimate_guess", "estimate_error", "lift_last_left")
+REPLAY_OMITS = ("on a cluster, --json omits counters, max_drift, max_drift_step, bound_2u, max_drift_over_2u, "
+                "throughput and checkpoints (it gives service and counters per replica, dispatches per router, "
+                "replica and tenant, and the drift while every tenant waits), its steps are the horizon run (the "
+                "drain bound unless --steps: a cluster does not stop at its last completion), and --details omits "
+                "rejected, wait_mean, backlogged_drift, bound_2u and backlogged_drift_over_2u")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser, *, replay: bool = False) -> None:
+    g = parser.add_argument_group("cluster (docs/CLUSTER.md): G routers in front of R replicas of --server")
+    g.add_argument("--routers", type=int_arg(1, MAX_ROUTERS), default=None, metavar="G",
+                   help="run on a cluster of G routers (default 1 once --replicas is given)"
+                        + (f"; {REPLAY_OMITS}" if replay else ""))
+    g.add_argument("--replicas", type=int_arg(1, MAX_REPLICAS), default=None, metavar="R",
+                   help="run on a cluster of R replicas, each with M = --kv-budget (default 1 once --routers is given)")
+    g.add_argument("--ingress", default=None, metavar="TENANT:ROUTER,...",
+                   help="the router (0..G-1) each named tenant always enters through; tenants not named enter "
+                        "uniformly (default: --skew)")
+    g.add_argument("--skew", type=number_text, default=None, metavar="S",
+                   help="ingress skew in [0, 1] (default 0, uniform): the k-th tenant (file order: first "
+                        "appearance) enters router k mod G with probability S + (1 - S)/G, others (1 - S)/G")
+    g.add_argument("--counter", choices=COUNTERS, default=None,
+                   help="what the routers know: per_router (default), shared, or delayed (others' charges "
+                        "--delay steps late)")
+    g.add_argument("--delay", type=int_arg(1, MAX_DELAY), default=None, metavar="D",
+                   help=f"--counter delayed: D steps (default {DEFAULTS['delay']})")
+    g.add_argument("--no-holdback", action="store_true", default=None,
+                   help="--counter shared/delayed: a router offers its own pick (no hold-back)")
+    g.add_argument("--gateway-policy", default=None, metavar="P",
+                   help="the routers' policy (default fcfs); the listed policies run at the replicas")
+    g.add_argument("--choice", choices=CHOICES, default=None, help="replica choice (default least_kv)")
+    g.add_argument("--saturation", choices=SATURATION, default=None,
+                   help="when a replica has room: kv (default; KV + waiting prompts < --kv-threshold x M) or "
+                        "queue (fewer than --queue-limit requests wait there)")
+    g.add_argument("--kv-threshold", type=number_text, default=None, metavar="X",
+                   help="--saturation kv: X in (0, 64] (default 1)")
+    g.add_argument("--queue-limit", type=int_arg(1, 1 << 16), default=None, metavar="Q",
+                   help=f"--saturation queue: Q (default {DEFAULTS['queue_limit']})")
+
+
+def given(args) -> bool:
+    """Whether the command runs on a cluster; refuses a cluster flag without one, and
+    --server a replica cannot run."""
+    on = args.routers is not None or args.replicas is not None
+    if not on:
+        for dest in SHAPING:
+            if getattr(args, dest) is not None:
+                raise InputError(f"{_flag(dest)} applies to a cluster: give --routers G and/or --replicas R")
+        return False
+    from vtc_jax.driver.cluster_run import check_server
+
+    check_server(args.server)
+    return True
+
+
+def gateway_policy(args) -> str:
+    """The routers' policy (registry name), refused if a gateway cannot run it."""
+    name = args.gateway_policy or DEFAULTS["gateway_policy"]
+    registry.get(name)  # names the choices if unknown
+    problem = gateway_problem(name)
+    if problem:
+        raise InputError(f"--gateway-policy: {problem}")
+    return name
+
+
+def _value(args, dest: str):
+    value = getattr(args, dest)
+    return DEFAULTS[dest] if value is None else value
+
+
+def check_flags(args) -> None:
+    """Refuse cluster flags that the other choices make meaningless (one line each)."""
+    counter, saturation = _value(args, "counter"), _value(args, "saturation")
+    if args.ingress is not None and args.skew is not None:
+        raise InputError("--ingress and --skew both set where tenants enter: give one")
+    if args.delay is not None and counter != "delayed":
+        raise InputError(f"--delay applies to --counter delayed (the run uses --counter {counter})")
+    if args.no_holdback and counter == "per_router":
+        raise InputError("--no-holdback applies to --counter shared or delayed (per-router routers never hold back)")
+    if args.kv_threshold is not None and saturation != "kv":
+        raise InputError(f"--kv-threshold applies to --saturation kv (the run uses --saturation {saturation})")
+    if args.queue_limit is not None and saturation != "queue":
+        raise InputError(f"--queue-limit applies to --saturation queue (the run uses --saturation {saturation})")
+    if getattr(args, "estimate_seed", None) is not None:
+        raise InputError("--estimate-seed: on a cluster each lane's estimate noise is seeded from its sweep seed "
+                         "(docs/CLUSTER.md); leave it out")
+
+
+def ingress_rows(text: str, names: list[str], routers: int) -> tuple:
+    """--ingress TENANT:ROUTER,... as the K x G matrix of exact probabilities: a named tenant
+    enters its router always, the others uniformly."""
+    index = {name: k for k, name in enumerate(names)}
+    chosen: dict[int, int] = {}
+    for item in text.split(","):
+        tenant, sep, router = item.strip().rpartition(":")
+        if not sep or not tenant:
+            raise InputError(f"--ingress: expected TENANT:ROUTER, got {item.strip()[:40]!r}")
+        if tenant not in index:
+            known = ", ".join(names[:8]) + ("..." if len(names) > 8 else "")
+            raise InputError(f"--ingress: unknown tenant {tenant[:40]!r} (the log's tenants: {known})")
+        if index[tenant] in chosen:
+            raise InputError(f"--ingress: tenant {tenant[:40]!r} is named twice")
+        if not router.strip().isdigit() or int(router) >= routers:
+            raise InputError(f"--ingress: tenant {tenant[:40]!r}: router must be an index in 0..{routers - 1} "
+                             f"(--routers {routers}), got {router.strip()[:24]!r}")
+        chosen[index[tenant]] = int(router)
+    uniform = (Fraction(1, routers),) * routers
+    return tuple(tuple(Fraction(int(j == chosen[k])) for j in range(routers)) if k in chosen else uniform
+                 for k in range(len(names)))
+
+
+def merged_engine(engine: Settings, gateway: Settings) -> Settings:
+    """The replicas' Settings carrying what only the gateway policy reads (its weights,
+    estimator): the routers' Settings are the replicas' with the gateway policy."""
+    default = Settings()
+    taken = {f: getattr(gateway, f) for f in SHARED_FIELDS
+             if getattr(engine, f) == getattr(default, f) and getattr(gateway, f) != getattr(default, f)}
+    return dataclasses.replace(engine, **taken) if taken else engine
+
+
+def cluster_settings(args, engine: Settings, gateway: Settings, names: list[str]) -> ClusterSettings:
+    """One row's ClusterSettings: `engine` (the replicas' policy and prices, from the
+    scheduler flags) and `gateway` (the same flags read for the gateway policy)."""
+    g = args.routers or 1
+    skew = to_fraction(args.skew or "0", "--skew")
+    if not 0 <= skew <= 1:
+        raise InputError(f"--skew must be in [0, 1], got {args.skew}")
+    counter = _value(args, "counter")
+    return ClusterSettings(
+        engine=merged_engine(engine, gateway), gateway_policy=gateway.policy, gateway_options=gateway.options,
+        replicas=args.replicas or 1, routers=g, skew=skew,
+        ingress=ingress_rows(args.ingress, names, g) if args.ingress is not None else None,
+        counters=counter, delay=_value(args, "delay") if counter == "delayed" else 1,
+        holdback=not args.no_holdback, saturation=_value(args, "saturation"),
+        kv_threshold=to_fraction(_value(args, "kv_threshold"), "--kv-threshold"),
+        queue_limit=_value(args, "queue_limit"), choice=_value(args, "choice"))
+
+
+def describe(args, gateway: str) -> dict:
+    """The cluster's settings for results.json "config" (what every row shares)."""
+    counter = _value(args, "counter")
+    out = {"routers": args.routers or 1, "replicas": args.replicas or 1, "gateway_policy": gateway,
+           "counters": counter, "choice": _value(args, "choice"), "saturation": _value(args, "saturation")}
+    if args.ingress is not None:
+        out["ingress"] = args.ingress
+    else:
+        out["skew"] = args.skew or "0"
+    if counter == "delayed":
+        out["delay"] = _value(args, "delay")
+    if counter != "per_router":
+        out["holdback"] = not args.no_holdback
+    key = "kv_threshold" if out["saturation"] == "kv" else "queue_limit"
+    out[key] = _value(args, key)
+    return out
