@@ -3,7 +3,7 @@
 # Run from the repository root:  bash benchmarks/gpu_check.sh
 # Builds nothing; runs the device correctness tests, the engine benchmark up to 65536
 # lanes and the kv_budget / schedulers sweeps at 4096 seeds (cold and warm compilation
-# cache) and the vLLM step's benchmark, then prints a short table. Timeouts sum to 465 s (under 8 minutes).
+# cache) and the vllm server's benchmark, then prints a short table. Timeouts sum to 465 s (under 8 minutes).
 set -uo pipefail
 export PYTHONPATH=.
 export PYTHONUNBUFFERED=1
@@ -22,8 +22,9 @@ timeout 120 python3 -m benchmarks.bench_engine --lanes 4096 16384 65536 --repeat
 timeout 45 python3 -m benchmarks.bench_engine --lanes 16384 65536 --repeats 2 --measures none --no-reference \
     2>&1 | tee "$OUT/bench_core.txt" | tail -4
 
-log "the JAX vLLM V1 step (preview), engine alone"
-timeout 30 python3 benchmarks/bench_vllm.py --lanes 4096,65536 --reference-lanes 2 2>&1 | tee "$OUT/bench_vllm.txt" | tail -5
+log "the vllm server on the engine beside ideal, engine alone and end to end"
+timeout 30 python3 -m benchmarks.bench_vllm --lanes 4096 65536 --repeats 1 --reference-steps 20 \
+    2>&1 | tee "$OUT/bench_vllm.txt" | tail -6
 
 run_sweep() {  # name, timeout, label
   local start end rc

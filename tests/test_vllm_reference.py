@@ -14,12 +14,8 @@ import pytest
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.testing import vllm_reference as vr
-from vtc_jax.testing.vllm_reference import (
-    TraceRequest,
-    load_golden,
-    read_trace_csv,
-    simulate,
-)
+from vtc_jax.testing.vllm_goldens import load_golden, read_trace_csv
+from vtc_jax.testing.vllm_reference import TraceRequest, simulate
 
 GOLDEN_DIR = pathlib.Path(__file__).parent / "data" / "vllm_golden"
 GOLDENS = sorted(p.name[: -len(".csv")] for p in GOLDEN_DIR.glob("g*.csv"))
