@@ -9,9 +9,10 @@ owns what vLLM's scheduler does with requests once they are running, in one lane
 - the running phase first (`begin_step`), in admission order: each running request asks for
   its remaining prefill (capped by `long_prefill_token_threshold` when more than one
   request runs or waits) or one decode token, within what is left of the budget; when its
-  new blocks do not fit, the newest running request is preempted (recompute: its blocks
-  are freed, it goes back to the front of its client's queue with the tokens it had
-  generated, to be recomputed), until they fit or it preempts itself;
+  new blocks do not fit, a victim is preempted (recompute: its blocks are freed, it goes
+  back to the front of its client's queue with the tokens it had generated, to be
+  recomputed), until they fit or it preempts itself (then it leaves unscheduled and the
+  walk goes on);
 - admissions after (`fits`, `admit`), one per engine event in the policy's order, head of
   line: none in a step that preempted; a request is admitted only if its whole prompt
   (plus what it had generated) fits the free blocks, a seat is free and budget is left
@@ -23,13 +24,19 @@ owns what vLLM's scheduler does with requests once they are running, in one lane
   next arrival, after one empty step if the step finished a request (as vLLM's scheduler
   still counts a finished request until it is reported).
 
-This is the closed form of vLLM's own loop under vLLM's default rules (newest victim,
-victims to the front) without prefix caching; docs/VLLM.md states every rule and which
-golden schedule of the real scheduler needs it. The running list is kept as S slots in
-admission order; each step is O(S) elementwise work, no loops.
+Under the `newest` victim rule (vLLM fcfs's) this is the closed form of vLLM's own loop
+without prefix caching: the running list is kept as S slots in admission order and each
+step is O(S) elementwise work, no loops. The other rules (`priority`, vLLM priority's, and
+`counter`, a fairness option) run vLLM's walk as a loop from the first request that must
+preempt (vllm_victims.py); lanes of one batch may mix rules. Under vLLM's priority policy
+the waiting order is the engine's: policy fcfs with strict bands, each (tenant, priority)
+pair its own engine client (`priority_queues`). docs/VLLM.md states every rule and which
+golden schedule of the real scheduler needs it.
 
 Settings (`Settings.server_options`, vLLM's flag names): num_gpu_blocks, block_size,
-max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, long_prefill_token_threshold.
+max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, long_prefill_token_threshold,
+scheduling_policy (fcfs | priority), victim (newest | priority | counter; default vLLM's
+for the policy).
 Per request the server also keeps its first-token and finish steps and its preemptions
 (`outcome`), and, when the shape asks for a log, each step's schedule (`schedule_log`).
 """
@@ -45,14 +52,18 @@ import numpy as np
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, OUTPUT, PROMPT
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
+from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
 
 I32 = jnp.int32
 INT_MAX = 2**31 - 1
 LIMIT = INT_MAX // 4
-OPTIONS = {  # name: (default, lowest)
+OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     "num_gpu_blocks": (None, 2), "block_size": (16, 1), "max_num_batched_tokens": (2048, 1),
     "max_num_seqs": (256, 1), "enable_chunked_prefill": (True, None), "long_prefill_token_threshold": (0, 0),
+    "scheduling_policy": ("fcfs", None), "victim": (None, None),
 }
+POLICIES = ("fcfs", "priority")
+CHOICES = {"scheduling_policy": POLICIES, "victim": VICTIMS}
 
 
 def validate(options: dict) -> None:
@@ -62,9 +73,13 @@ def validate(options: dict) -> None:
         raise InputError(f"server vllm has no setting {unknown[0]!r} (its settings: {', '.join(OPTIONS)})")
     if "num_gpu_blocks" not in options:
         raise InputError("server vllm needs num_gpu_blocks (--num-gpu-blocks)")
+    filled = settings(options)
     for name, (_, low) in OPTIONS.items():
-        value = options.get(name, OPTIONS[name][0])
-        if low is None:
+        value = filled[name]
+        if name in CHOICES:
+            if value not in CHOICES[name]:
+                raise InputError(f"{name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
+        elif low is None:
             if type(value) is not bool:
                 raise InputError(f"{name} must be true or false, got {value!r}")
         elif type(value) is not int or not low <= value <= LIMIT:
@@ -72,15 +87,39 @@ def validate(options: dict) -> None:
 
 
 def settings(options: dict) -> dict:
-    """The options with vLLM's defaults filled in."""
-    return {name: options.get(name, default) for name, (default, _) in OPTIONS.items()}
+    """The options with vLLM's defaults filled in (the victim: vLLM's for the policy,
+    `newest` under fcfs, `priority` under priority)."""
+    out = {name: options.get(name, default) for name, (default, _) in OPTIONS.items()}
+    if out["victim"] is None:
+        out["victim"] = "priority" if out["scheduling_policy"] == "priority" else "newest"
+    return out
 
 
 def encode(options: dict) -> dict:
+    """The traced settings; the policy and the victim rule as int32 codes (their index in
+    POLICIES, VICTIMS): lanes of one batch may differ."""
     s = settings(options)
     return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
-            "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"])}
+            "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
+            "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"]))}
+
+
+def priority_queues(client, priority):
+    """Per-request priorities as engine clients: each distinct (client, priority) pair of
+    a trace becomes its own engine client, numbered by first appearance in trace order, so
+    that the engine's strict bands (policy fcfs, `Settings.bands`) order the waiting queue
+    by (priority, arrival) as vLLM's priority heap does, whatever priorities vary within a
+    tenant. Returns (queue int64[N]: each request's engine client, band per queue: the
+    rank of its priority among the distinct ones, 0 for the lowest (vLLM serves lower
+    first), tenant per queue). Ranks keep the order and fit the bands' range."""
+    client, priority = np.asarray(client), np.asarray(priority, np.int64)
+    if client.shape != priority.shape or client.ndim != 1:
+        raise InputError("client and priority must be 1-D and of equal length")
+    pairs: dict = {}
+    queue = np.asarray([pairs.setdefault((c.item(), int(q)), len(pairs)) for c, q in zip(client, priority)], np.int64)
+    rank = {q: r for r, q in enumerate(sorted({q for _, q in pairs}))}
+    return queue, [rank[q] for _, q in pairs], [c for c, _ in pairs]
 
 
 def plan_slots(options: list, bound: int) -> int:
@@ -112,12 +151,20 @@ def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
 
 
 def drain_steps(options: dict, arrival, prompt, output) -> int:
-    """Last arrival + sum of (prompt + output) + requests + 1. The first running request
-    is never a victim (newest first; it cannot preempt itself: its peak fits, see
-    `never_served`), so every step before the last finish computes a token of it, or
-    nothing runs and the clock jumps to an arrival (after at most one empty step per
-    finish)."""
-    return int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
+    """Newest victim: last arrival + sum of (prompt + output) + requests + 1. The first
+    running request is never a victim (newest first; it cannot preempt itself: its peak
+    fits, see `never_served`), so every step before the last finish computes a token of
+    it, or nothing runs and the clock jumps to an arrival (after at most one empty step
+    per finish). Other victims: no such bound is proved, as a victim's lost work is
+    recomputed (under `priority` every step that preempts still schedules, and keeps, a
+    request of smaller key than its victims', so a run ends; `counter`'s keys move with
+    the counters). That bound times (requests + 1), capped at the engine's longest
+    horizon (2^30 - 1), is a generous margin (a lane past it is flagged as not finished,
+    never reported)."""
+    steps = int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
+    if settings(options)["victim"] == "newest":
+        return steps
+    return min(steps * (len(prompt) + 1), INT_MAX // 2)
 
 
 @jax.tree_util.register_dataclass
@@ -156,7 +203,8 @@ class VllmState:
     running: int32[K] requests per client in the server (leaving ones included). Per slot, int32[S]: client, value (the policy's),
     index (workload row), prompt, output, computed, generated, tokens (scheduled this
     step), row int32[S, 5]. Leaving requests (finished, not yet handed back): ndone and
-    per slot done_client, done_prompt, done_output, done_value. out: Outcome; log."""
+    per slot done_client, done_prompt, done_output, done_value. out: Outcome; log; victims
+    int32[S]: the rows this step preempted, in preemption order (-1 none)."""
 
     t: jax.Array
     nrun: jax.Array
@@ -238,16 +286,14 @@ def _select(mask, new: VllmState, old: VllmState) -> VllmState:
                                        if getattr(new, f) is not getattr(old, f)})
 
 
-def begin_step(state: VllmState, params, view, step, mask):
-    """The running phase of step `step` where `mask` (module docstring). Returns (state,
-    Requeue): the victims, newest first (each goes to the front in turn)."""
-    p = params.server
+def _newest(state: VllmState, p: dict, cap, free):
+    """The running phase under the newest-victim rule, closed form (module docstring).
+    Returns ((tokens int32[S], nrun, free, budget left, victims `out` newest first (OUT
+    fields over S entries), nvic), the walk's start for the other rules (slot, tokens
+    int32[S] before it, budget and free blocks left there))."""
     bs, slots = p["block_size"], state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < state.nrun
-    free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
-    waiting = view.waiting.sum()
-    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
     total = state.prompt + state.generated
     need = jnp.where(listed, jnp.minimum(jnp.minimum(total - state.computed, cap), p["budget"] + 1), 0)
@@ -269,24 +315,53 @@ def begin_step(state: VllmState, params, view, step, mask):
     # taken everything after it, so the phase ends here.
     self_preempt = (done < state.nrun) & walked[at] & (done < m_prev) & (m[at] <= done)
     victim_from = jnp.where(self_preempt, done, m_prev)
+    # Under any victim rule the walk is this one up to the first slot whose blocks are
+    # short (`first`, S if none): where vLLM's walk has to start preempting.
+    first = _leading(~(walked & (want > free)))
+    pre = jnp.where(pos < first, n, 0)
+    start = (first, pre, p["budget"] - pre.sum(dtype=I32),
+             free - jnp.where(first > 0, want[jnp.clip(first - 1, 0, slots - 1)], 0))
     free = free + jnp.where(victim_from < state.nrun, tail[jnp.minimum(victim_from, slots - 1)], 0)
     free = free - jnp.where(done > 0, want[last], 0)
     tokens = jnp.where(pos < done, n, 0)
-    victims = listed & (pos >= victim_from)
     # Newest first: entry j is slot nrun - 1 - j.
     order = jnp.clip(state.nrun - 1 - pos, 0, slots - 1)
-    out = Requeue(mask=mask & victims[order] & (pos < state.nrun), client=state.client[order],
-                  index=state.index[order], generated=state.generated[order], row=state.row[order])
-    preemptions = state.out.preemptions.at[jnp.where(mask & victims, state.index, state.out.preemptions.shape[0])].add(
-        1, mode="drop")
-    k = state.running.shape[0]
+    out = {name: getattr(state, name)[order] for name in OUT}
+    return (tokens, jnp.minimum(victim_from, state.nrun), free, p["budget"] - tokens.sum(dtype=I32), out,
+            jnp.maximum(state.nrun - victim_from, 0)), start
+
+
+def begin_step(state: VllmState, params, view, step, mask):
+    """The running phase of step `step` where `mask` (module docstring): the closed form
+    for lanes whose victim rule is `newest`, vLLM's walk (vllm_victims.py) for the others.
+    Returns (state, Requeue): the victims in preemption order (each goes to the front of
+    its client's queue in turn, so the last preempted is served first again)."""
+    p = params.server
+    slots = state.client.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
+    waiting = view.waiting.sum()
+    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    (tokens, nrun, free, left, out, nvic), (first, pre, budget, unused) = _newest(state, p, cap, free)
+    # One loop for every lane: it starts from the closed form's result where the rule is
+    # `newest` and takes no iteration there (so nothing is selected after it).
+    looping = p["victim"] != NEWEST
+    on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
+    f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
+    f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
+                                          on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
+                                          view.num, mask & looping)
+    tokens = f.pop("tokens")
+    gone = pos < nvic
+    r = state.out.preemptions.shape[0]
+    preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
+    leaving = _per_client(jnp.ones_like(pos), out["client"], gone, state.running.shape[0])
     new = dataclasses.replace(
-        state, t=step, free=free, cap=cap, nrun=jnp.minimum(victim_from, state.nrun), preempted=victims.any(),
-        left=jnp.where(victims.any(), 0, p["budget"] - tokens.sum(dtype=I32)), tokens=tokens,
-        out=dataclasses.replace(state.out, preemptions=preemptions), victims=jnp.where(victims, state.index, -1),
-        running=state.running - _per_client(jnp.ones_like(pos), state.client, victims, k),
+        state, **f, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0, left=jnp.where(nvic > 0, 0, left),
+        tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
+        victims=jnp.where(gone, out["index"], -1), running=state.running - leaving,
         active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
-    return _select(mask, new, state), out
+    return _select(mask, new, state), Requeue(mask=mask & gone, **out)
 
 
 def fits(state: VllmState, params, row, *, generated):
