@@ -37,7 +37,7 @@ def _lanes(policy: str, server_name: str, seed: int):
     for trace, s in zip(lanes.traces, lanes.settings):
         options = server.fuzz_options(rng, trace.prompt, trace.output) if server.fuzz_options else {}
         if server.preempts:  # limits are not defined on a server that preempts (refused: see below)
-            s = dataclasses.replace(s, rpm_limit=None, kv_cap=None)
+            s = dataclasses.replace(s, rpm_limit=None, rpm_mode="delay", kv_cap=None)
         out.append((trace, dataclasses.replace(s, server_options=tuple(sorted(options.items())))))
     return out
 

@@ -19,7 +19,8 @@ from vtc_jax import InputError, MeasureConfig, Settings, Trace, run_traces
 from vtc_jax.core.rows import ORDER
 from vtc_jax.inputs.workload import layout_trace
 from vtc_jax.servers import vllm_v1
-from vtc_jax.testing.vllm_reference import TraceRequest, load_golden, simulate
+from vtc_jax.testing.vllm_goldens import load_golden
+from vtc_jax.testing.vllm_reference import TraceRequest, simulate
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 GOLDEN_DIRS = ("vllm_golden", "vllm_golden_more")

@@ -142,7 +142,7 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
     g = max(c.routers for c in clusters)
     return ClusterConfig(
         num_clients=num_clients, replicas=max(c.replicas for c in clusters), routers=g, tenant_rows=tenant_rows,
-        calendar_rows=calendar_rows(max_output), slots=_pow2(chosen.plan_slots(options, running)),
+        calendar_rows=calendar_rows(max_output), slots=_pow2(chosen.plan_slots(options, running, max_requests)),
         wait_slots=_pow2(min(waiting, max_requests)), gateway_policies=tuple(n for n in names if n in gates),
         engine_policies=tuple(n for n in names if n in engines),
         union=any(c.routers > 1 and c.counters != "per_router" for c in clusters),

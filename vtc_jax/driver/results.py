@@ -503,7 +503,7 @@ def check_conservation(host, settings: Sequence[Settings], config, arrived_strea
     admitted = np.asarray(host.admitted, np.int64)
     completed = np.asarray(host.completed, np.int64)
     server = servers.get(config.server)
-    running = np.asarray(server.load(host.server).running, np.int64)
+    running = np.asarray(jax.vmap(server.load)(host.server).running, np.int64)  # per lane
     held = server.census(host.server, config.num_clients)  # counted in the server's own structure
     out = []
     for b, s in enumerate(settings):

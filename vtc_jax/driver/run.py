@@ -119,7 +119,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         raise InputError(f"server {server} preempts requests: --kv-cap and --rpm limits are not defined on it yet")
     return EngineConfig(
         num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output),
-        slots=chosen.plan_slots(options, slots),
+        slots=chosen.plan_slots(options, slots, num_rows),
         policies=policies,
         rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
         bands=any(s.bands is not None for s in settings),

@@ -254,18 +254,19 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     prompt, output = row[PROMPT], row[OUTPUT]
     charged = jnp.where(params.costs.charge_cached, prompt, prompt - row[CACHED])
     prefill = params.costs.prefill * charged
-    admission = Admission(client=client, row=row, index=index, estimate=view.estimates[client], prefill=prefill)
-    policy_states, values = {}, []
-    for name, base in zip(config.policies, _choice_states(choice, config)):
-        policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
-        values.append(value)
-    value = _dispatch(config, params, values)
     stacks, generated, first = state.stacks, jnp.zeros((), I32), mask  # first: a new request (not a preempted one)
     if stacks is not None:
         again = stacks.depth[client] > 0
         generated = jnp.where(again, requeue.tops(stacks)[2][client], 0)
         first = mask & ~again
         stacks = requeue.pop(stacks, _onehot(client, k, mask & again))
+        prefill = jnp.where(again, 0, prefill)  # a recompute is not charged again: its tokens were
+    admission = Admission(client=client, row=row, index=index, estimate=view.estimates[client], prefill=prefill)
+    policy_states, values = {}, []
+    for name, base in zip(config.policies, _choice_states(choice, config)):
+        policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
+        values.append(value)
+    value = _dispatch(config, params, values)
     server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask,
                                                         index=index, generated=generated)
     fresh = _onehot(client, k, first)
@@ -327,8 +328,8 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
     measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, state.arrived,
-                         load.running,
-                         load.context, params.share_window, params.resource, config.record_every, view.num)
+                         load.running, load.context, work.decoded, work.attended, params.share_window, params.resource,
+                         config.record_every, view.num)
     return dataclasses.replace(
         state, step=next_t, service=service, counter=counter, server=server,
         begun=None if state.begun is None else state.begun & ~mask,

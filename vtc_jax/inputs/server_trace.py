@@ -52,16 +52,17 @@ class ServerTrace:
 
     def queues(self, by_priority: bool):
         """(queue int64[N], band per queue, tenant id per queue): one engine client per
-        (tenant, priority) pair when `by_priority` (numbered by first appearance), else one
-        per tenant with band 0."""
+        (tenant, priority) pair when `by_priority` (numbered by first appearance; its band
+        is the rank of its priority among the trace's, 0 served first), else one per
+        tenant with band 0."""
         if not by_priority:
             return self.tenant.copy(), [0] * len(self.tenants), list(range(len(self.tenants)))
         ids: dict = {}
         queue = np.array([ids.setdefault((int(t), int(p)), len(ids)) for t, p in zip(self.tenant, self.priority)],
                          np.int64)
         pairs = sorted(ids, key=ids.get)
-        low = min(p for _, p in pairs)
-        return queue, [p - low for _, p in pairs], [t for t, _ in pairs]
+        rank = {p: r for r, p in enumerate(sorted({p for _, p in pairs}))}  # bands keep the order, in range
+        return queue, [rank[p] for _, p in pairs], [t for t, _ in pairs]
 
     def engine_trace(self, queue: np.ndarray) -> Trace:
         """The engine's Trace with `queue` as client ids (file lines kept for messages)."""

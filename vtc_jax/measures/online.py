@@ -231,12 +231,14 @@ def _crossed(edge, step, next_step):
     return (step <= edge - 1) & (edge - 1 < next_step)
 
 
-def on_finish(m: Measures, mask, step, next_step, service, head, arrived, running, context,
+def on_finish(m: Measures, mask, step, next_step, service, head, arrived, running, context, decoded, attended,
               share_window, resource, record_every: int, num) -> Measures:
     """Step `step` ends where `mask` and the lane moves on to `next_step` (> step + 1 after
     an idle jump); `service` is W after it, `head`/`arrived` the FIFO pointers (arrivals of
-    the step all in), `running` and `context` (int32[K]) the requests that decoded and the
-    KV tokens they held at decode."""
+    the step all in), `running` and `context` (int32[K]) the requests running and the KV
+    tokens they held, `decoded` and `attended` (int32[K]) the tokens the step decoded and
+    the context those decodes read (the server's Work; on the ideal server every running
+    request decodes, so they equal running and context)."""
     drift = num.sub(num.max_of(service), num.min_of(service))
     new_max = mask & num.less(m.max_drift, drift)
     m32 = mask.astype(I32)
@@ -250,8 +252,8 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
         backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
         updates["head_at_start"] = jnp.where(mask, head, m.head_at_start)
     if m.decoded_tokens is not None:
-        updates.update(decoded_tokens=num.add(m.decoded_tokens, m32 * running),
-                       decoded_context=num.add(m.decoded_context, m32 * context))
+        updates.update(decoded_tokens=num.add(m.decoded_tokens, m32 * decoded),
+                       decoded_context=num.add(m.decoded_context, m32 * attended))
     if m.occupancy_sum is not None:
         updates["occupancy_sum"] = num.add(m.occupancy_sum, m32 * context.sum())
     if m.share_start is not None:

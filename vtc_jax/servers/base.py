@@ -48,8 +48,11 @@ Host side, each server also has
   validate(options: dict) -> None                 InputError for settings it cannot run
                                                   (`Settings.server_options`);
   encode(options: dict) -> dict                   its traced params (`Params.server`);
-  plan_slots(options: list[dict], bound) -> int   running slots it needs, given the
-                                                  driver's bound on requests running;
+  plan_slots(options: list[dict], bound, requests) -> int
+                                                  running slots it needs, given the
+                                                  driver's bound on requests running when
+                                                  each holds its whole prompt, and the most
+                                                  requests of a lane;
   never_served(options, prompt, output, kv_budget) -> str | None
                                                   why some request could never finish here
                                                   (the run is refused), or None;

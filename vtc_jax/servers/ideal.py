@@ -108,8 +108,8 @@ def encode(options: dict) -> dict:
     return {}
 
 
-def plan_slots(options: list, bound: int) -> int:
-    return bound
+def plan_slots(options: list, bound: int, requests: int) -> int:
+    return bound  # a running request holds its whole prompt
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:

@@ -51,6 +51,7 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, OUTPUT, PROMPT
+from vtc_jax.servers import step_time
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
 
@@ -61,6 +62,8 @@ OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     "num_gpu_blocks": (None, 2), "block_size": (16, 1), "max_num_batched_tokens": (2048, 1),
     "max_num_seqs": (256, 1), "enable_chunked_prefill": (True, None), "long_prefill_token_threshold": (0, 0),
     "scheduling_policy": ("fcfs", None), "victim": (None, None),
+    # the step-time model (servers/step_time.py): scaled integers; time_scale 0: untimed
+    "time_b0": (0, 0), "time_b1": (0, 0), "time_b2": (0, 0), "time_scale": (0, 0),
 }
 POLICIES = ("fcfs", "priority")
 CHOICES = {"scheduling_policy": POLICIES, "victim": VICTIMS}
@@ -84,6 +87,11 @@ def validate(options: dict) -> None:
                 raise InputError(f"{name} must be true or false, got {value!r}")
         elif type(value) is not int or not low <= value <= LIMIT:
             raise InputError(f"{name} must be an integer in [{low}, {LIMIT}], got {value!r}")
+    longest = filled["time_b0"] + filled["time_b1"] * filled["max_num_batched_tokens"] + (
+        filled["time_b2"] * filled["max_num_seqs"])
+    if longest > INT_MAX:
+        raise InputError("the step-time model's longest step (a full budget of prefill, every seat decoding) "
+                         "passes exact int32 arithmetic: give fewer decimals or smaller coefficients")
 
 
 def settings(options: dict) -> dict:
@@ -102,7 +110,8 @@ def encode(options: dict) -> dict:
     return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
-            "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"]))}
+            "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
+            **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
 
 
 def priority_queues(client, priority):
@@ -122,9 +131,11 @@ def priority_queues(client, priority):
     return queue, [rank[q] for _, q in pairs], [c for c, _ in pairs]
 
 
-def plan_slots(options: list, bound: int) -> int:
-    """Seats bound the running list: S = the most seats of any lane (at most `bound`)."""
-    return max(1, min(bound, max(settings(o)["max_num_seqs"] for o in options)))
+def plan_slots(options: list, bound: int, requests: int) -> int:
+    """Seats bound the running list: S = the most seats of any lane, at most the requests
+    of a lane. (Not `bound`: with chunked prefill a running request may hold only part of
+    its prompt, so more can run than M // the shortest prompt.)"""
+    return max(1, min(requests, max(settings(o)["max_num_seqs"] for o in options)))
 
 
 def peak_blocks(prompt, output, block_size):
@@ -162,19 +173,46 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     horizon (2^30 - 1), is a generous margin (a lane past it is flagged as not finished,
     never reported)."""
     steps = int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
-    if settings(options)["victim"] == "newest":
-        return steps
-    return min(steps * (len(prompt) + 1), INT_MAX // 2)
+    s = settings(options)
+    if s["victim"] != "newest":
+        steps = steps * (len(prompt) + 1)
+    if s["time_scale"] > 0:  # timed: each step lasts at most its longest (the full budget, every seat)
+        longest = (s["time_b0"] + s["time_b1"] * s["max_num_batched_tokens"] + s["time_b2"] * s["max_num_seqs"])
+        steps = int(np.max(arrival)) + steps * max(1, longest // s["time_scale"])
+    return min(steps, INT_MAX // 2)
+
+
+def fuzz_options(rng, prompt, output) -> dict:
+    """Random valid settings for requests of these lengths (random.Random): a pool that
+    holds the largest request's peak and a little more, a small budget and few seats,
+    sometimes no chunking, a prefill cap, priority order or another victim rule."""
+    block = rng.choice((1, 2, 4, 16))
+    peak = int(peak_blocks(prompt, output, block).max())
+    longest = -(-int((np.asarray(prompt) + np.asarray(output)).max()) // block) * block
+    chunked = rng.random() < 0.8
+    out = {"num_gpu_blocks": peak + 1 + rng.randint(0, 2 * peak), "block_size": block,
+           "max_num_batched_tokens": rng.randint(1, 64) if chunked else longest + rng.randint(0, 32),
+           "max_num_seqs": 1, "enable_chunked_prefill": chunked,
+           "long_prefill_token_threshold": rng.choice((0, 0, rng.randint(1, 16)))}
+    out["max_num_seqs"] = rng.randint(1, min(8, out["max_num_batched_tokens"]))  # vLLM refuses a budget below it
+    if rng.random() < 0.3:
+        out["scheduling_policy"] = "priority"
+    if rng.random() < 0.2:
+        out["victim"] = rng.choice(VICTIMS)
+    return out
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """Per workload row, int32[R]: first_token and finish step (-1: not yet), preemptions."""
+    """Per workload row, int32[R]: first_token and finish (-1: not yet): the step, or on a
+    timed lane the end of that step in us; scheduled: the start of the step that first
+    scheduled it (-1: never); preemptions."""
 
     first_token: jax.Array
     finish: jax.Array
     preemptions: jax.Array
+    scheduled: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -246,7 +284,7 @@ def init(shape: ServerShape) -> VllmState:
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
         ndone=zero, done_client=empty, done_prompt=empty, done_output=empty, done_value=empty,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32)),
+        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
@@ -386,7 +424,9 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
         generated=put(state.generated, generated), tokens=put(state.tokens, n),
         row=state.row.at[at].set(row, mode="drop"), nrun=state.nrun + mask.astype(I32),
         running=state.running + ((jnp.arange(state.running.shape[0]) == client) & mask).astype(I32),
-        free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0))
+        free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0),
+        out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[
+            jnp.where(mask & (generated == 0), index, state.out.scheduled.shape[0])].set(step, mode="drop")))
     return new, mask & (state.nrun >= slots)
 
 
@@ -407,9 +447,15 @@ def end_step(state: VllmState, params, mask):
     generated = state.generated + samples
     finished = samples & (generated == state.output)
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
+    # A decode computes the one token after every known one (c = P + g - 1); anything else
+    # scheduled is prefill (a prompt, or a recompute after a preemption).
+    decoding = listed & (state.generated > 0) & (state.computed == state.prompt + state.generated - 1)
+    elapsed = step_time.duration(p, jnp.where(listed & ~decoding, state.tokens, 0).sum(dtype=I32),
+                                 jnp.where(decoding, state.tokens, 0).sum(dtype=I32))
+    stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
-    first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(state.t, mode="drop")
-    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(state.t, mode="drop")
+    first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
+    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
     log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1), state.tokens, finished,
                state.victims)
     keep = listed & ~finished
@@ -423,11 +469,12 @@ def end_step(state: VllmState, params, mask):
     new = dataclasses.replace(
         state, **moved, **leaving, row=row, nrun=state.nrun - nfin, ndone=nfin, just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
-        out=Outcome(first_token=first, finish=finish, preemptions=state.out.preemptions), log=log,
+        out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log,
         preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
-    work = Work(decoded=_per_client(samples.astype(I32), state.client, samples, k),
-                attended=_per_client(state.prompt + state.generated, state.client, samples, k),
-                elapsed=jnp.ones((), I32))
+    counted = mask & samples  # a masked-off call computes nothing
+    work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
+                attended=_per_client(state.prompt + state.generated, state.client, counted, k),
+                elapsed=elapsed)
     return _select(mask, new, state), work
 
 
@@ -478,4 +525,5 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               "preemption by recompute (docs/VLLM.md)",
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
-              begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3)
+              begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
+              fuzz_options=fuzz_options)
