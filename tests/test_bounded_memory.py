@@ -94,7 +94,7 @@ def test_the_search_refuses_requests_a_bounded_server_never_serves():
     M; on vllm its peak blocks must fit the pool (vllm's never_served)."""
     limits = adv.Limits(clients=2, requests=4, horizon=32, prompt=(4, 48), output=(1, 32))
     adv.Objective(Settings("vtc", 64), limits)  # ideal: prompts within M are enough
-    with pytest.raises(InputError, match="ideal_reserve.*80 > M=64"):
+    with pytest.raises(InputError, match="ideal_reserve.*80 tokens, more than M=64"):
         adv.Objective(Settings("vtc", 64), limits, server="ideal_reserve")
     pool = Settings("vtc", 64, server_options=(("num_gpu_blocks", 5), ("block_size", 16)))
     with pytest.raises(InputError, match="server vllm.*KV blocks"):

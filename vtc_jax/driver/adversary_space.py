@@ -68,9 +68,6 @@ NUM_GENES = 3  # per request: arrival, prompt, output
 MEASURES = MeasureConfig.of(["pair_drift"])
 MAX_CLIENTS = 4
 MAX_HORIZON = 1 << 20
-# Servers whose admission reserves prompt + output within M (their `never_served` does not
-# see M, so the search refuses a larger request here).
-RESERVING = ("ideal_reserve",)
 EXTREME = 16.0  # +-16 maps to the ends of any range of up to 8.8M values (1 - sigmoid(16) = 1.1e-7)
 
 
@@ -126,11 +123,8 @@ class Limits:
         chosen = servers.get(server)
         options = dict(settings.server_options)
         chosen.validate(options)
-        largest = self.prompt[1] + self.output[1]
         never = chosen.never_served(options, np.asarray([self.prompt[1]]), np.asarray([self.output[1]]),
                                     settings.kv_budget)
-        if never is None and server in RESERVING and largest > settings.kv_budget:
-            never = f"a request reserves its prompt + output, up to {largest} > M={settings.kv_budget}: it is never admitted"
         if never is not None:
             raise InputError(f"server {server}, the largest candidate request (prompt {self.prompt[1]}, output "
                              f"{self.output[1]}): {never}")
