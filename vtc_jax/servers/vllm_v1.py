@@ -342,8 +342,11 @@ def _newest(state: VllmState, p: dict, cap, free):
     want = jnp.cumsum(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
     tail = jnp.cumsum(held[::-1])[::-1]  # blocks held by slots >= m, non-increasing in m
     # m_i: the start of the shortest tail whose blocks, freed, cover want_i.
-    covered = jnp.concatenate([tail, jnp.zeros(1, I32)]) >= (want - free)[:, None]
-    m = jnp.minimum(covered.sum(axis=1, dtype=I32) - 1, state.nrun)
+    # covered_i = #{m : tail_m >= want_i - free} (tail padded with a final 0): tail is
+    # non-increasing, so a binary search counts it in O(S log S), not an S x S compare.
+    tails = jnp.concatenate([tail, jnp.zeros(1, I32)])
+    covered = jnp.searchsorted(-tails, -(want - free), side="right").astype(I32)
+    m = jnp.minimum(covered - 1, state.nrun)
     done = _leading(walked & (m > pos))  # slots < done are scheduled
     last = jnp.maximum(done - 1, 0)
     m_prev = jnp.where(done > 0, m[last], state.nrun)
@@ -407,7 +410,9 @@ def fits(state: VllmState, params, row, *, generated):
     p = params.server
     total = row[PROMPT] + generated
     ask = jnp.minimum(total, state.cap)
-    return (~state.preempted & (state.left > 0) & (state.nrun < jnp.minimum(p["seats"], state.client.shape[0]))
+    # Seats, not slots: a lane whose slots are fewer than its seats reports overflow in
+    # `admit` (flagged, never reported) rather than turning vLLM's admission away.
+    return (~state.preempted & (state.left > 0) & (state.nrun < p["seats"])
             & (_cdiv(total, p["block_size"]) <= state.free) & (p["chunked"] | (ask <= state.left)))
 
 
