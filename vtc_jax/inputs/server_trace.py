@@ -15,14 +15,13 @@ policy inside one, exactly the order (priority, arrival, row) of vLLM's waiting 
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.core.fileio import csv_table, read_text
-from vtc_jax.inputs.workload import MAX_ARRIVAL, MAX_LENGTH, Trace
+from vtc_jax.core.fileio import csv_table
+from vtc_jax.inputs.workload import MAX_ARRIVAL, MAX_LENGTH, Trace, trace_text
 
 COLUMNS = ("arrival", "client", "prompt", "output")
 OPTIONAL = ("priority", "prefix_id", "prefix_len")
@@ -82,13 +81,7 @@ def _int(cell: str, name: str, where: str, low: int, high: int) -> int:
 def read_server_trace(path_or_text, *, source: str | None = None) -> ServerTrace:
     """Read the CSV (module docstring); every problem is one InputError naming the file
     and line."""
-    if isinstance(path_or_text, io.StringIO):
-        text, source = path_or_text.getvalue(), source or "<text>"
-    else:
-        source = source or str(path_or_text)
-        text = read_text(path_or_text, what="trace")
-    if "\x00" in text:
-        raise InputError(f"{source}: not a text CSV (contains NUL bytes)")
+    text, source = trace_text(path_or_text, source)
     header, records = csv_table(text, source, COLUMNS, OPTIONAL)
     tenants: dict = {}
     cols = {name: [] for name in ("tenant", "arrival", "prompt", "output", "priority", "prefix_id", "prefix_len", "line")}

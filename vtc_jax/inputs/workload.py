@@ -110,13 +110,9 @@ class Trace:
                 f"output={self.output[row]}, cached={self.cached[row]}")
 
 
-def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
-    """Read a trace CSV with header `arrival,client,prompt,output[,cached]`.
-
-    Every value must be a non-negative decimal integer. Raises InputError naming the file,
-    the line (the physical line, blank lines and quoted newlines counted) and the problem.
-    `path_or_text` is a path or an io.StringIO. Files over fileio.MAX_INPUT_BYTES are refused.
-    """
+def trace_text(path_or_text, source: str | None) -> tuple[str, str]:
+    """(text, source name) of a trace CSV given as a path or an io.StringIO; a file over
+    fileio.MAX_INPUT_BYTES or holding NUL bytes is one InputError naming it."""
     if isinstance(path_or_text, io.StringIO):
         text, source = path_or_text.getvalue(), source or "<text>"
     else:
@@ -124,6 +120,17 @@ def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
         text = read_text(path_or_text, what="trace")
     if "\x00" in text:
         raise InputError(f"{source}: not a text CSV (contains NUL bytes)")
+    return text, source
+
+
+def read_trace_csv(path_or_text, *, source: str | None = None) -> Trace:
+    """Read a trace CSV with header `arrival,client,prompt,output[,cached]`.
+
+    Every value must be a non-negative decimal integer. Raises InputError naming the file,
+    the line (the physical line, blank lines and quoted newlines counted) and the problem.
+    `path_or_text` is a path or an io.StringIO. Files over fileio.MAX_INPUT_BYTES are refused.
+    """
+    text, source = trace_text(path_or_text, source)
     header, records = csv_table(text, source, REQUIRED_COLUMNS, OPTIONAL_COLUMNS)
     columns = {name: [] for name in header}
     lines = []
