@@ -19,7 +19,7 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.cluster_run import ClusterResults, encode, lane_bytes, run_lanes, simulate_sources, source_config
-from vtc_jax.driver.results import histogram_quantile, lane_workload_stats, shares
+from vtc_jax.driver.results import ServedShares, histogram_quantile, lane_workload_stats
 from vtc_jax.driver.run import lane_keys
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterSettings
 from vtc_jax.inputs import sources
@@ -35,7 +35,7 @@ def lane_settings(cs: ClusterSettings, seed: int, base_seed: int) -> ClusterSett
 
 
 @dataclasses.dataclass(frozen=True)
-class TenantResults:
+class TenantResults(ServedShares):
     """Per lane (B lanes, K tenants), what a MODEL.md LaneResults gives per tenant, for a
     cluster lane; float64 tokens unless named otherwise.
 
@@ -62,16 +62,6 @@ class TenantResults:
     span_service: np.ndarray
     span_waiting: np.ndarray
     wait_hist: np.ndarray
-
-    @property
-    def served_share(self) -> np.ndarray:
-        """float64[B, K] each tenant's fraction of all service over the run."""
-        return shares(self.service)
-
-    @property
-    def offered_share(self) -> np.ndarray:
-        """float64[B, K] each tenant's fraction of the offered demand."""
-        return shares(self.offered)
 
     def latency_percentile(self, which: str, q: float) -> np.ndarray:
         """float64[B, K] the q-quantile of waits (which == "wait"; the cluster keeps no

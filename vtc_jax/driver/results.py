@@ -27,8 +27,23 @@ from vtc_jax.servers import registry as servers
 from vtc_jax.measures.online import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, pairs
 
 
+class ServedShares:
+    """The shares every per-lane result reports, from its `service` and `offered` fields
+    (float64[B, K]): one definition for the single server's and the cluster's results."""
+
+    @property
+    def served_share(self) -> np.ndarray:
+        """float64[B, K]: each client's fraction of all service over the run."""
+        return shares(self.service)
+
+    @property
+    def offered_share(self) -> np.ndarray:
+        """float64[B, K]: each client's fraction of the offered demand."""
+        return shares(self.offered)
+
+
 @dataclasses.dataclass(frozen=True)
-class LaneResults:
+class LaneResults(ServedShares):
     """Per-lane results. Shapes: B lanes, K clients, C checkpoint rows, H histogram bins.
 
     Service-like values are in weighted tokens (float64: integer / Q, one rounding).
@@ -176,16 +191,6 @@ class LaneResults:
     def share(self) -> np.ndarray:
         """float64[B, K]: each client's fraction of the service in the share window."""
         return shares(self.share_service)
-
-    @property
-    def served_share(self) -> np.ndarray:
-        """float64[B, K]: each client's fraction of all service over the run."""
-        return shares(self.service)
-
-    @property
-    def offered_share(self) -> np.ndarray:
-        """float64[B, K]: each client's fraction of the offered demand."""
-        return shares(self.offered)
 
     def latency_percentile(self, which: str, q: float) -> np.ndarray:
         """float64[B, K]: the q-quantile (0 < q <= 1; the smallest latency x with at least
