@@ -200,9 +200,12 @@ class ModelEngine:
     @staticmethod
     def lane_bytes(config) -> int:
         """Device bytes one lane needs while it runs (request blocks and the generator's
-        words, calendar, slots, measures, per-request policy tables), x2 for XLA's buffers."""
+        words, the server's state, measures, per-request policy tables), x2 for XLA's
+        buffers. The server's state is sized from its own `init` (abstractly: nothing is
+        allocated), so a server with per-row tables or a schedule log is counted whole."""
         k, r = config.num_clients, config.num_rows
-        words = 4 * (NUM_WORDS * r + 2 * config.calendar_rows + 6 * config.slots)
+        server = jax.eval_shape(lambda: servers.get(config.server).init(config.server_shape))
+        words = 4 * NUM_WORDS * r + sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(server))
         measures = 4 * (3 * config.num_checkpoints * k + 2 * 264 * k + 3 * k * k)
         policy_tables = 16 * r if any(registry.get(p).arrival_rows for p in config.policies) else 0
         return 2 * (words + measures + policy_tables) + 4096
