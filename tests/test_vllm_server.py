@@ -143,31 +143,52 @@ def _goldens() -> list[tuple[str, str]]:
 GOLDENS = _goldens()
 
 
-@pytest.fixture(scope="module")
-def golden_runs() -> dict:
-    """Every golden's engine schedule: without prefix caching in 4 batches of similar
-    length (a lane's log is sized to its batch's longest schedule), with it in 2 more."""
-    loaded = {name: load_golden(os.path.join(DATA, d), name) for d, name in GOLDENS}
-    names = sorted(loaded, key=lambda n: len(loaded[n][2]["steps"]))
-    caching = [n for n in names if loaded[n][1].get("prefix_caching")]
-    plain = [n for n in names if not loaded[n][1].get("prefix_caching")]
+def _golden_batches(names: list[str], batches: list[list[str]]) -> dict:
+    """The engine schedules of these goldens, batch by batch (a lane's log is sized to its
+    batch's longest schedule): {name: (golden, ours)}."""
+    loaded = {name: load_golden(os.path.join(DATA, d), name) for d, name in GOLDENS if name in names}
     out = {}
-    for batch in [*np.array_split(np.asarray(plain), 4), *np.array_split(np.asarray(caching), 2)]:
+    for batch in batches:
         got = engine_schedules([loaded[n][:2] for n in batch], max(len(loaded[n][2]["steps"]) for n in batch) + 5)
         out.update({n: (loaded[n][2], mine) for n, mine in zip(batch, got)})
     return out
 
 
+def _caching(name: str) -> bool:
+    return bool(dict(GOLDEN_CONFIGS)[name].get("prefix_caching"))
+
+
+GOLDEN_CONFIGS = [(n, load_golden(os.path.join(DATA, d), n)[1]) for d, n in GOLDENS]
+
+
+@pytest.fixture(scope="module")
+def golden_runs() -> dict:
+    """The goldens without prefix caching, in 4 batches of similar length."""
+    steps = {n: len(load_golden(os.path.join(DATA, d), n)[2]["steps"]) for d, n in GOLDENS}
+    names = sorted((n for n in steps if not _caching(n)), key=steps.get)
+    return _golden_batches(names, [list(b) for b in np.array_split(np.asarray(names), 4)])
+
+
+@pytest.fixture(scope="module")
+def prefix_golden_runs() -> dict:
+    """The goldens with prefix caching (server vllm_prefix), in 3 batches by pool size
+    (the pool's static size is a batch's largest)."""
+    names = [n for _, n in GOLDENS if _caching(n)]
+    blocks = {n: dict(GOLDEN_CONFIGS)[n]["num_blocks"] for n in names}
+    batches = [[n for n in names if lo < blocks[n] <= hi] for lo, hi in ((0, 100), (100, 200), (200, 1 << 30))]
+    return _golden_batches(names, [b for b in batches if b])
+
+
 def test_the_goldens_cover_both_policies():
-    configs = [load_golden(os.path.join(DATA, d), n)[1] for d, n in GOLDENS]
+    configs = [c for _, c in GOLDEN_CONFIGS]
     policies = [c.get("policy", "fcfs") for c in configs]
     assert len(GOLDENS) == 69 and policies.count("fcfs") >= 30 and policies.count("priority") >= 15
     assert sum(bool(c.get("prefix_caching")) for c in configs) == 17
 
 
 @pytest.mark.parametrize("name", [n for _, n in GOLDENS])
-def test_golden_step_for_step(golden_runs, name):
-    real, mine = golden_runs[name]
+def test_golden_step_for_step(request, name):
+    real, mine = request.getfixturevalue("prefix_golden_runs" if _caching(name) else "golden_runs")[name]
     assert_same(mine, real, name)
 
 
