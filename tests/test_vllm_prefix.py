@@ -41,25 +41,6 @@ def _hits_matter(lane) -> bool:
     return simulate(requests, config)["steps"] != simulate(requests, dict(config, prefix_caching=False))["steps"]
 
 
-def test_random_lanes_match_the_reference():
-    """120 fcfs and 120 priority lanes in which prefix caching changes the schedule (against
-    the same lane without it), one batch."""
-    rng = np.random.default_rng(7)
-    lanes = []
-    for policy in ("fcfs", "priority"):
-        count = 0
-        while count < 120:
-            lane = prefix_lane(rng, policy)
-            if _hits_matter(lane):
-                lanes.append(lane)
-                count += 1
-    want = [simulate(reqs, config) for reqs, config in lanes]
-    assert sum(w["total_preemptions"] > 0 for w in want) >= 40  # self-hits after a preemption are exercised
-    got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
-    for k, (mine, real) in enumerate(zip(got, want)):
-        assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
-
-
 class VtcOrder(WaitingOrder):
     """The engine's VTC (w_p = 1, w_q = 2, beta = 0) as the reference's waiting order, for
     lanes whose requests all arrive at step 0 (so no counter is ever lifted): each client
@@ -97,22 +78,38 @@ class VtcOrder(WaitingOrder):
         return sum(len(q) for q in self.queues.values())
 
 
-def test_random_vtc_lanes_match_the_reference():
-    """80 lanes of 2-3 clients under the engine's VTC, every request at step 0, against the
-    reference with the VTC order (fcfs's newest victim, preempted to its client's front)."""
-    rng = np.random.default_rng(11)
-    lanes = []
-    while len(lanes) < 80:
+def _lanes(rng: np.random.Generator, policy: str, count: int, test) -> list:
+    out = []
+    while len(out) < count:
+        lane = prefix_lane(rng, policy)
+        if test(lane):
+            out.append(lane)
+    return out
+
+
+def _vtc_lane(rng: np.random.Generator):
+    """A prefix lane of 2-3 clients, every request at step 0 (VtcOrder's lanes)."""
+    while True:
         requests, config = prefix_lane(rng, "fcfs")
         requests = [dataclasses.replace(r, arrival=0) for r in requests]
         if len({r.client for r in requests}) > 1:
-            lanes.append((requests, config))
-    want = [simulate(reqs, config, order=VtcOrder) for reqs, config in lanes]
-    assert sum(w["total_preemptions"] > 0 for w in want) >= 10
-    assert sum(w["steps"] != simulate(reqs, config)["steps"] for w, (reqs, config) in zip(want, lanes)) >= 20
-    got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1, policy="vtc")
+            return requests, config
+
+
+def test_random_lanes_match_the_reference():
+    """One batch: 80 fcfs and 80 priority lanes in which prefix caching changes the
+    schedule (against the same lane without it), and 60 lanes under the engine's VTC
+    against the reference with the VTC order (fcfs's newest victim, preempted to the
+    front of its client's queue)."""
+    rng = np.random.default_rng(7)
+    lanes = _lanes(rng, "fcfs", 80, _hits_matter) + _lanes(rng, "priority", 80, _hits_matter)
+    vtc = [_vtc_lane(rng) for _ in range(60)]
+    want = [simulate(reqs, config) for reqs, config in lanes] + [simulate(r, c, order=VtcOrder) for r, c in vtc]
+    assert sum(w["total_preemptions"] > 0 for w in want) >= 40  # self-hits after a preemption are exercised
+    assert sum(w["steps"] != simulate(r, c)["steps"] for w, (r, c) in zip(want[160:], vtc)) >= 15  # VTC is not fcfs
+    got = engine_schedules(lanes + vtc, max(w["num_steps"] for w in want) + 1, policy=["fcfs"] * 160 + ["vtc"] * 60)
     for k, (mine, real) in enumerate(zip(got, want)):
-        assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+        assert_same(mine, real, f"lane {k} ({(lanes + vtc)[k][1]})")
 
 
 def test_prefix_tables_are_indexed_by_order():

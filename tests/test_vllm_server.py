@@ -66,22 +66,23 @@ def lane_options(requests: list[TraceRequest], config: dict, rows: int) -> dict:
     return options
 
 
-def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int, policy: str = "fcfs") -> list[dict]:
+def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int, policy="fcfs") -> list[dict]:
     """Every lane (requests, reference config) through the engine in one batch (server
     vllm, or vllm_prefix when the lanes cache prefixes), in the reference's layout:
     {"steps": [{"step", "sched" {row: tokens} in scheduling order, "preempted",
     "finished"}], "requests": {row: {"first_token_step", "finish_step", "preemptions"}}}
-    with rows the trace rows (as strings where they are keys). `policy`: the engine's
-    (vLLM's own orders are fcfs with bands)."""
+    with rows the trace rows (as strings where they are keys). `policy`: the engine's, one
+    for every lane or a list of one per lane (vLLM's own orders are fcfs with bands)."""
+    policies = [policy] * len(lanes) if isinstance(policy, str) else list(policy)
     caching = {bool(config.get("prefix_caching")) for _, config in lanes}
     assert len(caching) == 1, "one batch, one server"
     server = "vllm_prefix" if caching.pop() else "vllm"
     inputs = [lane_input(reqs, config) for reqs, config in lanes]
     k = max(t.num_clients for t, _ in inputs)
     rows = max(len(reqs) for reqs, _ in lanes)
-    settings = [Settings(policy=policy, kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
+    settings = [Settings(policy=name, kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
                          server_options=tuple(lane_options(reqs, config, rows).items()))
-                for (_, b), (reqs, config) in zip(inputs, lanes)]
+                for (_, b), (reqs, config), name in zip(inputs, lanes, policies)]
     res = run_traces([t for t, _ in inputs], settings, num_clients=k, server=server, log_steps=log_steps,
                      measures=MeasureConfig())
     assert res.finished.all() or os.environ.get("H1_DEBUG")
