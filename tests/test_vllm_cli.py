@@ -29,10 +29,11 @@ PREFIX_SHARED = ("g010", "g019")
 
 
 def _goldens():
-    """Every shared golden without prefix caching, the two shared ones with it whose rule
-    only they show (g010, g019: a free hit block counts as needed), and every fourth of
-    ours (each CLI run compiles once: tests/test_vllm_server.py replays all 69 through the
-    API in batches; every golden with prefix caching was also checked through the CLI)."""
+    """Every shared golden without prefix caching and the two with it whose rule only they
+    show (g010 fcfs, g019 priority: a free hit block counts as needed), and every fourth
+    of ours without it (each CLI run compiles once: tests/test_vllm_server.py replays all
+    69 through the API in batches; all 17 with prefix caching were checked through the CLI
+    once, docs/VLLM.md)."""
     out = []
     for directory in ("vllm_golden", "vllm_golden_more"):
         configs = sorted((DATA / directory).glob("*.config.json"))
@@ -40,7 +41,7 @@ def _goldens():
             cfg = json.loads(config.read_text())
             if cfg.get("victim") or cfg.get("preempted_to"):
                 continue  # the fairness options are not the CLI's
-            if directory == "vllm_golden" and cfg.get("prefix_caching") and config.name[:4] not in PREFIX_SHARED:
+            if cfg.get("prefix_caching") and config.name[:4] not in PREFIX_SHARED:
                 continue
             out.append(pytest.param(config.parent, config.name[: -len(".config.json")], id=config.name[:4]))
     return out

@@ -172,11 +172,11 @@ def golden_runs() -> dict:
 
 @pytest.fixture(scope="module")
 def prefix_golden_runs() -> dict:
-    """The goldens with prefix caching (server vllm_prefix), in 3 batches by pool size
+    """The goldens with prefix caching (server vllm_prefix), in 2 batches by pool size
     (the pool's static size is a batch's largest)."""
     names = [n for _, n in GOLDENS if _caching(n)]
     blocks = {n: dict(GOLDEN_CONFIGS)[n]["num_blocks"] for n in names}
-    batches = [[n for n in names if lo < blocks[n] <= hi] for lo, hi in ((0, 100), (100, 200), (200, 1 << 30))]
+    batches = [[n for n in names if lo < blocks[n] <= hi] for lo, hi in ((0, 100), (100, 1 << 30))]
     return _golden_batches(names, [b for b in batches if b])
 
 
