@@ -43,8 +43,9 @@ from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
 I32 = jnp.int32
 INT_MAX = 2**31 - 1
 PREFIX_OPTIONS = ("prefix_group", "prefix_len")
-VICTIMS = ("newest", "priority")  # vllm_v1's codes 0 and 1 (its `counter` is not offered here)
+VICTIMS = ("newest", "priority")  # vllm's victim rules offered here (its `counter` is not)
 MIN_TABLE = 64
+LIMIT = INT_MAX // 4
 
 
 def _split(options: dict) -> tuple[dict, dict]:
@@ -66,8 +67,8 @@ def validate(options: dict) -> None:
     tables = [prefix.get(name, ()) for name in PREFIX_OPTIONS]
     for name, table in zip(PREFIX_OPTIONS, tables):
         low = -1 if name == "prefix_group" else 0
-        if not isinstance(table, tuple) or any(type(v) is not int or not low <= v <= vllm_v1.LIMIT for v in table):
-            raise InputError(f"{name} must be a tuple of integers in [{low}, {vllm_v1.LIMIT}]")
+        if not isinstance(table, tuple) or any(type(v) is not int or not low <= v <= LIMIT for v in table):
+            raise InputError(f"{name} must be a tuple of integers in [{low}, {LIMIT}]")
     if len(tables[0]) != len(tables[1]):
         raise InputError(f"prefix_group and prefix_len differ in length ({len(tables[0])} and {len(tables[1])})")
 
@@ -78,14 +79,19 @@ def _table_size(options: dict) -> int:
 
 
 def encode(options: dict) -> dict:
-    """vllm's traced settings and the prefix tables, int32[L] each (L `_table_size`;
-    padding: group -1)."""
+    """The traced settings (from vllm_v1.settings, vLLM's names; the victim as its index
+    in VICTIMS) and the prefix tables, int32[L] each (L `_table_size`; padding: group -1)."""
     base, prefix = _split(options)
+    s = vllm_v1.settings(base)
     size = _table_size(options)
     group, length = np.full(size, -1, np.int32), np.zeros(size, np.int32)
     group[: len(prefix.get("prefix_group", ()))] = prefix.get("prefix_group", ())
     length[: len(prefix.get("prefix_len", ()))] = prefix.get("prefix_len", ())
-    return {**vllm_v1.encode(base), "prefix_group": group, "prefix_len": length}
+    return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
+            "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
+            "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
+            "victim": np.int32(VICTIMS.index(s["victim"])), "prefix_group": group, "prefix_len": length,
+            **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
 
 
 def prefix_options(arrival, client, prefix_id, prefix_len, rows: int = 0) -> dict:
