@@ -12,12 +12,14 @@ token step, finish step and preemptions."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from vtc_jax.cli.commands import main
+from vtc_jax.cli.server_flags import server_options
 
 DATA = Path(__file__).resolve().parent / "data"
 FLAGS = {"block_size": "--block-size", "num_blocks": "--num-gpu-blocks", "max_num_batched_tokens":
@@ -95,3 +97,14 @@ def test_bad_server_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, words)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err, err
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("server, caching, runs", [
+    ("vllm", True, "vllm_prefix"), ("vllm", None, "vllm"), ("vllm_prefix", None, "vllm_prefix"),
+    ("vllm_prefix", False, "vllm"), ("vllm", False, "vllm"),
+])
+def test_enable_prefix_caching_picks_the_server(server, caching, runs):
+    """--enable-prefix-caching runs --server vllm as vllm_prefix; --no-enable-prefix-caching
+    runs vllm_prefix as vllm; the flag itself is not a server setting."""
+    args = argparse.Namespace(server=server, enable_prefix_caching=caching, num_gpu_blocks=8)
+    assert server_options(args) == (("num_gpu_blocks", 8),) and args.server == runs

@@ -14,6 +14,7 @@ import pytest
 
 from tests.test_vllm_server import assert_same, engine_schedules, random_lane
 from vtc_jax import InputError
+from vtc_jax.inputs.server_trace import read_server_trace
 from vtc_jax.servers import registry, vllm_prefix
 from vtc_jax.testing.vllm_reference import WaitingOrder, simulate
 
@@ -143,3 +144,16 @@ def test_slots_hold_the_pool_and_tables_of_one_batch_share_a_size():
                            {"num_gpu_blocks": 8}], 10, 50)
     encoded = server.encode({"num_gpu_blocks": 8, "prefix_group": (2, -1), "prefix_len": (5, 0)})
     assert encoded["prefix_group"].tolist() == [2, -1] + [-1] * 62 and encoded["prefix_len"][:3].tolist() == [5, 0, 0]
+
+
+def test_a_prefix_len_without_an_id_is_shared_within_its_client(tmp_path):
+    """The server trace reads a prefix_len without a prefix_id (as the goldens' harness
+    made them: the client's own prefix); prefix_options gives each client its group."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival,client,prompt,output,prefix_id,prefix_len\n0,a,40,2,,32\n0,b,40,2,,32\n1,a,40,2,,16\n"
+                    "1,b,40,2,sys,8\n")
+    source = read_server_trace(str(path))
+    assert source.prefix_id == (None, None, None, "sys") and source.prefix_len.tolist() == [32, 32, 16, 8]
+    got = vllm_prefix.prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
+                                     source.prefix_len)
+    assert got == {"prefix_group": (0, 1, 0, 2), "prefix_len": (32, 32, 16, 8)}
