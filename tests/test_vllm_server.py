@@ -1,4 +1,5 @@
-"""The `vllm` server component in the engine (servers/vllm_v1.py), step for step against
+"""The `vllm` server component in the engine (servers/vllm_v1.py; with prefix caching
+`vllm_prefix`, servers/vllm_prefix.py), step for step against
 the real vLLM 0.33 scheduler's goldens and the literal reference
 (vtc_jax/testing/vllm_reference.py), under both of vLLM's scheduling policies.
 
@@ -18,7 +19,7 @@ import pytest
 from vtc_jax import InputError, MeasureConfig, Settings, Trace, run_traces
 from vtc_jax.core.rows import ORDER
 from vtc_jax.inputs.workload import layout_trace
-from vtc_jax.servers import vllm_v1
+from vtc_jax.servers import vllm_prefix, vllm_v1
 from vtc_jax.testing.vllm_goldens import load_golden
 from vtc_jax.testing.vllm_reference import TraceRequest, simulate
 
@@ -54,17 +55,35 @@ def lane_input(requests: list[TraceRequest], config: dict) -> tuple[Trace, list[
     return trace, bands if by_priority else None
 
 
-def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int) -> list[dict]:
-    """Every lane (requests, reference config) through the engine in one batch, in the
-    reference's layout: {"steps": [{"step", "sched" {row: tokens} in scheduling order,
-    "preempted", "finished"}], "requests": {row: {"first_token_step", "finish_step",
-    "preemptions"}}} with rows the trace rows (as strings where they are keys)."""
+def lane_options(requests: list[TraceRequest], config: dict, rows: int) -> dict:
+    """The server's settings of a lane: with prefix caching, the trace's prefix tables too
+    (vllm_prefix.prefix_options, padded to `rows`)."""
+    options = server_options(config)
+    if config.get("prefix_caching"):
+        options.update(vllm_prefix.prefix_options([r.arrival for r in requests], [r.client for r in requests],
+                                                  [r.prefix_id for r in requests], [r.prefix_len for r in requests],
+                                                  rows=rows))
+    return options
+
+
+def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int, policy="fcfs") -> list[dict]:
+    """Every lane (requests, reference config) through the engine in one batch (server
+    vllm, or vllm_prefix when the lanes cache prefixes), in the reference's layout:
+    {"steps": [{"step", "sched" {row: tokens} in scheduling order, "preempted",
+    "finished"}], "requests": {row: {"first_token_step", "finish_step", "preemptions"}}}
+    with rows the trace rows (as strings where they are keys). `policy`: the engine's, one
+    for every lane or a list of one per lane (vLLM's own orders are fcfs with bands)."""
+    policies = [policy] * len(lanes) if isinstance(policy, str) else list(policy)
+    caching = {bool(config.get("prefix_caching")) for _, config in lanes}
+    assert len(caching) == 1, "one batch, one server"
+    server = "vllm_prefix" if caching.pop() else "vllm"
     inputs = [lane_input(reqs, config) for reqs, config in lanes]
     k = max(t.num_clients for t, _ in inputs)
-    settings = [Settings(policy="fcfs", kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
-                         server_options=tuple(server_options(config).items()))
-                for (_, b), (_, config) in zip(inputs, lanes)]
-    res = run_traces([t for t, _ in inputs], settings, num_clients=k, server="vllm", log_steps=log_steps,
+    rows = max(len(reqs) for reqs, _ in lanes)
+    settings = [Settings(policy=name, kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
+                         server_options=tuple(lane_options(reqs, config, rows).items()))
+                for (_, b), (reqs, config), name in zip(inputs, lanes, policies)]
+    res = run_traces([t for t, _ in inputs], settings, num_clients=k, server=server, log_steps=log_steps,
                      measures=MeasureConfig())
     assert res.finished.all()
     log, out = res.server_state.log, res.server_state.out
@@ -77,7 +96,7 @@ def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: in
         order = layout_trace(trace, k, 5)[:, ORDER]  # per workload row (5: arrival_width + 1); padding: past the end
         source = np.where(order < len(trace), fcfs[np.minimum(order, len(trace) - 1)], -1)  # workload row -> trace row
         steps = []
-        for j in range(int(count[lane])):
+        for j in range(min(int(count[lane]), index.shape[1])):
             live = index[lane, j] >= 0
             rows, toks = source[index[lane, j][live]], tokens[lane, j][live]
             steps.append({"step": int(t[lane, j]),
@@ -110,14 +129,14 @@ def assert_same(mine: dict, real: dict, where: str) -> None:
 
 
 def _goldens() -> list[tuple[str, str]]:
-    """(directory, name) of every golden the server models: fcfs or priority, vLLM's own
-    victim and re-queue rules, no prefix caching."""
+    """(directory, name) of every golden the servers model: fcfs or priority, vLLM's own
+    victim and re-queue rules, with prefix caching (server vllm_prefix) or without (vllm)."""
     out = []
     for d in GOLDEN_DIRS:
         for f in sorted(os.listdir(os.path.join(DATA, d))):
             if f.endswith(".config.json"):
                 _, config, _ = load_golden(os.path.join(DATA, d), f[: -len(".config.json")])
-                if not config.get("prefix_caching") and "victim" not in config and "preempted_to" not in config:
+                if "victim" not in config and "preempted_to" not in config:
                     out.append((d, f[: -len(".config.json")]))
     return out
 
@@ -125,27 +144,52 @@ def _goldens() -> list[tuple[str, str]]:
 GOLDENS = _goldens()
 
 
-@pytest.fixture(scope="module")
-def golden_runs() -> dict:
-    """Every golden's engine schedule, in 4 batches of similar length (a lane's log is
-    sized to its batch's longest schedule)."""
-    loaded = {name: load_golden(os.path.join(DATA, d), name) for d, name in GOLDENS}
-    names = sorted(loaded, key=lambda n: len(loaded[n][2]["steps"]))
+def _golden_batches(names: list[str], batches: list[list[str]]) -> dict:
+    """The engine schedules of these goldens, batch by batch (a lane's log is sized to its
+    batch's longest schedule): {name: (golden, ours)}."""
+    loaded = {name: load_golden(os.path.join(DATA, d), name) for d, name in GOLDENS if name in names}
     out = {}
-    for batch in np.array_split(np.asarray(names), 4):
+    for batch in batches:
         got = engine_schedules([loaded[n][:2] for n in batch], max(len(loaded[n][2]["steps"]) for n in batch) + 5)
         out.update({n: (loaded[n][2], mine) for n, mine in zip(batch, got)})
     return out
 
 
+def _caching(name: str) -> bool:
+    return bool(dict(GOLDEN_CONFIGS)[name].get("prefix_caching"))
+
+
+GOLDEN_CONFIGS = [(n, load_golden(os.path.join(DATA, d), n)[1]) for d, n in GOLDENS]
+
+
+@pytest.fixture(scope="module")
+def golden_runs() -> dict:
+    """The goldens without prefix caching, in 4 batches of similar length."""
+    steps = {n: len(load_golden(os.path.join(DATA, d), n)[2]["steps"]) for d, n in GOLDENS}
+    names = sorted((n for n in steps if not _caching(n)), key=steps.get)
+    return _golden_batches(names, [list(b) for b in np.array_split(np.asarray(names), 4)])
+
+
+@pytest.fixture(scope="module")
+def prefix_golden_runs() -> dict:
+    """The goldens with prefix caching (server vllm_prefix), in 2 batches by pool size
+    (the pool's static size is a batch's largest)."""
+    names = [n for _, n in GOLDENS if _caching(n)]
+    blocks = {n: dict(GOLDEN_CONFIGS)[n]["num_blocks"] for n in names}
+    batches = [[n for n in names if lo < blocks[n] <= hi] for lo, hi in ((0, 100), (100, 1 << 30))]
+    return _golden_batches(names, [b for b in batches if b])
+
+
 def test_the_goldens_cover_both_policies():
-    policies = [load_golden(os.path.join(DATA, d), n)[1].get("policy", "fcfs") for d, n in GOLDENS]
-    assert policies.count("fcfs") >= 30 and policies.count("priority") >= 15
+    configs = [c for _, c in GOLDEN_CONFIGS]
+    policies = [c.get("policy", "fcfs") for c in configs]
+    assert len(GOLDENS) == 69 and policies.count("fcfs") >= 30 and policies.count("priority") >= 15
+    assert sum(bool(c.get("prefix_caching")) for c in configs) == 17
 
 
 @pytest.mark.parametrize("name", [n for _, n in GOLDENS])
-def test_golden_step_for_step(golden_runs, name):
-    real, mine = golden_runs[name]
+def test_golden_step_for_step(request, name):
+    real, mine = request.getfixturevalue("prefix_golden_runs" if _caching(name) else "golden_runs")[name]
     assert_same(mine, real, name)
 
 

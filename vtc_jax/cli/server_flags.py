@@ -27,7 +27,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", choices=names, default="ideal",
                         help="the server every lane runs (default ideal, MODEL.md's): "
                              + "; ".join(f"{n}: {servers.get(n).description}" for n in names))
-    group = parser.add_argument_group("server vllm (vLLM V1's engine arguments)")
+    group = parser.add_argument_group("servers vllm, vllm_prefix (vLLM V1's engine arguments)")
     group.add_argument("--num-gpu-blocks", type=int_arg(2, LIMIT), metavar="N", help="KV blocks (the null block included)")
     group.add_argument("--block-size", type=int_arg(1, LIMIT), metavar="B", help="tokens per KV block (default 16)")
     group.add_argument("--max-num-batched-tokens", type=int_arg(1, LIMIT), metavar="T",
@@ -41,20 +41,26 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="vLLM's waiting order: fcfs (default) or priority (the trace's priority column, "
                             "lower first; the --policy orders requests of equal priority)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                       help="share KV blocks of common prefixes (trace columns prefix_id, prefix_len)")
+                       help="share KV blocks of common prefixes (trace columns prefix_id, prefix_len) and keep "
+                            "freed blocks cached: runs --server vllm as vllm_prefix (default off)")
+
+
+VLLM_SERVERS = ("vllm", "vllm_prefix")  # the servers these flags set
 
 
 def server_options(args) -> tuple:
     """The server settings the user gave, as ((name, value), ...); a flag of another
-    server is refused."""
+    server is refused. `--enable-prefix-caching` runs vLLM with prefix caching: it turns
+    `--server vllm` into `vllm_prefix` (args.server is set to the server that runs, so
+    every command calls this before it reads args.server for the run), and
+    `--no-enable-prefix-caching` turns `vllm_prefix` into `vllm`."""
     given = {name: getattr(args, name) for name in VLLM_FLAGS if getattr(args, name, None) is not None}
-    if given and args.server != "vllm":
+    if given and args.server not in VLLM_SERVERS:
         first = next(iter(given))
         raise InputError(f"{VLLM_FLAGS[first]} is a setting of --server vllm (the run uses --server {args.server})")
-    if given.get("enable_prefix_caching"):
-        raise InputError("--enable-prefix-caching is not supported by the vllm server yet (vtc_jax.testing's "
-                         "reference models it; the server component does not)")
-    given.pop("enable_prefix_caching", None)
+    caching = given.pop("enable_prefix_caching", None)
+    if caching is not None:
+        args.server = "vllm_prefix" if caching else "vllm"
     if given.get("scheduling_policy") == "fcfs":
         given.pop("scheduling_policy")
     return tuple(sorted(given.items()))

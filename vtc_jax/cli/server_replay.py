@@ -14,15 +14,17 @@ from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_repo
 from vtc_jax.inputs.server_trace import read_server_trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.servers import registry as servers
+from vtc_jax.servers.vllm_prefix import prefix_options
 
 FIRST_LOG = 4096  # steps the schedule log holds on a first run (a longer run is rerun with room)
 MAX_LOG_BYTES = 1 << 30
 
 
-def server_settings(args, settings_from_args, queue_bands):
-    """The lane's Settings on a server with settings: the server's options, its memory as
-    M (for the 2U bound and the load line), bands from the trace's priorities."""
-    options = dict(server_options(args))
+def server_settings(args, settings_from_args, queue_bands, extra=None):
+    """The lane's Settings on a server with settings: the server's options (and `extra`
+    ones from the trace), its memory as M (for the 2U bound and the load line), bands from
+    the trace's priorities."""
+    options = {**dict(server_options(args)), **(extra or {})}
     server = servers.get(args.server)
     server.validate(options)
     if args.kv_budget is not None:
@@ -44,7 +46,12 @@ def replay_on_server(args, settings_from_args):
     queue, bands, tenant_of = source.queues(by_priority)
     trace = source.engine_trace(queue)
     num_clients = len(bands)
-    settings = server_settings(args, settings_from_args, bands if by_priority else None)
+    server_options(args)  # sets args.server (--enable-prefix-caching: vllm_prefix)
+    extra = None
+    if args.server == "vllm_prefix":  # the trace's shared prefixes, by ORDER (engine rank in (arrival, row))
+        extra = prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
+                               source.prefix_len)
+    settings = server_settings(args, settings_from_args, bands if by_priority else None, extra)
     pairs = ["pair_drift"] if num_clients <= PAIR_DRIFT_MAX_CLIENTS else []
     measures = MeasureConfig.of(pairs + ["latency"] + (["ledger"] if args.check else []))
     log_steps = FIRST_LOG if args.schedule_out else 0

@@ -5,7 +5,9 @@ CSV header `arrival,client,prompt,output[,priority][,prefix_id][,prefix_len]`: a
 step (int >= 0), client any label (a tenant's name or number; ids are given by first
 appearance), prompt and output ints >= 1, priority an int in [-2^30, 2^30] (lower first,
 vLLM's `priority`; default 0), prefix_id any label or empty (requests with the same
-prefix_id share their first prefix_len prompt tokens), prefix_len an int in [0, prompt].
+prefix_id share their first prefix_len prompt tokens; a prefix_len without a prefix_id is
+shared within the client, as the real scheduler's goldens were made), prefix_len an int in
+[0, prompt].
 
 A server that orders by priority runs each (tenant, priority) pair as its own engine
 client with that priority as its band (`queues`): strict priority between bands, the
@@ -99,8 +101,6 @@ def read_server_trace(path_or_text, *, source: str | None = None) -> ServerTrace
         cols["priority"].append(_int(cell.get("priority") or "0", "priority", where, -MAX_PRIORITY, MAX_PRIORITY))
         prefix = cell.get("prefix_id") or None
         length = _int(cell.get("prefix_len") or "0", "prefix_len", where, 0, prompt)
-        if length and prefix is None:
-            raise InputError(f"{where}: prefix_len {length} without a prefix_id")
         cols["prefix_id"].append(prefix)
         cols["prefix_len"].append(length)
         cols["line"].append(line)

@@ -1,0 +1,494 @@
+"""`vllm_prefix`: the vLLM V1 scheduler's server with prefix caching (docs/VLLM.md).
+
+The `vllm` server's rules (servers/vllm_v1.py: token budget, seats, KV blocks, chunked
+prefill, the long-prefill cap, preemption by recompute, vLLM's victims), plus vLLM's
+block pool with prefix caching (servers/vllm_blocks.py): a full block is hashed when it
+is allocated, a waiting request's longest run of cached leading blocks (at most P + g - 1
+tokens) is a hit that costs no budget and no new block, a free hit block counts as needed
+at admission, freed blocks keep their hash in an LRU free queue until reused. Everything
+runs as vLLM's loops, literally (correctness first): the running phase walks the running
+list (one `lax.while_loop`, one victim or one scheduled request per iteration),
+admissions are the engine's, one per event, finished requests release their blocks in
+scheduling order, each its last block first.
+
+Which tokens are shared comes from the trace: requests with the same prefix group share
+their first prefix_len prompt tokens, every other token is distinct. The server reads them
+per request from its settings `prefix_group` and `prefix_len` (tuples of ints indexed by
+the request's ORDER, its rank in (arrival, trace row) order; `prefix_options` builds them
+from a trace's columns), padded to a power of two (at least 64) so lanes of one batch
+share a shape; a request past the tables, or of group -1, shares nothing.
+
+Static sizes: the block pool has P physical blocks and each running request a table of
+P positions, P = the server's slots, which `plan_slots` sets to at least the largest
+num_gpu_blocks of the batch (ServerShape has no field of its own for it); the running
+slots are min(P, the workload's rows). State is O(min(P, R) P) per lane, an event
+O(P log P + min(P, R)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.core.errors import InputError
+from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
+from vtc_jax.servers import step_time, vllm_v1
+from vtc_jax.servers import vllm_blocks as vb
+from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
+from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
+
+I32 = jnp.int32
+INT_MAX = 2**31 - 1
+PREFIX_OPTIONS = ("prefix_group", "prefix_len")
+VICTIMS = ("newest", "priority")  # vllm's victim rules offered here (its `counter` is not)
+MIN_TABLE = 64
+LIMIT = INT_MAX // 4
+
+
+def _split(options: dict) -> tuple[dict, dict]:
+    base = {k: v for k, v in options.items() if k not in PREFIX_OPTIONS}
+    return base, {k: options[k] for k in PREFIX_OPTIONS if k in options}
+
+
+def validate(options: dict) -> None:
+    """vllm's settings (vllm_v1.validate), the victim `newest` or `priority`, and the
+    prefix tables: tuples of ints of one length, groups >= -1, lengths >= 0."""
+    base, prefix = _split(options)
+    try:
+        vllm_v1.validate(base)
+    except InputError as err:
+        raise InputError(str(err).replace("server vllm ", "server vllm_prefix ")) from None
+    victim = vllm_v1.settings(base)["victim"]
+    if victim not in VICTIMS:
+        raise InputError(f"victim must be one of {', '.join(VICTIMS)} with prefix caching, got {victim!r}")
+    tables = [prefix.get(name, ()) for name in PREFIX_OPTIONS]
+    for name, table in zip(PREFIX_OPTIONS, tables):
+        low = -1 if name == "prefix_group" else 0
+        if not isinstance(table, tuple) or any(type(v) is not int or not low <= v <= LIMIT for v in table):
+            raise InputError(f"{name} must be a tuple of integers in [{low}, {LIMIT}]")
+    if len(tables[0]) != len(tables[1]):
+        raise InputError(f"prefix_group and prefix_len differ in length ({len(tables[0])} and {len(tables[1])})")
+
+
+def _table_size(options: dict) -> int:
+    n = len(options.get("prefix_group", ()))
+    return max(MIN_TABLE, 1 << max(n - 1, 0).bit_length())
+
+
+def encode(options: dict) -> dict:
+    """The traced settings (from vllm_v1.settings, vLLM's names; the victim as its index
+    in VICTIMS) and the prefix tables, int32[L] each (L `_table_size`; padding: group -1)."""
+    base, prefix = _split(options)
+    s = vllm_v1.settings(base)
+    size = _table_size(options)
+    group, length = np.full(size, -1, np.int32), np.zeros(size, np.int32)
+    group[: len(prefix.get("prefix_group", ()))] = prefix.get("prefix_group", ())
+    length[: len(prefix.get("prefix_len", ()))] = prefix.get("prefix_len", ())
+    return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
+            "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
+            "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
+            "victim": np.int32(VICTIMS.index(s["victim"])), "prefix_group": group, "prefix_len": length,
+            **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
+
+
+def prefix_options(arrival, client, prefix_id, prefix_len, rows: int = 0) -> dict:
+    """The settings `prefix_group` and `prefix_len` of a trace (per request in trace
+    order: arrival, client label, prefix id (None: none), prefix_len): groups numbered by
+    first appearance; a prefix_len without an id shares within the client (as the
+    goldens' harness does); indexed by ORDER (rank in (arrival, row) order), padded to
+    `rows` entries. Empty when nothing is shared."""
+    arrival = np.asarray(arrival, np.int64)
+    lengths = [int(x) for x in prefix_len]
+    if not any(lengths):
+        return {}
+    ids: dict = {}
+    group = [ids.setdefault(("id", p) if p is not None else ("client", c), len(ids)) if n > 0 else -1
+             for p, c, n in zip(prefix_id, client, lengths)]
+    order = np.lexsort((np.arange(len(arrival)), arrival))
+    pad = max(0, rows - len(order))
+    return {"prefix_group": tuple(group[i] for i in order) + (-1,) * pad,
+            "prefix_len": tuple(lengths[i] for i in order) + (0,) * pad}
+
+
+def plan_slots(options: list, bound: int, requests: int) -> int:
+    """vllm's running slots, and at least the largest pool (the block pool and each
+    request's table are sized by the slots). Refused: lanes whose prefix tables differ
+    in padded size (give them `prefix_options(..., rows=)` of one length)."""
+    sizes = {_table_size(o) for o in options}
+    if len(sizes) > 1:
+        raise InputError("the lanes' prefix tables differ in size: pad them to one length (prefix_options rows=)")
+    base = [_split(o)[0] for o in options]
+    return max(vllm_v1.plan_slots(base, bound, requests), max(vllm_v1.settings(o)["num_gpu_blocks"] for o in base))
+
+
+def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
+    return vllm_v1.never_served(_split(options)[0], prompt, output, kv_budget)
+
+
+def drain_steps(options: dict, arrival, prompt, output) -> int:
+    """vllm's horizon: a prefix hit only takes work away, and the first running request is
+    still never the newest victim."""
+    return vllm_v1.drain_steps(_split(options)[0], arrival, prompt, output)
+
+
+def fuzz_options(rng, prompt, output) -> dict:
+    """vllm's random settings (victim newest or priority) and random prefix tables: a
+    request joins one of 3 groups with probability 0.6, with a prefix of up to its prompt."""
+    out = vllm_v1.fuzz_options(rng, prompt, output)
+    if out.get("victim") not in (None, *VICTIMS):
+        out["victim"] = rng.choice(VICTIMS)
+    lengths = [int(p) for p in prompt]
+    group = [rng.randrange(3) if rng.random() < 0.6 else -1 for _ in lengths]
+    out["prefix_group"] = tuple(group)
+    out["prefix_len"] = tuple(rng.randint(0, p) if g >= 0 else 0 for g, p in zip(group, lengths))
+    return out
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PrefixState:
+    """One lane. Scalars int32[]: t (the step in progress), nrun (running requests), left
+    (budget left this step), cap (the prefill cap this step), seq (admissions so far),
+    nsched (requests scheduled this step); bool[]: preempted, just_finished, active (the
+    step has something to log); running int32[K] requests per client in the server
+    (leaving ones included). Per slot (a running request keeps its slot), S entries:
+    alive bool; adm (its admission number: the running list is the alive slots by adm),
+    client, value, index (workload row), prompt, output, computed, generated, tokens
+    (scheduled this step), spos (its place in this step's scheduling order, INT_MAX
+    none) int32; row int32[S, 5]. Leaving requests (finished, not yet handed back), in
+    scheduling order: ndone, done_client, done_prompt, done_output, done_value. out,
+    log: as vllm's (vllm_v1.Outcome, ScheduleLog); victims int32[S] the rows this step
+    preempted (-1 none); pool: the block pool (vllm_blocks.Pool)."""
+
+    t: jax.Array
+    nrun: jax.Array
+    left: jax.Array
+    cap: jax.Array
+    seq: jax.Array
+    nsched: jax.Array
+    preempted: jax.Array
+    just_finished: jax.Array
+    active: jax.Array
+    running: jax.Array
+    alive: jax.Array
+    adm: jax.Array
+    client: jax.Array
+    value: jax.Array
+    index: jax.Array
+    prompt: jax.Array
+    output: jax.Array
+    computed: jax.Array
+    generated: jax.Array
+    tokens: jax.Array
+    spos: jax.Array
+    row: jax.Array
+    ndone: jax.Array
+    done_client: jax.Array
+    done_prompt: jax.Array
+    done_output: jax.Array
+    done_value: jax.Array
+    out: Outcome
+    log: ScheduleLog
+    victims: jax.Array
+    pool: vb.Pool
+
+
+def init(shape: ServerShape) -> PrefixState:
+    """An empty server: a pool of `shape.slots` blocks, and running slots for at most as
+    many requests as the workload has rows (no more can run)."""
+    blocks, r, steps, k = shape.slots, shape.num_rows, shape.log_steps, shape.num_clients
+    s = min(blocks, r) if r > 0 else blocks
+    zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
+    none_r = jnp.full(r, -1, I32)
+    return PrefixState(
+        t=zero, nrun=zero, left=zero, cap=zero, seq=zero, nsched=zero, preempted=jnp.zeros((), bool),
+        just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
+        alive=jnp.zeros(s, bool), adm=empty, client=empty, value=empty, index=empty, prompt=empty, output=empty,
+        computed=empty, generated=empty, tokens=empty, spos=jnp.full(s, INT_MAX, I32),
+        row=jnp.zeros((s, NUM_FIELDS), I32), ndone=zero, done_client=empty, done_prompt=empty, done_output=empty,
+        done_value=empty,
+        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
+        log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
+                        tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
+                        preempted=jnp.full((steps, s), -1, I32)),
+        victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, blocks))
+
+
+def _cdiv(a, b):
+    return (a + (b - 1)) // b
+
+
+def _per_client(values, client, mask, k):
+    return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
+
+
+def _prefix(p: dict, row):
+    """(group, prefix_len clipped to the prompt, ORDER) of a request row."""
+    size = p["prefix_group"].shape[0]
+    order = row[ORDER]
+    inside = (order >= 0) & (order < size)
+    at = jnp.clip(order, 0, size - 1)
+    group = jnp.where(inside, p["prefix_group"][at], -1)
+    return group, jnp.minimum(jnp.where(inside, p["prefix_len"][at], 0), row[PROMPT]), order
+
+
+def _slot_prefix(state: PrefixState, p: dict, slot):
+    return _prefix(p, state.row[slot])
+
+
+def load(state: PrefixState) -> Load:
+    k = state.running.shape[0]
+    return Load(running=state.running, context=_per_client(state.computed, state.client, state.alive, k))
+
+
+def _select(mask, new: PrefixState, old: PrefixState) -> PrefixState:
+    """`new` where mask, else `old`, for every field but the per-row tables (written by
+    masked scatters) and the pool (changed only under the mask)."""
+    small = {f.name for f in dataclasses.fields(PrefixState)} - {"out", "log", "pool"}
+    return dataclasses.replace(new, **{f: jnp.where(mask, getattr(new, f), getattr(old, f)) for f in small
+                                       if getattr(new, f) is not getattr(old, f)})
+
+
+def _victim(state: PrefixState, params, alive):
+    """The slot vLLM preempts: the newest admitted (`newest`), or the largest (band,
+    ORDER) (`priority`)."""
+    newest = jnp.argmax(jnp.where(alive, state.adm, -1)).astype(I32)
+    band = jnp.where(alive, params.band[state.client], -1)
+    top = alive & (band == band.max())
+    by_priority = jnp.argmax(jnp.where(top, state.row[:, ORDER], -1)).astype(I32)
+    return jnp.where(params.server["victim"] == 1, by_priority, newest)
+
+
+def _grow(pool, state: PrefixState, p: dict, slot, n, on):
+    """allocate_slots where `on` for a running request scheduled for n tokens (the caller
+    checked its new blocks are free): take them, hash the blocks this step fills."""
+    bs = p["block_size"]
+    c = state.computed[slot]
+    need = jnp.where(on, jnp.maximum(_cdiv(c + n, bs) - pool.held[slot], 0), 0)
+    pool = vb.take(pool, slot, need, p["num_blocks"])
+    group, length, order = _slot_prefix(state, p, slot)
+    return vb.hash_blocks(pool, slot, jnp.where(on, c + n, 0), group, length, order, bs)
+
+
+def begin_step(state: PrefixState, params, view, step, mask):
+    """The running phase (vLLM's walk, literally) where `mask`; returns (state, Requeue):
+    the victims in preemption order."""
+    p = params.server
+    slots = state.alive.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    bs = p["block_size"]
+    waiting = view.waiting.sum()
+    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    walk = jnp.argsort(jnp.where(state.alive, state.adm, INT_MAX)).astype(I32)  # the running list's slots
+    nlist = state.nrun
+
+    def ask(st, i, budget):
+        s = walk[jnp.minimum(i, slots - 1)]
+        return jnp.minimum(jnp.minimum(st.prompt[s] + st.generated[s] - st.computed[s], cap), budget)
+
+    walked = ("alive", "tokens", "spos", "computed", "nsched", "pool")  # what the walk changes
+
+    def going(carry):
+        _, i, _, budget, _, _ = carry
+        return mask & (i < nlist) & (budget > 0)
+
+    def body(carry):
+        f, i, n, budget, vic, nvic = carry
+        st = dataclasses.replace(state, **f)
+        s = walk[jnp.minimum(i, slots - 1)]
+        live = st.alive[s]
+        need = _cdiv(st.computed[s] + n, bs) - st.pool.held[s]
+        short = live & (need > vb.num_free(st.pool, p["num_blocks"]))
+        v = _victim(st, params, st.alive)
+        # Preempt v (its blocks, with any tokens it got this step, come back), or schedule s:
+        # the pool's updates are masked by their counts (no select over the pool).
+        back = st.tokens[v]
+        grown = live & ~short
+        pool = vb.release(st.pool, v, short)
+        pool = _grow(pool, st, p, s, n, grown)
+        p_f = dict(alive=st.alive.at[v].set(False), tokens=st.tokens.at[v].set(0), spos=st.spos.at[v].set(INT_MAX),
+                   computed=st.computed.at[v].set(0), nsched=st.nsched)
+        g_f = dict(alive=st.alive, tokens=st.tokens.at[s].set(n), spos=st.spos.at[s].set(st.nsched),
+                   computed=st.computed, nsched=st.nsched + 1)
+        small = {name: f[name] for name in g_f}
+        f2 = jax.tree_util.tree_map(lambda x, y, z: jnp.where(short, x, jnp.where(grown, y, z)), p_f, g_f, small)
+        f2["pool"] = pool
+        moves = ~short | (v == s)  # scheduled, skipped (not running any more) or preempted itself
+        budget2 = jnp.where(short, budget + back, jnp.where(grown, budget - n, budget))
+        i2 = i + moves.astype(I32)
+        n2 = jnp.where(moves, ask(dataclasses.replace(state, **f2), i2, budget2), n)
+        vic2 = jnp.where(short, vic.at[nvic].set(v), vic)
+        return f2, i2, n2, budget2, vic2, nvic + short.astype(I32)
+
+    start = dataclasses.replace(state, tokens=jnp.zeros(slots, I32), spos=jnp.full(slots, INT_MAX, I32),
+                                nsched=jnp.zeros((), I32))
+    budget = p["budget"].astype(I32)
+    carry = ({name: getattr(start, name) for name in walked}, jnp.zeros((), I32), ask(start, 0, budget), budget,
+             jnp.zeros(slots, I32), jnp.zeros((), I32))
+    f, _, _, budget, vic, nvic = jax.lax.while_loop(going, body, carry)
+    st = dataclasses.replace(state, **f)
+    gone = pos < nvic
+    slot = jnp.where(gone, vic, 0)
+    r = state.out.preemptions.shape[0]
+    victim_index = jnp.where(gone, state.index[slot], -1)
+    preemptions = state.out.preemptions.at[jnp.where(mask & gone, victim_index, r)].add(1, mode="drop")
+    k = state.running.shape[0]
+    new = dataclasses.replace(
+        st, t=step, cap=cap, nrun=st.alive.sum(dtype=I32), preempted=nvic > 0, left=jnp.where(nvic > 0, 0, budget),
+        out=dataclasses.replace(state.out, preemptions=preemptions), victims=victim_index,
+        running=state.running - _per_client(jnp.ones(slots, I32), state.client[slot], gone, k),
+        active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
+    requeue = Requeue(mask=mask & gone, client=state.client[slot], index=state.index[slot],
+                      generated=state.generated[slot], row=state.row[slot])
+    return _select(mask, new, state), requeue
+
+
+def _admission(state: PrefixState, p: dict, row, generated):
+    """(ok, n, hits, copy, evictable): vLLM's admission check for this request now."""
+    bs = p["block_size"]
+    total = row[PROMPT] + generated
+    group, length, order = _prefix(p, row)
+    hits, copy, evictable = vb.lookup(state.pool, total, group, length, order, bs)
+    ask = jnp.minimum(total - hits * bs, state.cap)
+    n = jnp.minimum(ask, state.left)
+    free = vb.num_free(state.pool, p["num_blocks"])
+    whole = jnp.maximum(_cdiv(total, bs) - hits, 0) + evictable
+    chunk = jnp.maximum(_cdiv(hits * bs + n, bs) - hits, 0) + evictable
+    ok = (~state.preempted & (state.left > 0) & (state.nrun < p["seats"]) & (p["chunked"] | (ask <= state.left))
+          & (whole <= free) & (chunk <= free))
+    return ok, n, hits, copy, evictable, chunk
+
+
+def fits(state: PrefixState, params, row, *, generated):
+    return _admission(state, params.server, row, generated)[0]
+
+
+def admit(state: PrefixState, params, row, client, value, step, mask, *, index, generated):
+    """Seat the request where `mask`: its hits gain a holder, its first chunk's blocks are
+    taken and hashed, it joins the end of the running list."""
+    p = params.server
+    bs = p["block_size"]
+    slots = state.alive.shape[0]
+    _, n, hits, copy, evictable, chunk = _admission(state, p, row, generated)
+    has_slot = ~state.alive.all()
+    on = mask & has_slot
+    s = jnp.where(on, jnp.argmin(state.alive), slots).astype(I32)  # out of range: every write below is dropped
+    group, length, order = _prefix(p, row)
+    hits = jnp.where(on, hits, 0)
+    pool = vb.touch(state.pool, s, hits, copy)
+    pool = vb.take(pool, s, jnp.where(on, chunk - evictable, 0), p["num_blocks"])
+    pool = vb.hash_blocks(pool, s, jnp.where(on, hits * bs + n, 0), group, length, order, bs)
+    put = lambda x, v: x.at[s].set(v, mode="drop")  # noqa: E731
+    k = state.running.shape[0]
+    new = dataclasses.replace(
+        state, alive=put(state.alive, True), adm=put(state.adm, state.seq), seq=state.seq + 1,
+        client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
+        prompt=put(state.prompt, row[PROMPT]), output=put(state.output, row[OUTPUT]),
+        computed=put(state.computed, hits * bs), generated=put(state.generated, generated), tokens=put(state.tokens, n),
+        spos=put(state.spos, state.nsched), nsched=state.nsched + 1, row=state.row.at[s].set(row, mode="drop"),
+        nrun=state.nrun + 1, left=state.left - n, running=state.running + (jnp.arange(k) == client).astype(I32),
+        pool=pool, out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[
+            jnp.where(on & (generated == 0), index, state.out.scheduled.shape[0])].set(step, mode="drop")))
+    return _select(on, new, state), mask & ~has_slot
+
+
+def end_step(state: PrefixState, params, mask):
+    """The step's tokens are computed where `mask`: samples, finishes (their blocks freed
+    in scheduling order, each last block first), the log."""
+    p = params.server
+    slots = state.alive.shape[0]
+    live = state.alive
+    computed = state.computed + state.tokens
+    total = state.prompt + state.generated
+    samples = live & (state.tokens > 0) & (computed == total)
+    generated = state.generated + samples
+    finished = samples & (generated == state.output)
+    rows, k = state.out.first_token.shape[0], state.running.shape[0]
+    decoding = live & (state.generated > 0) & (state.computed == total - 1)
+    elapsed = step_time.duration(p, jnp.where(live & ~decoding, state.tokens, 0).sum(dtype=I32),
+                                 jnp.where(decoding, state.tokens, 0).sum(dtype=I32))
+    stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)
+    fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
+    first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
+    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
+    # Scheduling order: the slots by spos (scheduled ones first).
+    order = jnp.argsort(state.spos).astype(I32)
+    scheduled = state.spos[order] < INT_MAX
+    log = _log(state.log, mask & state.active, state.t, jnp.where(scheduled, state.index[order], -1),
+               jnp.where(scheduled, state.tokens[order], 0), scheduled & finished[order], state.victims)
+    fin_sorted = finished[order]
+    nfin = jnp.where(mask, finished.sum(dtype=I32), 0)
+    fin_slots = jnp.where(fin_sorted, order, slots)[jnp.argsort(~fin_sorted)]  # finished slots, scheduling order
+
+    def free_one(j, pool):
+        return vb.release(pool, jnp.minimum(fin_slots[j], slots - 1), True)
+
+    pool = jax.lax.fori_loop(0, nfin, free_one, state.pool)
+    fs = jnp.minimum(fin_slots, slots - 1)
+    got = jnp.arange(slots) < finished.sum(dtype=I32)
+    new = dataclasses.replace(
+        state, computed=jnp.where(live, computed, state.computed), generated=jnp.where(live, generated, state.generated),
+        alive=live & ~finished, nrun=state.nrun - finished.sum(dtype=I32), tokens=jnp.zeros(slots, I32),
+        spos=jnp.full(slots, INT_MAX, I32), nsched=jnp.zeros((), I32), ndone=finished.sum(dtype=I32),
+        done_client=jnp.where(got, state.client[fs], 0), done_prompt=jnp.where(got, state.prompt[fs], 0),
+        done_output=jnp.where(got, state.output[fs], 0), done_value=jnp.where(got, state.value[fs], 0),
+        just_finished=finished.any(), pool=pool, out=dataclasses.replace(state.out, first_token=first, finish=finish),
+        log=log, preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
+    counted = mask & samples
+    work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
+                attended=_per_client(total, state.client, counted, k), elapsed=elapsed)
+    return _select(mask, new, state), work
+
+
+def _log(log: ScheduleLog, mask, t, index, tokens, finished, victims) -> ScheduleLog:
+    steps = log.t.shape[0]
+    if steps == 0:
+        return log
+    at = jnp.where(mask & (log.count < steps), log.count, steps)
+    return ScheduleLog(count=log.count + mask.astype(I32), t=log.t.at[at].set(t, mode="drop"),
+                       index=log.index.at[at].set(index, mode="drop"), tokens=log.tokens.at[at].set(tokens, mode="drop"),
+                       finished=log.finished.at[at].set(finished, mode="drop"),
+                       preempted=log.preempted.at[at].set(victims, mode="drop"))
+
+
+def due(state: PrefixState, step) -> jax.Array:
+    return state.ndone > 0
+
+
+def complete(state: PrefixState, step, mask):
+    """The first leaving request (in scheduling order) is handed back where `mask`."""
+    done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
+                    value=state.done_value[0])
+    shift = lambda x: jnp.where(mask, jnp.roll(x, -1), x)  # noqa: E731
+    leaves = mask & (state.ndone > 0)
+    k = state.running.shape[0]
+    return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
+                               running=state.running - ((jnp.arange(k) == done.client) & leaves).astype(I32),
+                               done_client=shift(state.done_client), done_prompt=shift(state.done_prompt),
+                               done_output=shift(state.done_output), done_value=shift(state.done_value)), done
+
+
+def busy(state: PrefixState) -> jax.Array:
+    return state.nrun > 0
+
+
+def census(host: PrefixState, num_clients: int) -> np.ndarray:
+    """int64[B, K]: running and leaving requests per client, counted from the slots."""
+    client, alive = np.asarray(host.client, np.int64), np.asarray(host.alive, bool)
+    done, ndone = np.asarray(host.done_client, np.int64), np.asarray(host.ndone, np.int64)
+    out = np.zeros((client.shape[0], num_clients), np.int64)
+    for b in range(client.shape[0]):
+        out[b] += np.bincount(client[b][alive[b]], minlength=num_clients)[:num_clients]
+        out[b] += np.bincount(done[b, : ndone[b]], minlength=num_clients)[:num_clients]
+    return out
+
+
+VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with prefix caching: the vllm server and "
+                     "KV blocks shared by common prefixes, an LRU cache of freed blocks (docs/VLLM.md)",
+                     init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
+                     census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
+                     begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
+                     fuzz_options=fuzz_options)
