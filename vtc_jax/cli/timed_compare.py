@@ -21,6 +21,7 @@ from vtc_jax.cli.scheduler_flags import settings_from_args
 from vtc_jax.cli.server_flags import memory_tokens, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
+from vtc_jax.driver import capacity
 from vtc_jax.driver.latency import PERCENTILES, parse_goodput, request_table, summarize
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
@@ -117,13 +118,14 @@ def command(args) -> int:
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
     fileio.check_writable_dir(args.out, ["results.json"])
+    saturating = capacity.saturating_lane(prompt, output, lanes[0])  # beside the policies: one compile
     try:
-        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server="vllm", measures=MeasureConfig(),
-                            steps=args.steps)
+        result = run_traces([trace] * len(lanes) + [saturating.trace], lanes + [saturating.settings], num_clients=k,
+                            server="vllm", measures=MeasureConfig(), steps=args.steps)
     except InputError as err:
         raise in_file(args.log, err) from None
     report = {"log": str(args.log), "server": "vllm", "step_time": model.name, "settings": options,
-              "tenants": names, "policies": {}}
+              "tenants": names, "load": load_report(result, len(lanes), saturating, arrival_us, k), "policies": {}}
     tables = {}
     for lane, policy in enumerate(args.policies):
         table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
@@ -137,6 +139,26 @@ def command(args) -> int:
     fileio.write_outputs_atomically(files)
     print(f"wrote {', '.join(str(p) for p, _ in files)}")
     return 0
+
+
+def load_report(result, lane: int, saturating, arrival_us: np.ndarray, num_clients: int) -> dict:
+    """The log's offered rate (requests over the span of its arrivals) against the
+    server's capacity measured on the log's own mix (driver/capacity.py, lane `lane`)."""
+    n = len(arrival_us)
+    span_s = float(arrival_us.max() - arrival_us.min()) / 1e6
+    out = {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None}
+    try:
+        cap = saturating.capacity(result, lane, num_clients)
+    except InputError as err:  # e.g. a --steps horizon that cut the saturating run
+        return dict(out, capacity=None, offered_load=None, line=f"load: capacity not measured ({err})")
+    out.update(capacity=cap.to_json())
+    if span_s > 0:
+        out.update(offered_load=capacity.offered_load(n / span_s, cap),
+                   line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)"))
+    else:
+        out.update(offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); the server's "
+                                           f"measured capacity on this mix is {cap.describe()}")
+    return out
 
 
 def _with_budget(args, memory: int):
@@ -168,6 +190,8 @@ def format_report(report: dict, names) -> str:
         slos = next(iter(report["policies"].values()))["slos_ms"]
         lines.append("goodput: requests/s meeting " + " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items()))
     lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests")
+    if "load" in report:
+        lines.append(report["load"]["line"])
     return "\n".join(lines)
 
 

@@ -53,7 +53,7 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
     table = {}
     for name, values in fields.items():
         col = np.full(n, -1, np.int64)
-        v = np.asarray(values, np.int64)[lane]
+        v = np.asarray(values, np.int64)[lane][:len(rows)]  # a batch of other traces may pad the lane's rows
         live = rows >= 0
         col[rows[live]] = v[live]
         table[name] = col
