@@ -172,6 +172,21 @@ def measure(prompt, output, settings: Settings, server: str, *, min_requests: in
     return found
 
 
+def source_mix(source, kv_budget: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The request lengths (int64[n] prompt, output, in arrival order) of lane `seed` of
+    a generated workload `source` (inputs.sources): a sample of its length mix."""
+    from vtc_jax.driver.run import generate_workloads, source_config
+    from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
+
+    config = source_config([source], [Settings("fcfs", kv_budget)], measures=MeasureConfig())
+    requests = np.asarray(generate_workloads([source], [seed], config).requests)[0].astype(np.int64)
+    live = requests[requests[:, ARRIVAL] < source.horizon]
+    if len(live) == 0:
+        raise InputError("capacity: the workload's first lane has no requests to take the length mix from")
+    live = live[np.lexsort((live[:, ORDER], live[:, ARRIVAL]))]
+    return live[:, PROMPT], live[:, OUTPUT]
+
+
 def offered_load(offered_per_unit: float, capacity: Capacity) -> float:
     """The offered rate (requests per second timed, per step untimed) over the capacity."""
     return offered_per_unit / capacity.per_second
