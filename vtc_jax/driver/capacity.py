@@ -154,22 +154,24 @@ def saturating_lane(prompt, output, settings: Settings, *, min_requests: int = M
                                                           server_options=tuple(settings.server_options)), hold)
 
 
-def measure(prompt, output, settings: Settings, server: str, *, min_requests: int = MIN_REQUESTS,
-            cache: dict | None = None) -> Capacity:
+def measure(prompt, output, settings: Settings, server: str, *, min_requests: int = MIN_REQUESTS) -> Capacity:
     """The capacity of `server` under `settings` on the mix `prompt`, `output`, in a run
-    of its own. `cache` (a dict) keeps results by (server, options, mix) across calls."""
+    of its own."""
+    return measure_many(prompt, output, [settings], server, min_requests=min_requests)[0]
+
+
+def measure_many(prompt, output, settings: list[Settings], server: str, *,
+                 min_requests: int = MIN_REQUESTS) -> list[Capacity]:
+    """The capacity under each of `settings` on one mix, as lanes of one run (one
+    compile): every lane replays the same saturating trace, sized for the largest H."""
     from vtc_jax.driver.run import run_traces
 
-    lane = saturating_lane(prompt, output, settings, min_requests=min_requests)
-    key = (server, lane.settings.server_options, lane.settings.kv_budget, lane.trace.prompt.tobytes(),
-           lane.trace.output.tobytes())
-    if cache is not None and key in cache:
-        return cache[key]
-    result = run_traces([lane.trace], [lane.settings], num_clients=1, server=server, measures=MeasureConfig())
-    found = lane.capacity(result, 0)
-    if cache is not None:
-        cache[key] = found
-    return found
+    lanes = [saturating_lane(prompt, output, s, min_requests=min_requests) for s in settings]
+    longest = max(lanes, key=lambda lane: len(lane.trace)).trace
+    lanes = [dataclasses.replace(lane, trace=longest) for lane in lanes]
+    result = run_traces([longest] * len(lanes), [lane.settings for lane in lanes], num_clients=1, server=server,
+                        measures=MeasureConfig())
+    return [lane.capacity(result, i) for i, lane in enumerate(lanes)]
 
 
 def source_mix(source, kv_budget: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

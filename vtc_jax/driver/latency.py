@@ -104,3 +104,74 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
+
+
+# ---- per-tenant TTFT in a sweep of generated workloads ----------------------------------
+
+class RequestTimes:
+    """A chunk's LaneResults (every attribute) plus each lane's requests as generated:
+    arrival, client (int64[B, R] per workload row; arrival -1 where no request arrived
+    before the horizon) and horizon (int64[B]), for metrics that read the server's
+    per-request record (`server_state.out`)."""
+
+    def __init__(self, results, arrival: np.ndarray, client: np.ndarray, horizon: np.ndarray):
+        self._results, self.arrival, self.client, self.horizon = results, arrival, client, horizon
+
+    def __getattr__(self, name):
+        return getattr(self._results, name)
+
+
+class RequestTimesEngine:
+    """The MODEL.md engine adapter (driver/sweep.py) whose results also carry each lane's
+    generated requests (`RequestTimes`): they are generated again from the same seeds
+    (a lane's requests depend only on its seed and source), so the run is unchanged."""
+
+    name = "model"
+
+    def __init__(self):
+        from vtc_jax.driver.sweep import MODEL_ENGINE
+
+        self._engine = MODEL_ENGINE
+        for method in ("group_key", "config", "lane_bytes", "steps"):
+            setattr(self, method, getattr(MODEL_ENGINE, method))
+
+    def run(self, rows, seeds, config, base_seed: int, mesh, progress):
+        from vtc_jax.core.rows import ARRIVAL
+        from vtc_jax.driver.run import generate_workloads
+
+        results = self._engine.run(rows, seeds, config, base_seed, mesh, progress)
+        workload = generate_workloads([r.source for r in rows], list(seeds), config, base_seed)
+        requests = np.asarray(workload.requests, np.int64)
+        first = np.asarray(workload.first, np.int64)
+        horizon = np.asarray([r.source.horizon for r in rows], np.int64)
+        arrival = requests[:, :, ARRIVAL]
+        arrival = np.where(arrival < horizon[:, None], arrival, -1)
+        index = np.arange(requests.shape[1])
+        client = np.stack([np.searchsorted(f, index, side="right") - 1 for f in first])
+        return RequestTimes(results, arrival, client, horizon)
+
+
+def lane_ttft(results: RequestTimes, num_clients: int, offset: int, scale: float) -> dict:
+    """Per lane and tenant from the server's first-token record: TTFT of every request
+    that arrived = (first token - arrival + offset) * scale; returns float64[B, K]
+    ttft_p99 (NaN: no first token in the tenant), float64[B] ttft_p99 over all tenants,
+    float64[B, K] no_first_token (the fraction of a tenant's arrived requests without a
+    first token by the horizon; NaN: none arrived), float64[B] no_first_token_all."""
+    first = np.asarray(results.server_state.out.first_token, np.int64)[:, :results.arrival.shape[1]]
+    arrived = results.arrival >= 0
+    got = arrived & (first >= 0)
+    ttft = np.where(got, (first - results.arrival + offset) * scale, np.nan)
+    b = ttft.shape[0]
+    per, missing, overall = np.full((b, num_clients), np.nan), np.full((b, num_clients), np.nan), np.full(b, np.nan)
+    for i in range(b):
+        if got[i].any():
+            overall[i] = np.percentile(ttft[i, got[i]], 99)
+        for k in range(num_clients):
+            mine = results.client[i] == k
+            if (got[i] & mine).any():
+                per[i, k] = np.percentile(ttft[i, got[i] & mine], 99)
+            if (arrived[i] & mine).any():
+                missing[i, k] = 1.0 - (got[i] & mine).sum() / (arrived[i] & mine).sum()
+    all_missing = 1.0 - got.sum(axis=1) / np.maximum(arrived.sum(axis=1), 1)
+    return {"ttft_p99": per, "ttft_p99_all": overall, "no_first_token": missing,
+            "no_first_token_all": np.where(arrived.any(axis=1), all_missing, np.nan)}
