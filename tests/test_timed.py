@@ -154,3 +154,17 @@ def test_load_line_is_against_measured_capacity(tmp_path, capsys, fraction, over
     assert f"offered load {fraction * n / (n - 1):.2f}" in line and ("OVERLOAD" in line) == overloaded
     queue_p99 = report["policies"]["fcfs"]["overall"]["queue"]["p99"]
     assert (queue_p99 > 100) == overloaded and (queue_p99 < 23.159) != overloaded
+
+
+def test_itl_mean_pools_every_gap(tmp_path):
+    """a (prompt 100, output 3) and b (prompt 50, output 2) arrive together. One prefill
+    step of 150 tokens (9,982 us) gives both first tokens at 14,662 us; a decode step of 2
+    tokens, trunc(7051.8 + 25.43 x 2) = 7,102 us, ends b at 21,764 us; one of 1 token
+    (7,077 us) ends a at 28,841 us. vLLM's mean ITL pools the gaps 7,102, 7,077 (a) and
+    7,102 (b): 7,093.67 us, not the mean of the TPOTs (7,089.5 and 7,102: 7,095.75)."""
+    rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n0,a,100,3\n0,b,50,2\n")
+    assert [(r["first_token_us"], r["finish_us"]) for r in rows] == [("14662", "28841"), ("14662", "21764")]
+    overall = report["policies"]["fcfs"]["overall"]
+    assert overall["itl_mean"] == pytest.approx((7102 + 7077 + 7102) / 3 / 1000, rel=1e-12)
+    assert overall["tpot"]["mean"] == pytest.approx((7089.5 + 7102) / 2 / 1000, rel=1e-12)
+    assert report["policies"]["fcfs"]["tenants"]["b"]["itl_mean"] == pytest.approx(7.102, rel=1e-12)

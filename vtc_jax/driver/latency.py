@@ -9,7 +9,8 @@ p90, p99 (numpy's linear interpolation, as vLLM's benchmark), in ms; throughput 
 over the run (first arrival to last finish); goodput in vLLM's form: requests per second
 that meet every SLO given (`ttft:500 tpot:50`, ms). All exact from the per-request record:
 no histogram, no error bound needed. A request that did not finish is counted as such and
-never averaged in.
+never averaged in. ITL (inter-token latency): only its mean, which the per-request record
+gives exactly (`_itl_mean`); its percentiles would need each token's time.
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ def _stats(values_us: np.ndarray) -> dict:
     return {"mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in PERCENTILES}}
 
 
+def _itl_mean(table: dict, done: np.ndarray) -> float | None:
+    """vLLM's mean ITL (ms): the gaps between successive output tokens pooled over every
+    finished request, sum(E2EL - TTFT) / sum(output - 1); None without a second token. Its
+    percentiles need each token's time, which the server does not record."""
+    many = done & (table["output"] > 1)
+    gaps = int((table["output"][many] - 1).sum())
+    return float((table["e2el_us"][many] - table["ttft_us"][many]).sum() / gaps / 1000.0) if gaps else None
+
+
 def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
     """{"overall": {...}, "tenants": {name: {...}}}: per group the request counts, each
     metric's mean/p50/p90/p99 in ms, throughput and goodput per second, preemptions."""
@@ -100,7 +110,7 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
                 "total_tokens_per_s": float((table["output"][done] + prompt[done]).sum() / seconds),
                 "request_throughput": float(done.sum() / seconds),
                 "goodput": float((good & mask).sum() / seconds) if slos else None,
-                "preemptions": int(table["preemptions"][mask].sum())}
+                "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done)}
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
