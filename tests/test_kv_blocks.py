@@ -136,3 +136,23 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, flags, words):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and err.startswith("python -m sweeps.kv_blocks: error:"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_servegen_rows_are_scaled_to_the_largest_servers_measured_capacity():
+    """servegen: one workload for the whole grid, offering --load x the measured capacity
+    (requests per step, on its own length mix) of the grid's largest server; prompts
+    clipped so every request fits the smallest pool. (That capacity is the saturating
+    run's on the mix: tests/test_sweeps.py checks it against capacity.measure.)"""
+    from vtc_jax.cli import sweep_command
+
+    parser = sweep_command.base_parser("kv_blocks", "")
+    kv_blocks.add_arguments(parser)
+    args = sweep_command.parse_args(parser, ["--workloads", "servegen", "--blocks", "65,129", "--budgets", "256",
+                                             "--max-output", "128", "--steps", "400", "--load", "1.5",
+                                             "--policy", "vtc"])
+    sweep = kv_blocks.build(args)
+    source = sweep.rows[0].source
+    assert all(r.source is source for r in sweep.rows) and source.plan.max_prompt == 64 * 16 - 128 + 1
+    caps = {r.extra["num_gpu_blocks"]: r.extra["capacity_per_unit"] for r in sweep.rows}
+    assert source.plan.expected_requests.sum() / 400 == pytest.approx(1.5 * caps[129], rel=1e-6)
+    assert caps[65] < caps[129]  # a larger pool serves more of the same mix

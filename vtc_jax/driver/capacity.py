@@ -174,19 +174,31 @@ def measure_many(prompt, output, settings: list[Settings], server: str, *,
     return [lane.capacity(result, i) for i, lane in enumerate(lanes)]
 
 
-def source_mix(source, kv_budget: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The request lengths (int64[n] prompt, output, in arrival order) of lane `seed` of
-    a generated workload `source` (inputs.sources): a sample of its length mix."""
-    from vtc_jax.driver.run import generate_workloads, source_config
-    from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
+MIX_REQUESTS = 1024  # a length mix is sampled to at least this many requests (heavy tails need many)
+MAX_MIX_LANES = 16
 
-    config = source_config([source], [Settings("fcfs", kv_budget)], measures=MeasureConfig())
-    requests = np.asarray(generate_workloads([source], [seed], config).requests)[0].astype(np.int64)
-    live = requests[requests[:, ARRIVAL] < source.horizon]
-    if len(live) == 0:
-        raise InputError("capacity: the workload's first lane has no requests to take the length mix from")
-    live = live[np.lexsort((live[:, ORDER], live[:, ARRIVAL]))]
-    return live[:, PROMPT], live[:, OUTPUT]
+
+def source_mix(source, kv_budget: int, min_requests: int = MIX_REQUESTS) -> tuple[np.ndarray, np.ndarray]:
+    """A sample of the length mix of a generated workload `source` (inputs.sources): the
+    request lengths (int64[n] prompt, output) of its lanes 0, 1, ... (as many as its
+    expected requests need to reach `min_requests`, at most MAX_MIX_LANES), each in arrival
+    order, lane after lane."""
+    from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
+    from vtc_jax.driver.run import generate_workloads, source_config
+
+    lanes = int(min(MAX_MIX_LANES, max(1, np.ceil(min_requests / max(source.expected_requests(), 1e-9)))))
+    config = source_config([source] * lanes, [Settings("fcfs", kv_budget)] * lanes, measures=MeasureConfig())
+    requests = np.asarray(generate_workloads([source] * lanes, list(range(lanes)), config).requests, np.int64)
+    prompt, output = [], []
+    for lane in requests:
+        live = lane[lane[:, ARRIVAL] < source.horizon]
+        live = live[np.lexsort((live[:, ORDER], live[:, ARRIVAL]))]
+        prompt.append(live[:, PROMPT])
+        output.append(live[:, OUTPUT])
+    prompt, output = np.concatenate(prompt), np.concatenate(output)
+    if len(prompt) == 0:
+        raise InputError("capacity: the workload's lanes have no requests to take the length mix from")
+    return prompt, output
 
 
 def offered_load(offered_per_unit: float, capacity: Capacity) -> float:
