@@ -118,14 +118,15 @@ def command(args) -> int:
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
     fileio.check_writable_dir(args.out, ["results.json"])
-    saturating = capacity.saturating_lane(prompt, output, lanes[0])  # beside the policies: one compile
     try:
-        result = run_traces([trace] * len(lanes) + [saturating.trace], lanes + [saturating.settings], num_clients=k,
-                            server="vllm", measures=MeasureConfig(), steps=args.steps)
+        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server="vllm", measures=MeasureConfig(),
+                            steps=args.steps)
     except InputError as err:
         raise in_file(args.log, err) from None
+    # a run of its own: in the policies' batch its seats would size every lane (measured: 2x the time)
+    measured = capacity.measure(prompt, output, lanes[0], "vllm")
     report = {"log": str(args.log), "server": "vllm", "step_time": model.name, "settings": options,
-              "tenants": names, "load": load_report(result, len(lanes), saturating, arrival_us, k), "policies": {}}
+              "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
     tables = {}
     for lane, policy in enumerate(args.policies):
         table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
@@ -141,24 +142,18 @@ def command(args) -> int:
     return 0
 
 
-def load_report(result, lane: int, saturating, arrival_us: np.ndarray, num_clients: int) -> dict:
+def load_report(cap: capacity.Capacity, arrival_us: np.ndarray) -> dict:
     """The log's offered rate (requests over the span of its arrivals) against the
-    server's capacity measured on the log's own mix (driver/capacity.py, lane `lane`)."""
+    server's capacity measured on the log's own mix (driver/capacity.py)."""
     n = len(arrival_us)
     span_s = float(arrival_us.max() - arrival_us.min()) / 1e6
-    out = {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None}
-    try:
-        cap = saturating.capacity(result, lane, num_clients)
-    except InputError as err:  # e.g. a --steps horizon that cut the saturating run
-        return dict(out, capacity=None, offered_load=None, line=f"load: capacity not measured ({err})")
-    out.update(capacity=cap.to_json())
+    out = {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None,
+           "capacity": cap.to_json()}
     if span_s > 0:
-        out.update(offered_load=capacity.offered_load(n / span_s, cap),
-                   line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)"))
-    else:
-        out.update(offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); the server's "
-                                           f"measured capacity on this mix is {cap.describe()}")
-    return out
+        return dict(out, offered_load=capacity.offered_load(n / span_s, cap),
+                    line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)"))
+    return dict(out, offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); the "
+                                             f"server's measured capacity on this mix is {cap.describe()}")
 
 
 def _with_budget(args, memory: int):

@@ -118,7 +118,8 @@ def saturated_rate(finish, scheduled, hold: int) -> tuple[float, tuple[int, int]
 @dataclasses.dataclass(frozen=True)
 class SaturatingLane:
     """The saturating run as one lane: its trace, its settings (fcfs, the server's
-    options), H. It may run beside other lanes of the same server (one compile)."""
+    options), H. Beside lanes of lighter traces it would size their running slots (the
+    most it holds): run it alone or with other saturating lanes (`measure_many`)."""
 
     trace: Trace
     settings: Settings
