@@ -31,7 +31,8 @@ Metrics (per lane; mean and 95% CI over seeds):
   offered_over_capacity  requests offered per unit of time over the row's server's capacity,
                          measured on the workload's own length mix by a saturating run
                          (vtc_jax/driver/capacity.py): above 1 the row is overloaded.
-A setting where some request could never finish (its peak KV blocks exceed the pool, or with
+Outputs: results.json, results.csv and per workload drift_vs_ttft_<workload>.png (one
+point per blocks x budget x policy, 95% CI bars). A setting where some request could never finish (its peak KV blocks exceed the pool, or with
 chunked prefill off a budget below its length) is refused before anything runs.
 
   python -m sweeps.kv_blocks                     # seconds to a minute on CPU (4 seeds)
@@ -238,10 +239,9 @@ def build(args) -> Sweep:
         config.update(data=str(args.data), load=args.load, max_output=args.max_output)
     notes = [f"capacity ({w}, requests/{'s' if timed else 'step'}): " + ", ".join(
         f"N={b} T={t} {c.per_second:.4g}" for (b, t, _), c in zip(grid, caps)) for w, (_, caps) in made.items()]
-    plots = tuple(Plot("metric", f"ttft_p99_{w}.png", f"{w}: TTFT p99 ({unit_name}) of every tenant, per setting",
-                       "num_gpu_blocks", "ttft_p99_all", xlog=True, where=(("workload", w),)) for w in made)
-    plots += tuple(Plot("metric", f"drift_{w}.png", f"{w}: max drift per setting", "num_gpu_blocks", "max_drift",
-                        xlog=True, where=(("workload", w),)) for w in made)
+    plots = tuple(Plot("scatter", f"drift_vs_ttft_{w}.png", f"{w}: max drift vs TTFT p99 ({unit_name}), per setting",
+                       "max_drift", "ttft_p99_all",
+                       where=(("workload", w),)) for w in made)
     columns = ("max_drift", "ttft_p99_t0", "ttft_p99_t1", "ttft_p99_all", "no_first_token", "offered_over_capacity")
     return Sweep(name="kv_blocks", config=config, rows=rows,
                  metrics=functools.partial(metrics, timed=timed, a0=model.a0 if timed else 0), columns=columns,
