@@ -32,10 +32,11 @@ Metrics (per lane; mean and 95% CI over seeds):
                          measured on the workload's own length mix by a saturating run
                          (vtc_jax/driver/capacity.py): above 1 the row is overloaded.
 Outputs: results.json, results.csv and per workload drift_vs_ttft_<workload>.png (one
-point per blocks x budget x policy, 95% CI bars). A setting where some request could never finish (its peak KV blocks exceed the pool, or with
-chunked prefill off a budget below its length) is refused before anything runs.
+point per blocks x budget x policy, 95% CI bars). A setting where some request could never
+finish (its peak KV blocks exceed the pool, or with chunked prefill off a budget below its
+length) is refused before anything runs.
 
-  python -m sweeps.kv_blocks                     # seconds to a minute on CPU (4 seeds)
+  python -m sweeps.kv_blocks                     # about a minute on CPU (4 seeds; compiles dominate)
   python -m sweeps.kv_blocks --seeds 4096        # the issue's full run
   python -m sweeps.kv_blocks --preset qwen2.5-7b-h100 --blocks 257,1025 --budgets 512,8192
 """
