@@ -160,15 +160,14 @@ def refuse_never_served(grid, prompt: int, output: int, workload: str) -> None:
                              f"{prompt} + output {output} tokens) could never be served ({why.replace('request 0 ', '')})")
 
 
-def sources(args, grid, unit: int, model) -> dict:
-    """{workload: (source, capacities per grid point)}; `unit` us per step (1 untimed)."""
-    out = {}
-    pools = [memory(o) for _, _, o in grid]
+def sources(args, grid, unit: int) -> dict:
+    """{workload: (source, capacities per grid point)}; `unit` us per step (1 untimed).
+    Every capacity (each workload's mix at each grid point) is measured in one run."""
+    made, pools = {}, [memory(o) for _, _, o in grid]
     if "overload" in args.workloads:
         refuse_never_served(grid, args.prompt[1], args.output[1], "overload")
         traffic = overload([r / unit for r in args.rates], args.steps * unit, prompt=args.prompt, output=args.output)
-        source = TrafficSource(traffic)
-        out["overload"] = (source, _capacities(source, grid, pools))
+        made["overload"] = TrafficSource(traffic)
     if "servegen" in args.workloads:
         if args.max_output >= min(pools):
             raise InputError(f"--max-output {args.max_output} leaves no room for a prompt in the smallest pool "
@@ -183,19 +182,20 @@ def sources(args, grid, unit: int, model) -> dict:
             return servegen.plan(data, load=rho, kv_budget=min(pools), horizon=args.steps * unit,
                                  max_output=args.max_output, max_prompt=clip)
 
-        first = plan(1.0)
-        caps = _capacities(ServeGenSource(first), grid, pools)
-        per_rho = first.expected_requests.sum() / (args.steps * unit)  # requests per unit at RHO = 1
+        made["servegen"] = ServeGenSource(plan(1.0))  # RHO = 1: scaled below, once its capacity is known
+    lanes = {}
+    for workload, source in made.items():
+        prompt, output = capacity_mod.source_mix(source, min(pools))
+        lanes[workload] = [capacity_mod.saturating_lane(prompt, output, Settings("fcfs", pool, server_options=o))
+                           for (_, _, o), pool in zip(grid, pools)]
+    measured = iter(capacity_mod.measure_lanes([lane for group in lanes.values() for lane in group], "vllm"))
+    out = {workload: (source, [next(measured) for _ in grid]) for workload, source in made.items()}
+    if "servegen" in out:
+        source, caps = out["servegen"]
+        per_rho = source.plan.expected_requests.sum() / (args.steps * unit)  # requests per unit at RHO = 1
         largest = caps[max(range(len(grid)), key=lambda i: (grid[i][0], grid[i][1]))]
-        source = ServeGenSource(plan(args.load * largest.requests_per_unit / per_rho))
-        out["servegen"] = (source, caps)
+        out["servegen"] = (ServeGenSource(plan(args.load * largest.requests_per_unit / per_rho)), caps)
     return out
-
-
-def _capacities(source, grid, pools) -> list:
-    prompt, output = capacity_mod.source_mix(source, min(pools))
-    lanes = [Settings("fcfs", pool, server_options=options) for (_, _, options), pool in zip(grid, pools)]
-    return capacity_mod.measure_many(prompt, output, lanes, "vllm")
 
 
 def metrics(results, rows, *, timed: bool, a0: int):
@@ -221,7 +221,7 @@ def build(args) -> Sweep:
         raise InputError(f"--steps {args.steps} of {unit} us pass the {(1 << 30) / 1e6:.0f} s a timed lane holds: "
                          "fewer steps or a shorter --step-seconds")
     grid = grid_options(args, model)
-    made = sources(args, grid, unit, model)
+    made = sources(args, grid, unit)
     rows = []
     for workload, (source, caps) in made.items():
         for (blocks, budget, options), cap in zip(grid, caps):

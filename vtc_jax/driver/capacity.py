@@ -165,13 +165,18 @@ def measure_many(prompt, output, settings: list[Settings], server: str, *,
                  min_requests: int = MIN_REQUESTS) -> list[Capacity]:
     """The capacity under each of `settings` on one mix, as lanes of one run (one
     compile): every lane replays the same saturating trace, sized for the largest H."""
-    from vtc_jax.driver.run import run_traces
-
     lanes = [saturating_lane(prompt, output, s, min_requests=min_requests) for s in settings]
     longest = max(lanes, key=lambda lane: len(lane.trace)).trace
-    lanes = [dataclasses.replace(lane, trace=longest) for lane in lanes]
-    result = run_traces([longest] * len(lanes), [lane.settings for lane in lanes], num_clients=1, server=server,
-                        measures=MeasureConfig())
+    return measure_lanes([dataclasses.replace(lane, trace=longest) for lane in lanes], server)
+
+
+def measure_lanes(lanes: list[SaturatingLane], server: str) -> list[Capacity]:
+    """Each saturating lane's capacity, all in one run (one compile; the lanes may hold
+    different mixes)."""
+    from vtc_jax.driver.run import run_traces
+
+    result = run_traces([lane.trace for lane in lanes], [lane.settings for lane in lanes], num_clients=1,
+                        server=server, measures=MeasureConfig())
     return [lane.capacity(result, i) for i, lane in enumerate(lanes)]
 
 
