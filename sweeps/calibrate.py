@@ -17,10 +17,22 @@ prefill term (the A10G fit has none). A coefficient the data pushes below 0 is r
 contexts. Prints the coefficients, each fit's R^2 and RMS relative error, and writes them
 as JSON (--out, written atomically) for `sweeps.paper --step-time`.
 
+--server vllm fits the vllm server's step-time model instead (vtc_jax/servers/step_time.py:
+a step lasts trunc(b0 + b1 * prefill_tokens + b2 * decode_tokens) us). Input: a CSV with
+header prefill_tokens,decode_tokens and ONE of step_time_us or step_time_s (any column
+order; one row per measured engine step: the prompt tokens it computed, recomputed ones
+included, and the requests it decoded one token for). Ordinary least squares with an
+intercept gives b0 (us per step), b1 (us per prefill token), b2 (us per decode token),
+rounded to --decimals (default 2) decimals of a microsecond; a coefficient below 0 is
+refused. a0 (us from arrival to the waiting queue) is no step's time: give it with --a0
+(default 0); --num-gpu-blocks records the KV pool the profile was measured with. The JSON
+(--out) is what `python -m vtc_jax compare LOG --server vllm --step-time FILE.json` reads.
+
 Any bad input ends in one line `python -m sweeps.calibrate: error: ...` (naming the file
 and line) and exit status 2.
 
   python -m sweeps.calibrate my_profile.csv --out step_time.json
+  python -m sweeps.calibrate --server vllm vllm_steps.csv --a0 4680 --num-gpu-blocks 67660 --out qwen.json
 """
 
 from __future__ import annotations
@@ -35,12 +47,15 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax.cli.common import Parser, float_arg, guarded
+from vtc_jax.cli.common import Parser, float_arg, guarded, int_arg
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.engines.artifact import StepTime
 
 COLUMNS = ("batch_size", "context_tokens", "prompt_tokens", "step_time_s")
+VLLM_COLUMNS = ("prefill_tokens", "decode_tokens")
+VLLM_TIMES = {"step_time_us": 1.0, "step_time_s": 1e6}  # column: its factor to microseconds
+VLLM_KEYS = ("b0", "b1", "b2")
 MAX_COUNT = 1 << 40  # batch sizes, contexts, prompts: far beyond any engine
 _INT = re.compile(r"^[+]?\d{1,13}$")
 _NUMBER = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,3})?$")
@@ -124,6 +139,96 @@ def read_csv(path) -> np.ndarray:
     return np.asarray(rows, np.float64)
 
 
+def read_vllm_csv(path) -> np.ndarray:
+    """A vllm step profile: float64[n, 3] of (prefill_tokens, decode_tokens, step time in
+    us). InputError (file, line, problem) as `read_csv`, and unless exactly one of
+    step_time_us, step_time_s is given."""
+    source = os.fspath(path)
+    text = fileio.read_text(path, limit=1 << 28, what="profile")
+    header, records = fileio.csv_table(text, source, VLLM_COLUMNS, tuple(VLLM_TIMES))
+    times = [c for c in VLLM_TIMES if c in header]
+    if len(times) != 1:
+        raise InputError(f"{source}: give exactly one step-time column, step_time_us or step_time_s "
+                         f"(header: {','.join(header)[:200]})")
+    index = [header.index(c) for c in VLLM_COLUMNS + (times[0],)]
+    rows = []
+    for line, row in records:
+        values = []
+        for name, i in zip(VLLM_COLUMNS + (times[0],), index):
+            cell = row[i]
+            shown = cell if len(cell) <= 24 else cell[:24] + "..."
+            if name in VLLM_TIMES:
+                value = float(cell) * VLLM_TIMES[name] if _NUMBER.match(cell) else math.nan
+                if not (math.isfinite(value) and value > 0):
+                    raise InputError(f"{source}: line {line}: {name} must be a finite number > 0, got {shown!r}")
+            elif not _INT.match(cell) or int(cell) > MAX_COUNT:
+                raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], got {shown!r}")
+            else:
+                value = float(int(cell))
+            values.append(value)
+        rows.append(values)
+    if not rows:
+        raise InputError(f"{source}: no rows (only a header)")
+    return np.asarray(rows, np.float64)
+
+
+def fit_vllm(rows: np.ndarray) -> dict[str, float]:
+    """Least squares {b0, b1, b2} (us) of t = b0 + b1 * prefill + b2 * decode from rows
+    float64[n, 3]; InputError when the rows do not determine all three or one is < 0."""
+    rows = np.asarray(rows, np.float64)
+    a = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1]])
+    if len(rows) < 3 or np.linalg.matrix_rank(a) < 3:
+        raise InputError(f"the {len(rows)} rows do not determine b0, b1, b2: measure steps whose prefill_tokens and "
+                         "decode_tokens vary independently (at least 3 such rows)")
+    coefficients = dict(zip(VLLM_KEYS, (float(c) for c in np.linalg.lstsq(a, rows[:, 2], rcond=None)[0])))
+    for name, value in coefficients.items():
+        if value < 0:
+            if value > -1e-9:  # rounding of a true zero
+                coefficients[name] = 0.0
+                continue
+            raise InputError(f"the fit gives {name} = {value:.4g} us < 0, which no engine has: measure a wider range "
+                             "of prefill and decode tokens per step")
+    return coefficients
+
+
+def vllm_model(coefficients: dict, decimals: int, a0: int, num_gpu_blocks: int | None, source: str) -> dict:
+    """The JSON object `compare --step-time` reads (servers/step_time.py): b0, b1, b2 as
+    exact decimal text of `decimals` places, a0, and num_gpu_blocks when given."""
+    out = {k: f"{round(coefficients[k], decimals):.{decimals}f}" for k in VLLM_KEYS}
+    out["a0"] = a0
+    if num_gpu_blocks is not None:
+        out["num_gpu_blocks"] = num_gpu_blocks
+    out["source"] = source
+    return out
+
+
+def _main_vllm(args) -> int:
+    from vtc_jax.servers import step_time
+
+    for flag in ("overhead", "prefill_base"):
+        if getattr(args, flag) != {"overhead": 1.0, "prefill_base": False}[flag]:
+            raise InputError(f"--{flag.replace('_', '-')} is the artifact profile's; --server vllm fits b0 + b1 * "
+                             "prefill_tokens + b2 * decode_tokens")
+    rows = read_vllm_csv(args.profile)
+    coefficients = fit_vllm(rows)
+    data = vllm_model(coefficients, args.decimals, args.a0, args.num_gpu_blocks,
+                      f"sweeps.calibrate --server vllm {Path(args.profile).name}, {len(rows)} steps")
+    model = step_time.from_dict(data, "fit", str(args.profile))  # what compare --step-time will read
+    b = [float(getattr(model, k)) for k in VLLM_KEYS]
+    pred = b[0] + b[1] * rows[:, 0] + b[2] * rows[:, 1]
+    y = rows[:, 2]
+    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
+    rel = np.sqrt(np.mean(((pred - y) / y) ** 2))
+    print(f"vllm step time: {len(rows)} steps, R^2 {r2:.4f}, RMS relative error {100 * rel:.2f}% "
+          f"(coefficients as written, {args.decimals} decimals of a us)")
+    text = json.dumps(data, indent=1)
+    print(text)
+    if args.out is not None:
+        fileio.write_text_atomically(args.out, text + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     return guarded("python -m sweeps.calibrate", lambda: _main(argv))
 
@@ -131,14 +236,32 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     parser = Parser(prog="python -m sweeps.calibrate", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("profile", type=Path, help="CSV: " + ", ".join(COLUMNS))
+    parser.add_argument("profile", type=Path, help="CSV: " + ", ".join(COLUMNS) + " (--server vllm: "
+                        + ", ".join(VLLM_COLUMNS) + ", step_time_us or step_time_s)")
+    parser.add_argument("--server", choices=("artifact", "vllm"), default="artifact",
+                        help="artifact: the paper's S-LoRA profile (default); vllm: the vllm server's b0, b1, b2")
     parser.add_argument("--overhead", type=float_arg(0.0, 100.0, open_min=True), default=1.0,
                         help="fixed overhead factor (default 1)")
     parser.add_argument("--prefill-base", action="store_true", help="also fit a constant prefill term")
     parser.add_argument("--out", type=Path, default=None, help="write the coefficients as JSON (atomically)")
+    vllm = parser.add_argument_group("--server vllm")
+    vllm.add_argument("--a0", type=int_arg(0, 1 << 30), default=None,
+                      help="us from arrival to the waiting queue, written as a0 (default 0)")
+    vllm.add_argument("--num-gpu-blocks", type=int_arg(2, (2**31 - 1) // 4), default=None,
+                      help="the KV blocks the profile was measured with, written as num_gpu_blocks")
+    vllm.add_argument("--decimals", type=int_arg(0, 6), default=None,
+                      help="decimals of a us kept in b0, b1, b2 (default 2; more decimals shorten the longest "
+                           "step the server can time exactly)")
     args = parser.parse_args(argv)
     if args.out is not None:
         fileio.check_writable_file(args.out)
+    if args.server == "vllm":
+        args.a0 = 0 if args.a0 is None else args.a0
+        args.decimals = 2 if args.decimals is None else args.decimals
+        return _main_vllm(args)
+    given = [flag for flag in ("a0", "num_gpu_blocks", "decimals") if getattr(args, flag) is not None]
+    if given:
+        raise InputError(f"--{given[0].replace('_', '-')} applies to --server vllm")
     rows = read_csv(args.profile)
     st = fit(rows, args.overhead, args.prefill_base)
     pred = predict(st, rows)

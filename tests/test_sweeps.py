@@ -102,3 +102,33 @@ def test_bad_sweep_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "results.json").exists()
+
+
+def test_tenants_on_vllm_loads_are_against_measured_capacity():
+    """sweeps.tenants --server vllm: the loads are against the server's capacity measured on
+    the ServeGen length mix (a saturating run), not the ideal model's RHO: each row's
+    expected requests per step is load x that capacity; on the ideal server they stay RHO."""
+    from sweeps import tenants
+    from vtc_jax.cli import sweep_command
+    from vtc_jax.driver import capacity
+    from vtc_jax.engines.settings import Settings
+
+    def declared(*flags):
+        parser = sweep_command.base_parser("tenants", "")
+        tenants.add_arguments(parser)
+        return tenants.build(sweep_command.parse_args(parser, ["--steps", "400", "--policy", "fcfs", *flags]))
+
+    sweep = declared("--server", "vllm", "--num-gpu-blocks", "8193", "--max-num-seqs", "32", "--load", "0.8,1.5")
+    measured = sweep.config["capacity"]["requests_per_step"]
+    for row in sweep.rows:
+        offered = row.source.plan.expected_requests.sum() / 400
+        assert offered == pytest.approx(row.extra["load"] * measured, rel=1e-6)
+    plan = sweep.rows[0].source.plan
+    prompt, output = capacity.source_mix(type(sweep.rows[0].source)(tenants.servegen.plan(
+        tenants.read_data(tenants.DEFAULT_DATA), load=1.0, kv_budget=131072, horizon=400, max_output=4096,
+        max_prompt=131072 - 4096 + 1)), 131072)
+    options = (("max_num_seqs", 32), ("num_gpu_blocks", 8193))
+    direct = capacity.measure(prompt, output, Settings("fcfs", 131072, server_options=options), "vllm")
+    assert direct.per_second == measured and plan.max_prompt == 131072 - 4096 + 1
+    ideal = declared("--load", "0.8")
+    assert "capacity" not in ideal.config and ideal.rows[0].source.plan.load == 0.8

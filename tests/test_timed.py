@@ -95,3 +95,76 @@ def test_a_users_step_time_file(tmp_path):
     bad.write_text('{"b0": "1000", "b1": "2.5", "a0": 0}')
     with pytest.raises(InputError, match="missing key 'b2'"):
         step_time.read_step_time(bad)
+
+
+# ---- the load line against the server's measured capacity (driver/capacity.py) ----------
+
+def test_saturated_rate_by_hand():
+    from vtc_jax.driver.capacity import saturated_rate
+
+    # window from the 2nd completion (t = 20) to the last first scheduling (t = 35): the
+    # completions at 30 and 35 are inside it, 2 in 15 units
+    rate, window, inside = saturated_rate([10, 20, 30, 35, 50], [0, 0, 10, 20, 35], hold=2)
+    assert (rate, window, inside) == (2 / 15, (20, 35), 2)
+    with pytest.raises(InputError, match="did not finish"):
+        saturated_rate([10, -1], [0, 0], hold=1)
+
+
+def _small_server(*more):
+    return ("--num-gpu-blocks", "64", "--max-num-seqs", "1", "--max-num-batched-tokens", "512", *more)
+
+
+def test_capacity_of_one_seat_is_one_request_per_period():
+    """One seat, every request prompt 100 and output 3: a request's prefill step lasts
+    trunc(7051.8 + 19.54 x 100) = 9,005 us and its two decode steps 7,077 us each; the next
+    waits for the seat, so the server completes one request per 23,159 us (43.18 requests/s)
+    and, untimed, one per 3 steps."""
+    from vtc_jax.cli.server_flags import memory_tokens
+    from vtc_jax.driver.capacity import measure
+    from vtc_jax.engines.settings import Settings
+
+    options = {"num_gpu_blocks": 64, "max_num_seqs": 1, "max_num_batched_tokens": 512}
+    timed = tuple(sorted({**options, **dict(step_time.preset(PRESET).options())}.items()))
+    got = measure([100], [3], Settings("vtc", memory_tokens(options), server_options=timed), "vllm")
+    assert got.timed and got.per_second == pytest.approx(1e6 / 23159, rel=1e-12) and got.requests == 256
+    untimed = measure([100], [3], Settings("vtc", memory_tokens(options), server_options=tuple(sorted(options.items()))),
+                      "vllm")
+    assert not untimed.timed and untimed.per_second == pytest.approx(1 / 3, rel=1e-12)
+
+
+def _even_log(rate_per_s: float, n: int) -> str:
+    gap = 1 / rate_per_s
+    return "timestamp,tenant,prompt,output\n" + "".join(
+        f"{i * gap:.6f},{'ab'[i % 2]},100,3\n" for i in range(n))
+
+
+@pytest.mark.parametrize("fraction, overloaded", [(0.8, False), (1.5, True)])
+def test_load_line_is_against_measured_capacity(tmp_path, capsys, fraction, overloaded):
+    """A log at 0.8 of the one-seat server's capacity (43.18 requests/s, above) is not
+    called overloaded and its queueing delay stays under one request's period; at 1.5 it is,
+    and its queue grows."""
+    capacity = 1e6 / 23159
+    n = 60
+    _, report = _compare(tmp_path, _even_log(fraction * capacity, n), *_small_server())
+    load = report["load"]
+    assert load["capacity"]["requests_per_s"] == pytest.approx(capacity, rel=1e-12)
+    assert load["offered_load"] == pytest.approx(fraction * n / (n - 1), rel=1e-4)
+    line = capsys.readouterr().out.strip().splitlines()
+    line = next(x for x in line if x.startswith("load:"))
+    assert f"offered load {fraction * n / (n - 1):.2f}" in line and ("OVERLOAD" in line) == overloaded
+    queue_p99 = report["policies"]["fcfs"]["overall"]["queue"]["p99"]
+    assert (queue_p99 > 100) == overloaded and (queue_p99 < 23.159) != overloaded
+
+
+def test_itl_mean_pools_every_gap(tmp_path):
+    """a (prompt 100, output 3) and b (prompt 50, output 2) arrive together. One prefill
+    step of 150 tokens (9,982 us) gives both first tokens at 14,662 us; a decode step of 2
+    tokens, trunc(7051.8 + 25.43 x 2) = 7,102 us, ends b at 21,764 us; one of 1 token
+    (7,077 us) ends a at 28,841 us. vLLM's mean ITL pools the gaps 7,102, 7,077 (a) and
+    7,102 (b): 7,093.67 us, not the mean of the TPOTs (7,089.5 and 7,102: 7,095.75)."""
+    rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n0,a,100,3\n0,b,50,2\n")
+    assert [(r["first_token_us"], r["finish_us"]) for r in rows] == [("14662", "28841"), ("14662", "21764")]
+    overall = report["policies"]["fcfs"]["overall"]
+    assert overall["itl_mean"] == pytest.approx((7102 + 7077 + 7102) / 3 / 1000, rel=1e-12)
+    assert overall["tpot"]["mean"] == pytest.approx((7089.5 + 7102) / 2 / 1000, rel=1e-12)
+    assert report["policies"]["fcfs"]["tenants"]["b"]["itl_mean"] == pytest.approx(7.102, rel=1e-12)

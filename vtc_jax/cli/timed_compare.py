@@ -21,6 +21,7 @@ from vtc_jax.cli.scheduler_flags import settings_from_args
 from vtc_jax.cli.server_flags import memory_tokens, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
+from vtc_jax.driver import capacity
 from vtc_jax.driver.latency import PERCENTILES, parse_goodput, request_table, summarize
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
@@ -122,8 +123,10 @@ def command(args) -> int:
                             steps=args.steps)
     except InputError as err:
         raise in_file(args.log, err) from None
+    # a run of its own: in the policies' batch its seats would size every lane (measured: 2x the time)
+    measured = capacity.measure(prompt, output, lanes[0], "vllm")
     report = {"log": str(args.log), "server": "vllm", "step_time": model.name, "settings": options,
-              "tenants": names, "policies": {}}
+              "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
     tables = {}
     for lane, policy in enumerate(args.policies):
         table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
@@ -137,6 +140,20 @@ def command(args) -> int:
     fileio.write_outputs_atomically(files)
     print(f"wrote {', '.join(str(p) for p, _ in files)}")
     return 0
+
+
+def load_report(cap: capacity.Capacity, arrival_us: np.ndarray) -> dict:
+    """The log's offered rate (requests over the span of its arrivals) against the
+    server's capacity measured on the log's own mix (driver/capacity.py)."""
+    n = len(arrival_us)
+    span_s = float(arrival_us.max() - arrival_us.min()) / 1e6
+    out = {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None,
+           "capacity": cap.to_json()}
+    if span_s > 0:
+        return dict(out, offered_load=capacity.offered_load(n / span_s, cap),
+                    line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)"))
+    return dict(out, offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); the "
+                                             f"server's measured capacity on this mix is {cap.describe()}")
 
 
 def _with_budget(args, memory: int):
@@ -168,6 +185,8 @@ def format_report(report: dict, names) -> str:
         slos = next(iter(report["policies"].values()))["slos_ms"]
         lines.append("goodput: requests/s meeting " + " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items()))
     lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests")
+    if "load" in report:
+        lines.append(report["load"]["line"])
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ p90, p99 (numpy's linear interpolation, as vLLM's benchmark), in ms; throughput 
 over the run (first arrival to last finish); goodput in vLLM's form: requests per second
 that meet every SLO given (`ttft:500 tpot:50`, ms). All exact from the per-request record:
 no histogram, no error bound needed. A request that did not finish is counted as such and
-never averaged in.
+never averaged in. ITL (inter-token latency): only its mean, which the per-request record
+gives exactly (`_itl_mean`); its percentiles would need each token's time.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
     table = {}
     for name, values in fields.items():
         col = np.full(n, -1, np.int64)
-        v = np.asarray(values, np.int64)[lane]
+        v = np.asarray(values, np.int64)[lane][:len(rows)]  # a batch of other traces may pad the lane's rows
         live = rows >= 0
         col[rows[live]] = v[live]
         table[name] = col
@@ -78,6 +79,15 @@ def _stats(values_us: np.ndarray) -> dict:
     return {"mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in PERCENTILES}}
 
 
+def _itl_mean(table: dict, done: np.ndarray) -> float | None:
+    """vLLM's mean ITL (ms): the gaps between successive output tokens pooled over every
+    finished request, sum(E2EL - TTFT) / sum(output - 1); None without a second token. Its
+    percentiles need each token's time, which the server does not record."""
+    many = done & (table["output"] > 1)
+    gaps = int((table["output"][many] - 1).sum())
+    return float((table["e2el_us"][many] - table["ttft_us"][many]).sum() / gaps / 1000.0) if gaps else None
+
+
 def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
     """{"overall": {...}, "tenants": {name: {...}}}: per group the request counts, each
     metric's mean/p50/p90/p99 in ms, throughput and goodput per second, preemptions."""
@@ -100,7 +110,78 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
                 "total_tokens_per_s": float((table["output"][done] + prompt[done]).sum() / seconds),
                 "request_throughput": float(done.sum() / seconds),
                 "goodput": float((good & mask).sum() / seconds) if slos else None,
-                "preemptions": int(table["preemptions"][mask].sum())}
+                "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done)}
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
+
+
+# ---- per-tenant TTFT in a sweep of generated workloads ----------------------------------
+
+class RequestTimes:
+    """A chunk's LaneResults (every attribute) plus each lane's requests as generated:
+    arrival, client (int64[B, R] per workload row; arrival -1 where no request arrived
+    before the horizon) and horizon (int64[B]), for metrics that read the server's
+    per-request record (`server_state.out`)."""
+
+    def __init__(self, results, arrival: np.ndarray, client: np.ndarray, horizon: np.ndarray):
+        self._results, self.arrival, self.client, self.horizon = results, arrival, client, horizon
+
+    def __getattr__(self, name):
+        return getattr(self._results, name)
+
+
+class RequestTimesEngine:
+    """The MODEL.md engine adapter (driver/sweep.py) whose results also carry each lane's
+    generated requests (`RequestTimes`): they are generated again from the same seeds
+    (a lane's requests depend only on its seed and source), so the run is unchanged."""
+
+    name = "model"
+
+    def __init__(self):
+        from vtc_jax.driver.sweep import MODEL_ENGINE
+
+        self._engine = MODEL_ENGINE
+        for method in ("group_key", "config", "lane_bytes", "steps"):
+            setattr(self, method, getattr(MODEL_ENGINE, method))
+
+    def run(self, rows, seeds, config, base_seed: int, mesh, progress):
+        from vtc_jax.core.rows import ARRIVAL
+        from vtc_jax.driver.run import generate_workloads
+
+        results = self._engine.run(rows, seeds, config, base_seed, mesh, progress)
+        workload = generate_workloads([r.source for r in rows], list(seeds), config, base_seed)
+        requests = np.asarray(workload.requests, np.int64)
+        first = np.asarray(workload.first, np.int64)
+        horizon = np.asarray([r.source.horizon for r in rows], np.int64)
+        arrival = requests[:, :, ARRIVAL]
+        arrival = np.where(arrival < horizon[:, None], arrival, -1)
+        index = np.arange(requests.shape[1])
+        client = np.stack([np.searchsorted(f, index, side="right") - 1 for f in first])
+        return RequestTimes(results, arrival, client, horizon)
+
+
+def lane_ttft(results: RequestTimes, num_clients: int, offset: int, scale: float) -> dict:
+    """Per lane and tenant from the server's first-token record: TTFT of every request
+    that arrived = (first token - arrival + offset) * scale; returns float64[B, K]
+    ttft_p99 (NaN: no first token in the tenant), float64[B] ttft_p99 over all tenants,
+    float64[B, K] no_first_token (the fraction of a tenant's arrived requests without a
+    first token by the horizon; NaN: none arrived), float64[B] no_first_token_all."""
+    first = np.asarray(results.server_state.out.first_token, np.int64)[:, :results.arrival.shape[1]]
+    arrived = results.arrival >= 0
+    got = arrived & (first >= 0)
+    ttft = np.where(got, (first - results.arrival + offset) * scale, np.nan)
+    b = ttft.shape[0]
+    per, missing, overall = np.full((b, num_clients), np.nan), np.full((b, num_clients), np.nan), np.full(b, np.nan)
+    for i in range(b):
+        if got[i].any():
+            overall[i] = np.percentile(ttft[i, got[i]], 99)
+        for k in range(num_clients):
+            mine = results.client[i] == k
+            if (got[i] & mine).any():
+                per[i, k] = np.percentile(ttft[i, got[i] & mine], 99)
+            if (arrived[i] & mine).any():
+                missing[i, k] = 1.0 - (got[i] & mine).sum() / (arrived[i] & mine).sum()
+    all_missing = 1.0 - got.sum(axis=1) / np.maximum(arrived.sum(axis=1), 1)
+    return {"ttft_p99": per, "ttft_p99_all": overall, "no_first_token": missing,
+            "no_first_token_all": np.where(arrived.any(axis=1), all_missing, np.nan)}
