@@ -187,7 +187,7 @@ SWEEP_COMMON = [  # (suffix, argv, words): flags every sweep shares
     ("unknown-flag", ["--seeds", "2", "--turbo"], "unrecognized arguments"),
 ]
 SWEEPS = ["schedulers", "return_after_silence", "kv_budget", "rpm", "kv_cap", "prefix_cache", "context_cost",
-          "beta_tune", "policies", "tenants"]
+          "beta_tune", "policies", "tenants", "kv_blocks"]
 for _name in SWEEPS:
     for _suffix, _argv, _words in SWEEP_COMMON:
         CASES.append((f"{_name}-{_suffix}", f"sweeps.{_name}", _argv + ["--out", "{d}/out"] * ("--out" not in _argv),

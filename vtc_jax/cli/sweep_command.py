@@ -116,6 +116,13 @@ def measure_config(sweep: Sweep, args) -> MeasureConfig:
         raise InputError(f"--measures: {err}") from None
 
 
+def _check_measure_names(args) -> None:
+    try:
+        MeasureConfig.of(set(args.measures or ()))
+    except ValueError as err:
+        raise InputError(f"--measures: {err}") from None
+
+
 def main(name: str, description: str, add_arguments: Callable, build: Callable[[argparse.Namespace], Sweep],
          argv=None) -> int:
     """CLI entry of a sweep module: parse, build the Sweep (every flag validated), check
@@ -131,14 +138,19 @@ def _main(name, description, add_arguments, build, argv) -> int:
     add_arguments(parser)
     args = parse_args(parser, argv)
     setup_runtime(args)
-    sweep = on_server(build(args), args)
-    measures = measure_config(sweep, args)
+    # What can be checked without the sweep is checked before `build`, which may run
+    # (a timed server's capacity is measured there): bad flags cost no compute.
+    _check_measure_names(args)
     if jax.process_index() == 0:
-        fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
+        fileio.check_writable_dir(args.out, ["results.json", "results.csv"])
     try:
         lane_mesh(args.devices)
     except ValueError as err:
         raise InputError(str(err)) from None
+    sweep = on_server(build(args), args)
+    measures = measure_config(sweep, args)
+    if jax.process_index() == 0:
+        fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
     for note in list(getattr(args, "notes", [])) + list(sweep.notes):
         print(note, file=sys.stderr)
     result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,

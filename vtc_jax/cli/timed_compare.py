@@ -119,13 +119,13 @@ def command(args) -> int:
         fileio.check_writable_file(path)
     fileio.check_writable_dir(args.out, ["results.json"])
     try:
-        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server="vllm", measures=MeasureConfig(),
+        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server=args.server, measures=MeasureConfig(),
                             steps=args.steps)
     except InputError as err:
         raise in_file(args.log, err) from None
     # a run of its own: in the policies' batch its seats would size every lane (measured: 2x the time)
-    measured = capacity.measure(prompt, output, lanes[0], "vllm")
-    report = {"log": str(args.log), "server": "vllm", "step_time": model.name, "settings": options,
+    measured = capacity.measure(prompt, output, lanes[0], args.server)
+    report = {"log": str(args.log), "server": args.server, "step_time": model.name, "settings": options,
               "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
     tables = {}
     for lane, policy in enumerate(args.policies):

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from vtc_jax.core import fileio
-from vtc_jax.driver.results import overloaded
+from vtc_jax.driver.results import OVERLOAD, overloaded
 from vtc_jax.driver.sweep import Plot, Sweep
 
 
@@ -66,8 +66,13 @@ def format_load(result: dict) -> str:
         off, srv = m["offered_per_step"]["mean"], m["served_per_step"]["mean"]
         waiting, queued = m["waiting_at_end"]["mean"], m["waiting_at_span_end"]["mean"]
         ratio = off / srv if srv else float("inf")
-        warn = (f"  OVERLOAD: {ratio:.2f}x what was served was offered; queues grow as long as requests "
-                "arrive, so drift and shares describe a backlog, not a steady state") if overloaded(ratio, queued) else ""
+        load = (m.get("offered_over_capacity") or {}).get("mean")
+        if load is not None:  # a timed server's measured capacity (driver/capacity.py): the load is against it
+            warn = f"  offered {load:.2f}x the server's measured capacity" + (
+                "  OVERLOAD: queues grow as long as requests arrive" if load > OVERLOAD else "")
+        else:
+            warn = (f"  OVERLOAD: {ratio:.2f}x what was served was offered; queues grow as long as requests "
+                    "arrive, so drift and shares describe a backlog, not a steady state") if overloaded(ratio, queued) else ""
         lines.append(f"  {entry['label']}: offered {_fmt(off)} vs served {_fmt(srv)} weighted tokens/step over the "
                      f"arrival span ({_fmt(queued)} requests queued when the last arrived), {_fmt(waiting)} requests "
                      f"waiting at the end{warn}")
