@@ -62,6 +62,10 @@ Host side, each server also has
                                                   (random.Random; the registry-wide tests
                                                   fuzz every policy on every server with it).
 
+Optional: `fits_client=True` (the engine passes the candidate's client to `fits` as
+`client=`), `wake(params, now, next_arrival) -> int32[]` (when a server with nothing to do
+starts again; default: at the next arrival).
+
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
 
@@ -171,3 +175,5 @@ class Server:
     fuzz_options: Callable[..., dict] | None = None
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
+    fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
+    wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
