@@ -26,7 +26,8 @@ What it models (every item a named setting, `OPTIONS`; defaults: the artifact's 
 
 The prompt the engine sees is the server's input (the artifact's trace prompt plus its
 `input_extra`, added by the caller). Completions leave in request order (ORDER), as the
-artifact's. Per workload row the server keeps its first-token and finish times (`first`,
+artifact's. Per request, by its number in (arrival, number) order (ORDER: rows an rpm
+limit rejects keep theirs), the server keeps its first-token and finish times (`first`,
 `finish`, -1: not yet).
 
 Layout (O(S + K) per call, S slots): running requests in a pool of S slots (a free-list
@@ -85,7 +86,8 @@ class SloraState:
         P_OUTPUT, P_VALUE (the policy's value); pd0: int32[S] decodes at its prefill.
       pocc, ppend, pfin: bool[S]  occupied, in the open round, finished by the last step.
       free: int32[S], nfree: int32[]  free slots (a stack).
-      first, finish: int32[R]  per workload row: end of its prefill step, of its last step.
+      first, finish: int32[R]  per request number (ORDER): end of its prefill step, of its
+        last step (-1: not yet).
       peak: int32[]  the most requests that held KV at once.
     """
 
@@ -250,8 +252,8 @@ def end_step(state: SloraState, params, mask):
         ppend=state.ppend & ~prefill, pfin=jnp.where(stepping, finished, state.pfin),
         finishing=jnp.where(stepping, finished.sum().astype(I32), state.finishing),
         pending=jnp.where(prefill, 0, state.pending), round_tokens=jnp.where(prefill, 0, state.round_tokens),
-        first=_put(state.first, state.pool[:, P_INDEX], clock, first_now, rows),
-        finish=_put(state.finish, state.pool[:, P_INDEX], clock, finished, rows))
+        first=_put(state.first, state.pool[:, P_ORDER], clock, first_now, rows),
+        finish=_put(state.finish, state.pool[:, P_ORDER], clock, finished, rows))
     return out, Work(decoded=decoded, attended=attended, elapsed=elapsed)
 
 
