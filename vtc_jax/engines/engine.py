@@ -325,7 +325,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     wake = servers.get(config.server).wake
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
-    step_end = StepEnd(decode=decode, elapsed=next_t - t)
+    step_end = StepEnd(decode=decode, elapsed=next_t - t, detail=work.detail)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
     measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, state.arrived,

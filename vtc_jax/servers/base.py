@@ -118,11 +118,13 @@ class Work:
     """What one step computed, per client: decoded: int32[K] tokens decoded; attended:
     int32[K] the context tokens those decodes read (the engine charges w_q * decoded +
     beta * attended); elapsed: int32[] the step's duration in the lane's time unit (the
-    ideal server: 1 step)."""
+    ideal server: 1 step); detail: optional server-specific facts of the step that a
+    policy may read (StepEnd.detail; None: none)."""
 
     decoded: jax.Array
     attended: jax.Array
     elapsed: jax.Array
+    detail: Any = None
 
 
 @jax.tree_util.register_dataclass

@@ -244,6 +244,7 @@ def end_step(state: SloraState, params, mask):
     attended = per_client(jnp.where(decoding, context, 0))
     shift = prefill & state.spend
     first_now = prefill & state.ppend
+    detail = _artifact_charges(state, decoding, held_gen, finished, extra)
     out = dataclasses.replace(
         state, clock=clock, wait=jnp.where(prefill, 0, state.wait + decode.astype(I32)),
         decodes=state.decodes + decode.astype(I32), context=state.context + per_client(batch),
@@ -254,7 +255,26 @@ def end_step(state: SloraState, params, mask):
         pending=jnp.where(prefill, 0, state.pending), round_tokens=jnp.where(prefill, 0, state.round_tokens),
         first=_put(state.first, state.pool[:, P_ORDER], clock, first_now, rows),
         finish=_put(state.finish, state.pool[:, P_ORDER], clock, finished, rows))
-    return out, Work(decoded=decoded, attended=attended, elapsed=elapsed)
+    return out, Work(decoded=decoded, attended=attended, elapsed=elapsed, detail=detail)
+
+
+def _artifact_charges(state: SloraState, decoding, held_gen, finished, extra) -> dict:
+    """The artifact's `update_counter` charges of the step, in w_q units (float32[K] each),
+    for a policy whose value is a float32 prediction p (its bits; the artifact's vtc_oracle
+    and vtc_predict: policies/vtc_artifact.py): "charge" counts the decoding requests that
+    generated more than p; "settle" the extra finish charges (requests of the batch past p)
+    less the unused predictions (p - output) of the requests that finished. The sums run
+    over the slots in slot order, as the artifact's."""
+    k = state.members.shape[0]
+    pclient, poutput = state.pool[:, P_CLIENT], state.pool[:, P_OUTPUT]
+    pred = jax.lax.bitcast_convert_type(state.pool[:, P_VALUE], F32)
+    gen = 1 + state.decodes - state.pd0
+    f_sum = lambda x: jax.ops.segment_sum(x, pclient, num_segments=k)  # noqa: E731
+    charge = f_sum(jnp.where(decoding & (gen.astype(F32) > pred), 1.0, 0.0).astype(F32))
+    out_f = poutput.astype(F32)
+    late = jnp.where(extra & (held_gen.astype(F32) > pred), 1.0, 0.0).astype(F32)
+    refund = jnp.where(finished & (out_f < pred), pred - out_f, 0.0).astype(F32)
+    return {"charge": charge, "settle": f_sum(late - refund)}
 
 
 def due(state: SloraState, step) -> jax.Array:
