@@ -179,3 +179,4 @@ class Server:
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
+    max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)

@@ -52,7 +52,7 @@ from vtc_jax.servers.base import Finished, Load, Server, ServerShape, Work
 I32, F32 = jnp.int32, jnp.float32
 BIG = (1 << 31) - 1
 MAX_STEP_US = 1 << 29  # a step longer than ~9 minutes is refused before the run
-MAX_HORIZON = BIG // 2  # the driver's longest horizon
+MAX_HORIZON = BIG - MAX_STEP_US - 1  # the longest drain horizon (~1,610 s): a step past it still fits int32
 IDLE_RULES = ("poll", "jump")
 TIME_KEYS = ("prefill_base", "prefill_per_token", "decode_base", "decode_per_request", "decode_per_context_token")
 OPTIONS = {  # name: default (the artifact's engine)
@@ -387,8 +387,9 @@ def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
 def drain_steps(options: dict, arrival, prompt, output) -> int:
     """Microseconds that surely drain such a trace: the last arrival, one poll per request
     (an idle wait ends at most a poll after an arrival), and one step of the longest kind
-    per token (every step gives some request a token), capped at the driver's longest
-    horizon (a lane past it is flagged as not finished, never reported)."""
+    per token (every step gives some request a token), capped at MAX_HORIZON (2^31 - 2^29
+    - 2 us, about 1,610 s: the int32 clock; a lane past it is flagged as not finished,
+    never reported; the artifact's poisson_short_long_2 under VTC or LCF needs more)."""
     s = settings(options)
     running = min(len(prompt), s["running_cap"])
     worst = longest_step_us(s, running, int(np.sum(prompt)) + int(np.sum(output)))
@@ -425,4 +426,4 @@ SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on Ligh
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
-               wake=wake)
+               wake=wake, max_horizon=MAX_HORIZON)
