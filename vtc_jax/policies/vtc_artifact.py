@@ -10,9 +10,10 @@ least counter (no `last_left` clause). At admission it charges
 
     (w_p * input + w_q * p) / weight,   p = the prediction (option `predict`):
 
-`none` (0: VTC, LCF), `exact` (the true output: vtc_oracle with r = 0) or `average` (per
+`none` (0: VTC, LCF), `exact` (the true output: vtc_oracle with r = 0), `average` (per
 client, float32: 0 at first, then the first observed output, then 0.8 * old + 0.2 * actual
-after each completion, in completion order: vtc_predict). The value it hands the server is
+after each completion, in completion order: vtc_predict) or `estimator` (the lane's cost
+estimator, Settings.estimator: e.g. `noisy` for an oracle with relative error up to r). The value it hands the server is
 p's float32 bits. On `slora` (its Work.detail) the rest is the artifact's `update_counter`:
 before every decode step each running request that generated more than p costs w_q /
 weight, at a step where a request of the batch finishes each request of the batch past p
@@ -40,7 +41,7 @@ from vtc_jax.core.rows import OUTPUT
 from vtc_jax.policies.base import Choice, Policy
 
 F32, I32 = jnp.float32, jnp.int32
-PREDICTORS = ("none", "exact", "average")
+PREDICTORS = ("none", "exact", "average", "estimator")
 OPTIONS = {"lift": True, "predict": "none"}
 
 
@@ -82,8 +83,9 @@ def on_arrival(state, view, arrivals, params):
 
 
 def _prediction(state, params, admission):
-    return jnp.select([params["predict"] == 1, params["predict"] == 2],
-                      [admission.row[OUTPUT].astype(F32), state["pred"][admission.client]], jnp.zeros((), F32))
+    return jnp.select([params["predict"] == 1, params["predict"] == 2, params["predict"] == 3],
+                      [admission.row[OUTPUT].astype(F32), state["pred"][admission.client],
+                       admission.estimate.astype(F32)], jnp.zeros((), F32))
 
 
 def on_admit(state, view, admission, params):
@@ -144,7 +146,8 @@ class Reference:
     def on_admit(self, n):
         f, sim = np.float32, self.sim
         r = sim.reqs[n]
-        pred = {"none": f(0), "exact": f(r.output), "average": self.p[r.client]}[self.predict]
+        pred = {"none": f(0), "exact": f(r.output), "average": self.p[r.client]}.get(self.predict)
+        pred = f(sim.estimate(n)) if pred is None else pred
         prefill = f(f(int(sim.prefill_charge(n) / sim.cost_unit)) / self.q)
         self.c[r.client] = f(self.c[r.client] + f(f(prefill + f(self.w_q * pred)) / self.w[r.client]))
         return pred
@@ -174,5 +177,5 @@ def fuzz_options(rng) -> dict:
 VTC_ARTIFACT = Policy(name="vtc_artifact", summary="the VTC artifact's float32 counter queues (VTC, LCF, weighted, "
                       "oracle, predict): options lift, predict", encode=encode, init=init, select=select,
                       on_arrival=on_arrival, on_admit=on_admit, on_step=on_step, on_complete=on_complete,
-                      reference=Reference, reads=("weights", "options"), options=dict(OPTIONS), validate=validate,
-                      fuzz_options=fuzz_options)
+                      reference=Reference, reads=("weights", "options", "estimator"), options=dict(OPTIONS),
+                      validate=validate, fuzz_options=fuzz_options, uses_estimator=True)
