@@ -193,6 +193,15 @@ class Profile:
     def replace(self, **changes) -> "Profile":
         return dataclasses.replace(self, **changes)
 
+    def server_options(self) -> tuple:
+        """The profile as the slora server's options (Settings.server_options)."""
+        st = self.step_time
+        options = {"kv_pool": self.kv_pool, "adapter_reserve": self.adapter_reserve, "prefill_cap": self.prefill_cap,
+                   "running_cap": self.running_cap, "cadence": self.cadence, "poll_us": int(round(self.poll_s * 1e6)),
+                   "idle": self.idle, "extra_finish_charge": self.extra_finish_charge,
+                   **{f.name: getattr(st, f.name) for f in dataclasses.fields(st)}}
+        return tuple(sorted(options.items()))
+
 
 DEFAULT_PROFILE = Profile()  # the artifact's engine
 

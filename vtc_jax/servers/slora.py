@@ -89,6 +89,7 @@ class SloraState:
       first, finish: int32[R]  per request number (ORDER): end of its prefill step, of its
         last step (-1: not yet).
       peak: int32[]  the most requests that held KV at once.
+      steps, prefills: int32[]  steps run (prefill or decode), of them prefills.
     """
 
     clock: jax.Array
@@ -114,6 +115,8 @@ class SloraState:
     first: jax.Array
     finish: jax.Array
     peak: jax.Array
+    steps: jax.Array
+    prefills: jax.Array
 
 
 def init(shape: ServerShape) -> SloraState:
@@ -123,7 +126,8 @@ def init(shape: ServerShape) -> SloraState:
     return SloraState(clock=zi(), wait=zi(), decodes=zi(), count=zi(), pending=zi(), round_tokens=zi(), finishing=zi(),
                       members=zi(k), context=zi(k), skey=zi(s), sval=zi(s), sslot=zi(s), spend=zb(s), pool=zi(s, 6),
                       pd0=zi(s), pocc=zb(s), ppend=zb(s), pfin=zb(s), free=jnp.arange(s - 1, -1, -1, dtype=I32),
-                      nfree=jnp.asarray(s, I32), first=jnp.full(r, -1, I32), finish=jnp.full(r, -1, I32), peak=zi())
+                      nfree=jnp.asarray(s, I32), first=jnp.full(r, -1, I32), finish=jnp.full(r, -1, I32), peak=zi(),
+                      steps=zi(), prefills=zi())
 
 
 def load(state: SloraState) -> Load:
@@ -254,7 +258,8 @@ def end_step(state: SloraState, params, mask):
         finishing=jnp.where(stepping, finished.sum().astype(I32), state.finishing),
         pending=jnp.where(prefill, 0, state.pending), round_tokens=jnp.where(prefill, 0, state.round_tokens),
         first=_put(state.first, state.pool[:, P_ORDER], clock, first_now, rows),
-        finish=_put(state.finish, state.pool[:, P_ORDER], clock, finished, rows))
+        finish=_put(state.finish, state.pool[:, P_ORDER], clock, finished, rows),
+        steps=state.steps + stepping.astype(I32), prefills=state.prefills + prefill.astype(I32))
     return out, Work(decoded=decoded, attended=attended, elapsed=elapsed, detail=detail)
 
 
