@@ -31,7 +31,7 @@ from vtc_jax.engines.artifact import DONE, MAX_STEP_US, NONE, POLICIES, REJECTED
 from vtc_jax.engines.artifact_inputs import (TRACE_COLUMNS, LaneTrace, check_admissible, check_columns, make_trace,
                                              slot_bound)
 from vtc_jax.engines.settings import Settings
-from vtc_jax.inputs.workload import Trace
+from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.servers import slora
 # Read by the sweeps through this module (one import: the whole artifact profile).
@@ -46,7 +46,9 @@ class Replay:
     """One lane's replay, host numpy, per request in the lane's order (arrival, ties by
     row): outcome int64[N] (NONE, DONE, REJECTED), first_us and finish_us int64[N] (the
     end of its prefill step and of its last step, valid where DONE); steps and prefills
-    (the server's steps), events (the engine's)."""
+    (the server's steps), events (the engine's); policy_counters: float64[K] the policy's
+    own counters at the end (vtc_artifact's float32 counters, in tokens / weight; NaN for
+    fcfs and rpm)."""
 
     outcome: np.ndarray
     first_us: np.ndarray
@@ -54,6 +56,7 @@ class Replay:
     steps: int
     prefills: int
     events: int
+    policy_counters: np.ndarray | None = None
 
 
 def engine_policy(sched, seed: int) -> dict:
@@ -75,9 +78,10 @@ def engine_trace(lane: LaneTrace, profile: Profile, source: str = "trace") -> Tr
     """The lane as the engine's trace: arrivals in microseconds, the server's input
     (prompt + input_extra) as the prompt, clients numbered by first arrival."""
     us = np.round(lane.arrival_s * 1e6).astype(np.int64)
-    if us.size and us.max() > slora.MAX_HORIZON:
-        raise InputError(f"{source}: an arrival at {us.max() / 1e6:.0f} s is past slora's int32 clock "
-                         f"({slora.MAX_HORIZON / 1e6:.0f} s of microseconds)")
+    if us.size and us.max() > MAX_ARRIVAL:
+        raise InputError(f"{source}: an arrival at {us.max() / 1e6:.0f} s is past the engine's int32 clock "
+                         f"(arrivals up to {MAX_ARRIVAL / 1e6:.1f} s of microseconds, runs up to "
+                         f"{slora.MAX_HORIZON / 1e6:.0f} s)")
     return Trace(us, lane.client, lane.prompt + profile.input_extra, lane.output, np.zeros_like(us))
 
 
@@ -113,7 +117,8 @@ def run(lanes: Sequence[LaneTrace], scheds: Sequence, num_clients: int, *, seeds
         n = lane.prompt.size
         served = first[b, :n] >= 0
         outcome = np.where(served, DONE, REJECTED if res.finished[b] else NONE).astype(np.int64)
-        out.append(Replay(outcome, first[b, :n], finish[b, :n], int(steps[b]), int(prefills[b]), int(res.events[b])))
+        out.append(Replay(outcome, first[b, :n], finish[b, :n], int(steps[b]), int(prefills[b]), int(res.events[b]),
+                          np.asarray(res.policy_counters[b], np.float64)))
     return out, np.asarray(res.finished, bool)
 
 

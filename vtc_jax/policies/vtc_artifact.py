@@ -32,6 +32,9 @@ where float32 rounding decides a tie (weighted runs, non-integer predictions).
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,13 +60,26 @@ def encode(settings, ctx) -> dict:
     option = (lambda name: OPTIONS[name]) if settings is None else settings.option
     w_q = 2.0 if settings is None else float(settings.w_q)
     return {"lift": np.bool_(option("lift")), "predict": np.int32(PREDICTORS.index(option("predict"))),
-            "w_q": np.float32(w_q), "q": np.float32(ctx.cost_scale),
+            "w_q": np.float32(w_q), "q": np.float32(ctx.cost_scale), "qd": np.float32(ctx.cost_scale * ctx.counter_scale),
             "weight": np.asarray([float(w) for w in ctx.weights], np.float32)}
 
 
 def init(params, shape):
     k = shape.num_clients
-    return {"counter": jnp.zeros(k, F32), "pred": jnp.zeros(k, F32), "settled": jnp.zeros((), bool)}
+    return {"counter": jnp.zeros(k, F32), "pred": jnp.zeros(k, F32), "settled": jnp.zeros((), bool),
+            "units": shape.num.zeros((k,))}
+
+
+def _with(state, params, num, **changes):
+    """The state with `changes`, its reported counter (`units`: counter units, rounded;
+    exact while the counter is a multiple of 1 / (Q * D) below 2^30 units) kept up to date."""
+    out = dict(state, **changes)
+    units = jnp.round(out["counter"] * params["qd"]).astype(I32)
+    return dict(out, units=num.add(num.zeros(units.shape), units))
+
+
+def counters(state):
+    return state["units"]
 
 
 def select(state, view, eligible, params) -> Choice:
@@ -79,7 +95,7 @@ def on_arrival(state, view, arrivals, params):
     floor = jnp.where(view.backlogged.any(), jnp.where(view.backlogged, counter, jnp.inf).min(),
                       counter[arrivals.first])
     lifted = jnp.where(arrivals.newcomer & params["lift"], jnp.maximum(counter, floor), counter)
-    return dict(state, counter=lifted), view.counter
+    return _with(state, params, view.num, counter=lifted), view.counter
 
 
 def _prediction(state, params, admission):
@@ -93,17 +109,17 @@ def on_admit(state, view, admission, params):
     pred = _prediction(state, params, admission)
     charge = (admission.prefill.astype(F32) / params["q"] + params["w_q"] * pred) / params["weight"][c]
     counter = state["counter"].at[c].add(charge)
-    return dict(state, counter=counter), jax.lax.bitcast_convert_type(pred, I32)
+    return _with(state, params, view.num, counter=counter), jax.lax.bitcast_convert_type(pred, I32)
 
 
 def on_step(state, view, step_end, params):
     weight, w_q = params["weight"], params["w_q"]
     if step_end.detail is None:  # a server without the artifact's charges: the step's decode cost
         counter = state["counter"] + (step_end.decode.astype(F32) / params["q"]) / weight
-        return dict(state, counter=counter)
+        return _with(state, params, view.num, counter=counter)
     d = step_end.detail
     counter = (state["counter"] + (w_q * d["charge"]) / weight) + (w_q * d["settle"]) / weight
-    return dict(state, counter=counter, settled=jnp.ones((), bool))
+    return _with(state, params, view.num, counter=counter, settled=jnp.ones((), bool))
 
 
 def on_complete(state, view, completion, params):
@@ -114,8 +130,8 @@ def on_complete(state, view, completion, params):
     p0 = state["pred"][c]
     new = jnp.where(p0 == 0, out, F32(0.8) * p0 + F32(0.2) * out)
     learn = params["predict"] == 2
-    return dict(state, counter=state["counter"].at[c].add(-refund),
-                pred=state["pred"].at[c].set(jnp.where(learn, new, p0)))
+    return _with(state, params, view.num, counter=state["counter"].at[c].add(-refund),
+                 pred=state["pred"].at[c].set(jnp.where(learn, new, p0)))
 
 
 class Reference:
@@ -127,6 +143,7 @@ class Reference:
         self.settings, self.sim = settings, sim
         self.lift, self.predict = settings.option("lift"), settings.option("predict")
         self.w_q, self.q = f(float(settings.w_q)), f(1 / sim.cost_unit)
+        self.qd = int(1 / sim.cost_unit) * math.lcm(*(w.numerator for w in sim.omega))  # Q * D
         self.w = [f(float(x)) for x in sim.omega]
         self.c = [f(0)] * sim.K
         self.p = [f(0)] * sim.K
@@ -161,6 +178,9 @@ class Reference:
         for k in range(sim.K):
             self.c[k] = f(self.c[k] + f(f(f(units[k]) / self.q) / self.w[k]))
 
+    def counters(self):
+        return [Fraction(int(np.round(np.float32(c * self.qd)))) / self.qd for c in self.c]
+
     def on_complete(self, n, pred):
         f, r = np.float32, self.sim.reqs[n]
         k = r.client
@@ -178,4 +198,4 @@ VTC_ARTIFACT = Policy(name="vtc_artifact", summary="the VTC artifact's float32 c
                       "oracle, predict): options lift, predict", encode=encode, init=init, select=select,
                       on_arrival=on_arrival, on_admit=on_admit, on_step=on_step, on_complete=on_complete,
                       reference=Reference, reads=("weights", "options", "estimator"), options=dict(OPTIONS),
-                      validate=validate, fuzz_options=fuzz_options, uses_estimator=True)
+                      validate=validate, fuzz_options=fuzz_options, uses_estimator=True, counters=counters)
