@@ -58,12 +58,13 @@ TIME_KEYS = ("prefill_base", "prefill_per_token", "decode_base", "decode_per_req
 OPTIONS = {  # name: default (the artifact's engine)
     "kv_pool": 10_000, "adapter_reserve": 32, "prefill_cap": 3072, "running_cap": 1000, "cadence": 10,
     "poll_us": 10_000, "idle": "poll", "extra_finish_charge": True,
+    "slots": 0,  # running slots to plan (0: the proven bound; fewer: a lane that needs more is flagged, for tiers)
     # the step-time model in seconds (the artifact's A10G fit), times `overhead`
     "prefill_base": 0.0, "prefill_per_token": 0.214e-3, "decode_base": 19.7e-3, "decode_per_request": 0.215e-3,
     "decode_per_context_token": 1.71e-6, "overhead": 1.08,
 }
 INT_RANGES = {"kv_pool": (1, 1 << 30), "adapter_reserve": (0, 1 << 20), "prefill_cap": (1, 1 << 30),
-              "running_cap": (1, 1 << 20), "cadence": (0, 1 << 30), "poll_us": (1, MAX_STEP_US)}
+              "running_cap": (1, 1 << 20), "cadence": (0, 1 << 30), "poll_us": (1, MAX_STEP_US), "slots": (0, 1 << 20)}
 P_INDEX, P_ORDER, P_CLIENT, P_INPUT, P_OUTPUT, P_VALUE = range(6)
 
 
@@ -369,8 +370,12 @@ def encode(options: dict) -> dict:
 def plan_slots(options: list, bound: int, requests: int) -> int:
     """A running request holds at least its prompt + 1 and the need is at least the sum of
     what they hold, below the pool: `bound` (requests holding their whole prompt in M) and
-    the running cap bound the running set."""
-    return max(1, min(bound, requests, max(settings(o)["running_cap"] for o in options)))
+    the running cap bound the running set. Option `slots` > 0 in every lane plans at most
+    that many (a lane that would need more is flagged: the caller reruns it, as
+    driver/artifact_run.py's slot tiers do; slots bound capacity only)."""
+    planned = max(1, min(bound, requests, max(settings(o)["running_cap"] for o in options)))
+    asked = [settings(o)["slots"] for o in options]
+    return planned if 0 in asked else max(1, min(planned, max(asked)))
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
