@@ -436,7 +436,9 @@ def test_limits_are_refused_up_front():
 def test_never_admitted_is_exactly_the_engines_admission_rule():
     """At SMALL's limits (prefill_cap 600, kv_pool 1500 - adapter_reserve 32, input_extra
     2): a request at each limit runs to completion; one token over it, `never_admitted`
-    says so, and so does the slora server, which refuses the run before it starts."""
+    says so, and so does the slora server, which refuses such a run before it starts; a
+    lane holding one is reported as not finished, its requests neither served nor
+    rejected, beside lanes that run."""
     prompt, output = [598, 599, 500, 500], [10, 10, 965, 966]
     assert AI.never_admitted(prompt, output, SMALL).tolist() == [False, True, False, True]
     options = dict(SMALL.server_options())
@@ -444,9 +446,17 @@ def test_never_admitted_is_exactly_the_engines_admission_rule():
         assert (slora.never_served(options, np.asarray([p + 2]), np.asarray([o]), SMALL.kv_pool) is not None) == never
     _, fits = run_engine([0.0, 0.5], [0, 0], [598, 500], [10, 965], ["fcfs"], SMALL)
     assert (fits[0].outcome[:2] == A.DONE).all()
-    for p, o in ((599, 10), (500, 966)):
+    over = [AI.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_clients=K)
+            for p, o in ((599, 10), (500, 966))]
+    good = AI.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_clients=K)
+    replays, done = AR.run([good] + over, [AR.Scheduler("fcfs", profile=SMALL)] * 3, K)
+    assert done.tolist() == [True, False, False]
+    assert (replays[0].outcome == A.DONE).all() and AR.stranded(replays).tolist() == [0, 2, 2]
+    for trace in over:
+        engine = AR.engine_trace(trace, SMALL)
         with pytest.raises(InputError, match="server slora: request 0"):
-            run_engine([0.0, 0.1], [0, 0], [p, 10], [o, 5], ["fcfs"], SMALL)
+            AR.run_traces([engine], [AR.engine_settings(AR.Scheduler("fcfs", profile=SMALL), trace, K, 0)],
+                          num_clients=K, server="slora")
 
 
 def test_check_admissible_names_the_line_the_prompt_and_the_limit():

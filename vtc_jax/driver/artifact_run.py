@@ -29,7 +29,7 @@ from vtc_jax.driver.results import service_difference
 from vtc_jax.driver.run import run_traces
 from vtc_jax.engines.artifact import DONE, MAX_STEP_US, NONE, POLICIES, REJECTED, Config, Profile
 from vtc_jax.engines.artifact_inputs import (TRACE_COLUMNS, LaneTrace, check_admissible, check_columns, make_trace,
-                                             slot_bound)
+                                             never_admitted, slot_bound)
 from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
@@ -112,8 +112,23 @@ def run(lanes: Sequence[LaneTrace], scheds: Sequence, num_clients: int, *, seeds
     (the real trace: 1,000 running_cap against at most 51 holding KV) and every event
     costs O(S), so the lanes first run with `first_slots` slots (slora's `slots`); a lane
     that is not finished then is rerun with the bound. Slots bound capacity only, so a lane
-    that finished is exactly what it would have been with more."""
+    that finished is exactly what it would have been with more. A lane holding a request
+    that no round could ever admit (`never_admitted`; the sweeps refuse such traces before
+    the run) is not run: it is reported as not finished."""
     seeds = list(seeds) if seeds is not None else [0] * len(lanes)
+    stuck = [bool(never_admitted(lane.prompt, lane.output, s.profile).any()) for lane, s in zip(lanes, scheds)]
+    if any(stuck):  # a request no round could ever admit strands its lane: flagged, never run
+        keep = [i for i, x in enumerate(stuck) if not x]
+        replays = [Replay(np.full(lane.prompt.size, NONE, np.int64), np.full(lane.prompt.size, -1, np.int64),
+                          np.full(lane.prompt.size, -1, np.int64), 0, 0, 0) for lane in lanes]
+        finished = np.zeros(len(lanes), bool)
+        if keep:
+            got, done = run([lanes[i] for i in keep], [scheds[i] for i in keep], num_clients,
+                            seeds=[seeds[i] for i in keep], mesh=mesh, progress=progress, chunk=chunk,
+                            first_slots=first_slots)
+            for j, i in enumerate(keep):
+                replays[i], finished[i] = got[j], done[j]
+        return replays, finished
     traces = [engine_trace(lane, s.profile) for lane, s in zip(lanes, scheds)]
     settings = [engine_settings(s, lane, num_clients, seed) for s, lane, seed in zip(scheds, lanes, seeds)]
     tier = [dataclasses.replace(s, server_options=tuple(sorted({**dict(s.server_options), "slots": first_slots}.items())))
