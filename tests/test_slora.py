@@ -22,6 +22,7 @@ from vtc_jax.driver.policy_modules import load_policy_module
 from vtc_jax.engines import artifact as A
 from vtc_jax.policies import registry
 from vtc_jax.servers import slora
+from vtc_jax.testing import reference as ref
 from vtc_jax.testing.lanes import random_lanes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,3 +170,185 @@ def test_settings_are_checked_in_one_line():
     assert "prefill_cap" in slora.never_served({"prefill_cap": 10}, np.asarray([11]), np.asarray([1]), 10_000)
     assert "never" in slora.never_served({}, np.asarray([100]), np.asarray([9_868]), 10_000)
     assert slora.never_served({}, np.asarray([100]), np.asarray([9_867]), 10_000) is None
+
+
+# ------------------------------------------------------------------ every policy, exactly
+
+def literal_slora(requests, settings: Settings, num_clients: int):
+    """The engine with the slora server, literally: events in MODEL.md's order (the last
+    step's completions, in request order; arrivals; admissions while the policy's candidate
+    passes slora's checks; the step: the round's prefill, else a decode step, else a poll,
+    or an idle wait to the next whole poll), the policy's own literal reference driven by
+    its hooks (vtc_jax.testing.reference's conventions), exact Fractions for W and c.
+    Returns (W, c, admitted, completed, rejected per client; first, finish per request)."""
+    reqs = list(requests)
+    K, s = num_clients, settings
+    o = slora.settings(dict(s.server_options))
+    tc = slora.coefficients_us(o)
+    sim = ref._Sim(reqs, s, K)
+    pol = registry.get(s.policy).reference(s, sim)
+    call = lambda name, *a, default=None: getattr(pol, name)(*a) if hasattr(pol, name) else default  # noqa: E731
+    n_req = len(reqs)
+    order = sorted(range(n_req), key=lambda n: (reqs[n].arrival, n))
+    rank = {n: i for i, n in enumerate(order)}
+    caps, bands, R, window = list(s.client_caps(K)), list(s.client_bands(K)), s.rpm_limit, s.rpm_window
+    rejected_set, rejected = set(), [0] * K
+    if s.rpm_rejects:
+        accepted = [[] for _ in range(K)]
+        for n in order:
+            r = reqs[n]
+            if sum(1 for a in accepted[r.client] if a >= r.arrival - window) >= R:
+                rejected_set.add(n)
+            else:
+                accepted[r.client].append(r.arrival)
+        seen = [0] * K
+        for n in order:
+            if n not in rejected_set:
+                sim.position[n], seen[reqs[n].client] = seen[reqs[n].client], seen[reqs[n].client] + 1
+    admitted, completed, rpm_counts, value = [0] * K, [0] * K, {}, {}
+    first, finish, gen = [-1] * n_req, [-1] * n_req, {}
+    round_, leaving, nxt, t, wait = [], [], 0, 0, 0
+    slot, free, fresh = {}, [], [0]  # slots as the server's free-list stack hands them out
+
+    def charge(k, x):
+        sim.W[k] += x
+        sim.c[k] += x / sim.omega[k]
+
+    def eligible_clients():
+        def under_cap(k):
+            held = sum(reqs[n].prompt + reqs[n].output for n in sim.running if reqs[n].client == k)
+            return held + reqs[sim.fifo[k][0]].prompt + reqs[sim.fifo[k][0]].output <= caps[k]
+        ok = [k for k in range(K) if sim.fifo[k] and under_cap(k)]
+        if s.rpm_delays:
+            ok = [k for k in ok if rpm_counts.get((t // window, k), 0) < R]
+        if ok and s.bands is not None:
+            ok = [k for k in ok if bands[k] == min(bands[j] for j in ok)]
+        return ok
+
+    def fits(n):
+        items = [(reqs[m].prompt + gen[m], reqs[m].output - gen[m] - 1) for m in sim.running if m not in round_]
+        items += [(reqs[m].prompt + 1, reqs[m].output - 1) for m in round_ + [n]]
+        items.sort(key=lambda x: -x[1])
+        need = max(j * left + sum(h for h, _ in items[:j]) for j, (_, left) in enumerate(items, 1))
+        clients = len({reqs[m].client for m in sim.running + [n]})
+        allowed = len(sim.running) == len(round_) or wait >= o["cadence"]
+        return (allowed and need < o["kv_pool"] - o["adapter_reserve"] * clients and len(sim.running) + 1 <= o["running_cap"]
+                and sum(reqs[m].prompt for m in round_) + reqs[n].prompt <= o["prefill_cap"])
+
+    def terms(*xs):
+        return max(1, sum(int(np.round(np.float32(x))) for x in xs))
+
+    for n in rejected_set:  # decided at arrival, counted for the run
+        rejected[reqs[n].client] += 1
+    while True:
+        sim.t = t
+        for n in sorted(leaving, key=rank.get):  # the last step's completions, in request order
+            sim.running.remove(n)
+            free.append(slot.pop(n))
+            completed[reqs[n].client] += 1
+            call("on_complete", n, value.pop(n))
+            sim.observe(n)
+        leaving = []
+        if sum(completed) == n_req - len(rejected_set):
+            break
+        while nxt < n_req and reqs[order[nxt]].arrival <= t:  # arrivals
+            n = order[nxt]
+            nxt += 1
+            if n in rejected_set:
+                continue
+            call("on_arrival", n)
+            sim.fifo[reqs[n].client].append(n)
+        while True:  # admissions
+            eligible = eligible_clients()
+            k = pol.select(eligible) if eligible else None
+            if k is None or not fits(sim.fifo[k][0]):
+                break
+            n = sim.fifo[k].pop(0)
+            sim.running.append(n)
+            if free:
+                slot[n] = free.pop()
+            else:
+                slot[n], fresh[0] = fresh[0], fresh[0] + 1
+            round_.append(n)
+            sim.last_left = k
+            charge(k, sim.prefill_charge(n))
+            admitted[k] += 1
+            if s.rpm_delays:
+                rpm_counts[(t // window, k)] = rpm_counts.get((t // window, k), 0) + 1
+            value[n] = call("on_admit", n, default=sim.estimate(n))
+        if round_:  # the round's prefill
+            elapsed = terms(tc[0], tc[1] * np.float32(sum(reqs[n].prompt for n in round_)))
+            batch, decoders = round_, []
+            for n in round_:
+                gen[n], first[n] = 1, t + elapsed
+            wait = 0
+        elif sim.running:  # a decode step
+            decoders = list(sim.running)
+            context = sum(reqs[n].prompt + gen[n] for n in decoders)
+            elapsed = terms(tc[2], tc[3] * np.float32(len(decoders)), tc[4] * np.float32(context))
+            batch = decoders
+            wait += 1
+        elif any(sim.fifo):  # something waits that no round admitted: one poll
+            elapsed, batch, decoders = o["poll_us"], [], []
+        else:  # idle: to the next whole poll at or after the next arrival (or the arrival)
+            a = reqs[order[nxt]].arrival
+            wake = a if o["idle"] == "jump" else t + -(-(a - t) // o["poll_us"]) * o["poll_us"]
+            elapsed, batch, decoders = max(1, wake - t), [], []
+        sim.detail = artifact_charges(reqs, K, batch, decoders, gen, value, slot, o["extra_finish_charge"])
+        for n in decoders:
+            charge(reqs[n].client, sim.w_q + sim.beta * (reqs[n].prompt + gen[n]))
+            gen[n] += 1
+        done = [n for n in batch if gen[n] >= reqs[n].output]
+        if done and o["extra_finish_charge"]:
+            for n in batch:
+                charge(reqs[n].client, sim.w_q)
+        for n in done:
+            finish[n] = t + elapsed
+        sim.generated = {n: gen[n] for n in sim.running}
+        call("on_step_end", elapsed)
+        round_, leaving, t = [], done, t + elapsed
+    return sim.W, sim.c, admitted, completed, rejected, first, finish
+
+
+def artifact_charges(reqs, num_clients, batch, decoders, gen, value, slot, extra_on) -> dict:
+    """slora's Work.detail of a step, literally: per client, in float32 summed in slot
+    order, the decoders past their prediction (the value's float32 bits) and the extra
+    finish charges past it less the unused predictions of the finishing requests."""
+    f = np.float32
+    pred = {n: value[n] if isinstance(value[n], np.floating) else np.asarray(int(value[n] or 0), np.int32).view(f)
+            for n in batch}  # only vtc_artifact reads these (its values are float32 predictions)
+    charge, settle = [f(0)] * num_clients, [f(0)] * num_clients
+    after = {n: gen[n] + (n in decoders) for n in batch}
+    finishing = any(after[n] >= reqs[n].output for n in batch)
+    for n in sorted(batch, key=slot.get):
+        k, out = reqs[n].client, f(reqs[n].output)
+        if n in decoders and f(gen[n]) > pred[n]:
+            charge[k] = f(charge[k] + f(1))
+        late = f(1) if extra_on and finishing and f(after[n]) > pred[n] else f(0)
+        refund = f(pred[n] - out) if after[n] >= reqs[n].output and out < pred[n] else f(0)
+        settle[k] = f(settle[k] + f(late - refund))
+    return {"charge": charge, "settle": settle}
+
+
+def test_every_policy_and_a_users_own_are_exact_on_slora():
+    """Every registered policy and examples/my_policy.py on slora, on hundreds of random
+    lanes (random settings: weights, fractional prices, beta, rpm limits in both modes,
+    bands, estimators, policy options; random slora settings with microsecond steps that
+    interleave with the arrivals), against `literal_slora`: every request's first-token
+    and finish time, and per client the final service W and counter c (exact), admissions,
+    completions and rejections."""
+    load_policy_module(ROOT / "examples" / "my_policy.py")
+    names = list(registry.names())
+    rng = random.Random(11)
+    lanes = random_lanes(rng, 25 * len(names), num_clients=3, policies=names, num_requests=(1, 14))
+    settings = [dataclasses.replace(s, server_options=tuple(sorted(slora.fuzz_options(rng, t.prompt, t.output).items())))
+                for t, s in zip(lanes.traces, lanes.settings)]
+    res, times = engine_times(lanes.traces, settings, 3)
+    for lane, (reqs, s) in enumerate(zip(lanes.requests, settings)):
+        W, c, admitted, completed, rejected, first, finish = literal_slora(reqs, s, 3)
+        where = f"lane {lane}: {s}"
+        assert res.finished[lane], where
+        assert times[lane][0].tolist() == first and times[lane][1].tolist() == finish, where
+        assert list(res.service_exact[lane]) == W and list(res.counters_exact[lane]) == c, where
+        assert (res.admitted[lane].tolist(), res.completed[lane].tolist(), res.rejected[lane].tolist()) == (
+            admitted, completed, rejected), where
