@@ -64,7 +64,9 @@ Host side, each server also has
 
 Optional: `fits_client=True` (the engine passes the candidate's client to `fits` as
 `client=`), `wake(params, now, next_arrival) -> int32[]` (when a server with nothing to do
-starts again; default: at the next arrival).
+starts again; default: at the next arrival), `max_horizon` (the longest drain horizon the
+driver may plan, in the lane's time unit; default 2^30 - 1) and `Work.detail` (facts of a
+step its policies may read, as StepEnd.detail).
 
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
