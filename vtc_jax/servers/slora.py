@@ -166,7 +166,7 @@ def coefficients_us(options: dict) -> np.ndarray:
     return np.asarray([s["overhead"] * s[key] * 1e6 for key in TIME_KEYS], np.float32)
 
 
-def _candidate(state: SloraState, p: dict, row, client):
+def _candidate(state: SloraState, row, client):
     """The KV check's quantities for a candidate row of `client` (None: a new client)."""
     c_in, c_out = row[PROMPT], row[OUTPUT]
     need, place, v_new, v_shift = kv_need_with(state.skey - state.decodes, state.sval, state.count, c_in + 1, c_out - 1)
@@ -181,7 +181,7 @@ def fits(state: SloraState, params, row, *, generated=None, client=None) -> jax.
     prefill cap and the running cap. `client` None counts the candidate as a new client
     (conservative: the engine passes it, Server.fits_client)."""
     p = params.server
-    c_in, _, need, _, _, _, clients = _candidate(state, p, row, client)
+    c_in, _, need, _, _, _, clients = _candidate(state, row, client)
     allowed = (state.count == state.pending) | (state.wait >= p["cadence"])
     return (allowed & (need < p["kv_pool"] - p["adapter_reserve"] * clients)
             & (state.round_tokens + c_in <= p["prefill_cap"]) & (state.count + 1 <= p["running_cap"]))
@@ -193,10 +193,11 @@ def _put(x, i, value, mask, size: int):
 
 
 def admit(state: SloraState, params, row, client, value, step, mask, *, index=None, generated=None):
-    """The request joins the open round where `mask` (time does not move)."""
+    """The request joins the open round where `mask` (time does not move); `index` and
+    `generated` are not needed (requests are kept by ORDER; nothing is preempted)."""
     slots = state.pocc.shape[0]
     jj = jnp.arange(slots, dtype=I32)
-    c_in, c_out, _, place, v_new, v_shift, _ = _candidate(state, params.server, row, client)
+    c_in, c_out, _, place, v_new, v_shift, _ = _candidate(state, row, client)
     admit_ = mask & (state.nfree > 0)
     slot = state.free[jnp.maximum(state.nfree - 1, 0)]
     take = ((jnp.arange(state.members.shape[0]) == client) & admit_).astype(I32)
