@@ -1,4 +1,5 @@
-"""Speed of the artifact profile (vtc_jax/engines/artifact.py) on the VTC paper's real trace.
+"""Speed of the artifact profile (the slora server on the main engine, with the artifact's
+schedulers: vtc_jax/driver/artifact_run.py) on the VTC paper's real trace.
 
 Replays the real trace (data/vtc_real_trace.csv: 1,500 requests, 27 clients, 600 s) as
 batches of B lanes (the paper's schedulers, repeated), compiles once per batch size
@@ -32,32 +33,27 @@ POLICIES = ("vtc", "fcfs", "lcf", "vtc_oracle", "vtc_predict")
 
 
 def batch(num_lanes: int, cols: dict, profile: A.Profile, config: A.Config):
-    lanes, params = [], []
-    for i in range(num_lanes):
-        policy = POLICIES[i % len(POLICIES)]
-        lanes.append(AI.make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
-                                   input_extra=profile.input_extra, num_requests=config.num_requests,
-                                   num_clients=config.num_clients))
-        params.append(AI.make_params(policy, config.num_clients, profile))
-    return lanes, params
+    lanes = [AI.make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
+                           input_extra=profile.input_extra, num_clients=config.num_clients)] * num_lanes
+    return lanes, [AR.Scheduler(POLICIES[i % len(POLICIES)], profile=profile) for i in range(num_lanes)]
 
 
 def measure(num_lanes: int, repeat: int, cols: dict, profile: A.Profile, config: A.Config) -> dict:
-    lanes, params = batch(num_lanes, cols, profile, config)
+    lanes, scheds = batch(num_lanes, cols, profile, config)
     t0 = time.perf_counter()
-    state, done = AR.run(lanes, params, config, profiles=profile)  # compiles, then runs
+    replays, done = AR.run(lanes, scheds, config.num_clients)  # compiles, then runs
     first_wall = time.perf_counter() - t0
-    reference = AR.finish_us(state)
+    reference = [r.finish_us for r in replays]
     walls, cpus = [], []
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
-        state, done = AR.run(lanes, params, config, profiles=profile)
+        replays, done = AR.run(lanes, scheds, config.num_clients)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
-        if not (done.all() and np.array_equal(AR.finish_us(state), reference)):
+        if not (done.all() and all(np.array_equal(r.finish_us, f) for r, f in zip(replays, reference))):
             raise SystemExit("artifact_bench: a repeated run gave different results")
     wall, cpu = min(walls), min(cpus)
-    events = int(np.asarray(state.events).sum())
+    events = sum(r.events for r in replays)
     return {"lanes": num_lanes, "compile_s": round(max(first_wall - wall, 0.0), 2), "wall_s": round(wall, 3),
             "cpu_s": round(cpu, 3), "wall_s_per_lane": round(wall / num_lanes, 3),
             "cpu_s_per_lane": round(cpu / num_lanes, 3), "lanes_per_s": round(num_lanes / wall, 2),

@@ -1,5 +1,6 @@
-"""The VTC paper's artifact tables, under the artifact engine profile (vtc_jax/engines/artifact.py,
-docs/ARTIFACT.md), as sweeps on the one driver (vtc_jax.driver.sweep) with engine ARTIFACT_ENGINE.
+"""The VTC paper's artifact tables, on the paper's engine (the `slora` server with the
+artifact's schedulers as registry policies: vtc_jax/driver/artifact_run.py, docs/ARTIFACT.md),
+as sweeps on the one driver (vtc_jax.driver.sweep) with engine ARTIFACT_ENGINE.
 
 Parts (--parts, comma-separated; default all):
   real          the real trace (data/vtc_real_trace.csv: 27 clients, 1,500 requests,

@@ -1,9 +1,10 @@
-"""The artifact profile (vtc_jax/engines/artifact.py) against a slow pure-Python reference written
-from the artifact's router loop, hand-worked timelines, plain numpy measures, the
-artifact's own traces, and its command lines (sweeps.paper, sweeps.calibrate).
+"""The artifact profile (the `slora` server and the artifact's schedulers as registry
+policies, vtc_jax/driver/artifact_run.py) against a slow pure-Python reference written from
+the artifact's router loop, hand-worked timelines, plain numpy measures, the artifact's own
+traces, and its command lines (sweeps.paper, sweeps.calibrate).
 
-Every engine run here shares one static config and one batch shape (`run_engine`), so the
-file compiles the engine a few times only."""
+Every engine run here has K = 4 clients (`run_engine`), so the file compiles the engine a
+few times only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import math
 import sys
 from collections import deque
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,10 +22,11 @@ from vtc_jax.driver import artifact_run as AR
 from vtc_jax.engines import artifact as A
 from vtc_jax.engines import artifact_inputs as AI
 from vtc_jax.inputs import artifact_suites as S
+from vtc_jax.policies.estimators import reference_estimate
+from vtc_jax.servers import slora
 
-CONFIG = A.Config(num_requests=64, num_clients=4, slots=32)
-LANES = 6  # every run_engine batch is padded to this many lanes (one compile)
-CHUNK = 256
+K = 4
+SEED = 3  # the lanes' seed (the noisy oracle's draws)
 
 
 # ------------------------------------------------------------------ pure-Python reference
@@ -163,19 +166,30 @@ def reference(arrival_s, client, prompt, output, policy, profile=A.Profile(), rp
 
 
 def run_engine(arrival_s, client, prompt, output, policies, profile=A.Profile(), rpm_limits=None, weights=None,  # noqa: B008 (frozen)
-               oracle_r=0.0, config=CONFIG):
-    """Every policy as one lane of a LANES-lane batch (padded with repeats) on CONFIG."""
+               oracle_r=0.0):
+    """Every policy as one lane of a batch on K clients: (the lane, its replays)."""
     k = max(client) + 1
-    lane = AI.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra,
-                         num_requests=config.num_requests, num_clients=config.num_clients, oracle_r=oracle_r, seed=3)
+    lane = AI.make_trace(arrival_s, client, prompt, output, input_extra=profile.input_extra, num_clients=K)
     assert (lane.new_id[:k] == np.arange(k)).all(), "tests number clients by first arrival"
-    w = None if weights is None else list(weights) + [1.0] * (config.num_clients - len(weights))
-    params = [AI.make_params(p, config.num_clients, profile, rpm_limit=(rpm_limits or {}).get(p), weights=w)
-              for p in policies]
-    pad = LANES - len(params)
-    state, done = AR.run([lane] * LANES, params + params[-1:] * pad, config, profiles=profile, chunk=CHUNK)
+    w = None if weights is None else tuple(list(weights) + [1.0] * (K - len(weights)))
+    scheds = [AR.Scheduler(p, rpm_limit=(rpm_limits or {}).get(p) if p == "rpm" else None, weights=w, profile=profile,
+                           oracle_r=oracle_r) for p in policies]
+    replays, done = AR.run([lane] * len(scheds), scheds, K, seeds=[SEED] * len(scheds))
     assert done.all()
-    return lane, state
+    return lane, replays
+
+
+def oracle_predictions(lane, oracle_r):
+    """vtc_oracle's predictions per request (the lane's order): the output, or with a range
+    r > 0 the `noisy` estimator's draw (relative error up to r) for the lane's seed."""
+    if oracle_r == 0:
+        return lane.output.astype(np.float32).tolist()
+    position, seen = [], [0] * K
+    for c in lane.client:
+        position.append(seen[c])
+        seen[c] += 1
+    return [float(reference_estimate("noisy", int(o), int(c), p, guess=128, error=Fraction(str(oracle_r)), seed=SEED,
+                                     average=0)) for o, c, p in zip(lane.output, lane.client, position)]
 
 
 def random_trace(seed, n=40, k=3, horizon=6.0, max_prompt=300, max_output=60):
@@ -196,19 +210,18 @@ POLICIES = ["fcfs", "lcf", "vtc", "vtc_predict", "vtc_oracle", "rpm"]
 
 
 def check_against_reference(cols, policies, profile, rpm=4, weights=None, oracle_r=0.0):
-    lane, state = run_engine(*cols, policies, profile, rpm_limits={"rpm": rpm}, weights=weights, oracle_r=oracle_r)
+    lane, replays = run_engine(*cols, policies, profile, rpm_limits={"rpm": rpm}, weights=weights, oracle_r=oracle_r)
     n = len(cols[0])
     order = np.lexsort((np.arange(n), np.round(np.asarray(cols[0]) * 1e6)))
     oracle = np.empty(n, np.float32)
-    oracle[order] = lane.trace.rows[:n, A.ORACLE].view(np.float32)
-    for i, policy in enumerate(policies):
+    oracle[order] = oracle_predictions(lane, oracle_r)
+    for policy, got in zip(policies, replays):
         status, first, finish = reference(*cols, policy, profile, rpm_limit=rpm if policy == "rpm" else None,
                                           weights=weights, oracle=oracle.tolist())
-        lane_state = AR.lane_index(state, i)
-        assert [STATUS[int(s)] for s in AR.outcome(lane_state)[:n]] == [status[j] for j in order], policy
-        done = AR.outcome(lane_state)[:n] == A.DONE
-        assert AR.first_us(lane_state)[:n][done].tolist() == [first[j] for j in order[done]], policy
-        assert AR.finish_us(lane_state)[:n][done].tolist() == [finish[j] for j in order[done]], policy
+        assert [STATUS[int(s)] for s in got.outcome[:n]] == [status[j] for j in order], policy
+        done = got.outcome[:n] == A.DONE
+        assert got.first_us[:n][done].tolist() == [first[j] for j in order[done]], policy
+        assert got.finish_us[:n][done].tolist() == [finish[j] for j in order[done]], policy
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -227,22 +240,32 @@ def test_engine_matches_reference_idle_jump():
     check_against_reference(cols, POLICIES, SMALL.replace(idle="jump"))
 
 
-def test_slot_tiers_rerun_the_lanes_that_overflow_exactly():
-    """With a first try of 6 slots, lanes that hold KV for more requests stop and are rerun
-    with the bound: every result equals a run with the bound from the start."""
+def test_slots_bound_capacity_only():
+    """A lane's results do not depend on the running slots its batch is given: alone (few
+    slots) and beside a lane of many short requests (the batch's slots sized for those)."""
     cols = random_trace(1)
-    lane = AI.make_trace(*cols, input_extra=SMALL.input_extra, num_requests=CONFIG.num_requests,
-                         num_clients=CONFIG.num_clients)
-    params = [AI.make_params(p, CONFIG.num_clients, SMALL, rpm_limit=4 if p == "rpm" else None) for p in POLICIES]
-    full, done_full = AR.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK)
-    tiered, done_tiered = AR.run([lane] * LANES, params, CONFIG, profiles=SMALL, chunk=CHUNK, first_slots=6)
-    peaks = np.asarray(full.peak)
-    assert (peaks > 6).any() and (peaks <= 6).any() and done_full.all() and done_tiered.all()
-    for name in ("result", "counter", "client_pred", "steps", "prefills", "peak"):
-        assert np.array_equal(np.asarray(getattr(full, name)), np.asarray(getattr(tiered, name))), name
+    many = random_trace(4, n=200, max_prompt=3, max_output=4, horizon=0.5)
+    profile = SMALL.replace(running_cap=1000)
+    lane, alone = run_engine(*cols, POLICIES, profile, rpm_limits={"rpm": 4})
+    other = AI.make_trace(*many, input_extra=profile.input_extra, num_clients=K)
+    scheds = [AR.Scheduler(p, rpm_limit=4 if p == "rpm" else None, profile=profile) for p in POLICIES]
+    mixed, done = AR.run([lane] * len(scheds) + [other], scheds + scheds[:1], K, seeds=[SEED] * (len(scheds) + 1))
+    assert done.all()
+    for a, b in zip(alone, mixed):
+        assert a.outcome.tolist() == b.outcome.tolist() and a.first_us.tolist() == b.first_us.tolist()
+        assert a.finish_us.tolist() == b.finish_us.tolist() and (a.steps, a.prefills) == (b.steps, b.prefills)
 
 
 # ------------------------------------------------------------------ KV check
+
+def sorted_view(held, left) -> tuple[np.ndarray, np.ndarray]:
+    """Host reference of the KV check's sorted view: (left sorted descending, V with
+    V_j = (j + 1) * left_j + held of positions <= j), int64."""
+    held, left = np.asarray(held, np.int64), np.asarray(left, np.int64)
+    order = np.argsort(-left, kind="stable")
+    lo = left[order]
+    return lo, np.arange(1, lo.size + 1) * lo + np.cumsum(held[order])
+
 
 def test_kv_need_against_direct_computation():
     """The sorted view's need with a candidate, and its insertion, against the definition
@@ -252,23 +275,23 @@ def test_kv_need_against_direct_computation():
         m = int(rng.integers(0, 20))
         held = rng.integers(1, 500, m + 1)
         left = rng.integers(0, 400, m + 1)
-        lo, v = A.sorted_view(held[:m], left[:m])
+        lo, v = sorted_view(held[:m], left[:m])
         slots = 24
         pad = lambda x, slots=slots: np.concatenate([x, np.zeros(slots - x.size, np.int64)]).astype(np.int32)
-        need, place, v_new, v_shift = (np.asarray(x) for x in A.kv_need_with(
+        need, place, v_new, v_shift = (np.asarray(x) for x in slora.kv_need_with(
             pad(lo), pad(v), np.int32(m), np.int32(held[m]), np.int32(left[m])))
         items = sorted(zip(held, left), key=lambda x: -x[1])
         direct = max(j * l + sum(h for h, _ in items[:j]) for j, (_, l) in enumerate(items, 1))
         assert int(need) == direct
         inserted = np.concatenate([v[:place], [v_new], v_shift[:m][place:]])
-        assert inserted.tolist() == A.sorted_view(held, left)[1].tolist()
+        assert inserted.tolist() == sorted_view(held, left)[1].tolist()
 
 
 def test_sorted_view_invariant_under_a_decode_step():
     """A decode step (left - 1, held + 1 for every member) leaves every V unchanged."""
     rng = np.random.default_rng(2)
     held, left = rng.integers(1, 300, 12), rng.integers(1, 200, 12)
-    assert A.sorted_view(held, left)[1].tolist() == A.sorted_view(held + 1, left - 1)[1].tolist()
+    assert sorted_view(held, left)[1].tolist() == sorted_view(held + 1, left - 1)[1].tolist()
 
 
 # ------------------------------------------------------------------ hand-worked timelines
@@ -277,9 +300,8 @@ ONE_TOKEN = A.StepTime(prefill_base=0.0, prefill_per_token=1e-3, decode_base=10e
                        decode_per_context_token=0.0, overhead=1.0)
 
 
-def times(state, lane=0, n=None):
-    s = AR.lane_index(state, lane)
-    return AR.first_us(s)[:n].tolist(), AR.finish_us(s)[:n].tolist()
+def times(replays, lane=0, n=None):
+    return replays[lane].first_us[:n].tolist(), replays[lane].finish_us[:n].tolist()
 
 
 def test_cadence_and_stall_timeline():
@@ -291,7 +313,7 @@ def test_cadence_and_stall_timeline():
     prof = A.Profile(cadence=3, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
     _, state = run_engine([0.0, 0.001], [0, 1], [10, 20], [6, 2], ["fcfs"], prof)
     assert times(state, n=2) == ([10_000, 60_000], [80_000, 70_000])
-    assert int(state.prefills[0]) == 2 and int(state.steps[0]) == 2 + 3 + 2
+    assert state[0].prefills == 2 and state[0].steps == 2 + 3 + 2
 
 
 def test_idle_poll_and_stall_of_running_batch():
@@ -313,15 +335,19 @@ def test_idle_jump_starts_at_the_arrival():
     assert times(state, n=2) == ([30_000, 80_000], [90_000, 80_000])
 
 
-def test_clock_is_two_words_past_2_to_31_microseconds():
-    """Arrivals and steps past 2^31 us (35.8 minutes) and 2^32 us keep exact times: a
-    request at 3,000 s and one at 5,000 s (idle polls across both word boundaries)."""
+def test_clock_near_its_limit_and_refused_past_it():
+    """The clock is int32 microseconds: arrivals up to 2^30 - 1 us (1,073.7 s), runs up to
+    slora.MAX_HORIZON (about 1,610 s): a request at 1,073 s is exact against the reference;
+    an arrival past the clock is refused in one line naming it."""
     prof = A.Profile(cadence=0, input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN)
-    arrivals = [0.0, 3000.0005, 5000.000123]
-    _, state = run_engine(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 1], ["fcfs"], prof)
-    status, first, finish = reference(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 1], "fcfs", prof)
+    arrivals = [0.0, 1000.0005, 1073.000123]
+    _, state = run_engine(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 100], ["fcfs"], prof)
+    status, first, finish = reference(arrivals, [0, 0, 0], [5, 7, 9], [2, 3, 100], "fcfs", prof)
     assert times(state, n=3) == (first, finish)
-    assert first[1] > 2**31 and finish[2] > 2**32
+    assert finish[2] > 1 << 30
+    with pytest.raises(InputError, match=r"^trace: an arrival at 3000 s is past the engine's int32 clock") as err:
+        run_engine([0.0, 3000.0], [0, 0], [5, 7], [2, 3], ["fcfs"], prof)
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------ RPM sliding window
@@ -331,9 +357,9 @@ def test_rpm_window_boundary_is_inclusive():
     rejected), 60.000001 (the window [0.000001, 60.000001] holds 1 only: accepted)."""
     arrivals = [0.0, 1.0, 60.0, 60.000001, 61.000002]
     lane, state = run_engine(arrivals, [0] * 5, [5] * 5, [1] * 5, ["rpm"], rpm_limits={"rpm": 2})
-    got = [STATUS[int(s)] for s in AR.outcome(AR.lane_index(state, 0))[:5]]
+    got = [STATUS[int(s)] for s in state[0].outcome[:5]]
     assert got == ["done", "done", "rejected", "done", "done"]
-    m = AR.lane_measures(lane, AR.lane_index(state, 0), 4)
+    m = AR.lane_measures(lane, state[0], 4)
     assert m["rejected"] == 1 and m["rejected_per_client"].tolist() == [1, 0, 0, 0]
 
 
@@ -344,7 +370,7 @@ def _counter_after(policy, outputs, oracle_r=0.0, profile=None):
     n = len(outputs)
     lane, state = run_engine([0.05 * i for i in range(n)], [0] * n, [10] * n, outputs, [policy], prof,
                              oracle_r=oracle_r)
-    return float(state.counter[0, 0]), lane, state
+    return float(state[0].policy_counters[0]), lane, state
 
 
 def test_oracle_exact_charges_input_plus_twice_output_once():
@@ -360,27 +386,25 @@ def test_vtc_charges_decode_steps_plus_extra_at_finish():
 
 def test_oracle_range_refunds_and_charges_beyond():
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
-    c, lane, state = _counter_after("vtc_oracle", [8], oracle_r=0.9, profile=prof)
-    p = float(AR.charged(AR.lane_index(state, 0))[0])
-    assert p == float(np.float32(lane.trace.rows[0, A.ORACLE].view(np.float32)))
-    # charged 10 + 2p; decode steps before which generated (1..7) exceeds p: charged 2 each;
-    # refund 2 (p - 8) if p > 8
-    beyond = sum(1 for g in range(1, 8) if g > np.float32(p))
-    expected = 10 + 2 * p + 2 * beyond - (2 * (p - 8) if p > 8 else 0)
-    assert c == pytest.approx(expected, rel=1e-6)
+    for r, output in ((0.9, 8), (0.9, 30), (0.5, 12)):
+        c, lane, state = _counter_after("vtc_oracle", [output], oracle_r=r, profile=prof)
+        p = oracle_predictions(lane, r)[0]
+        # charged 10 + 2p; decode steps before which generated (1..L-1) exceeds p: charged 2
+        # each; refund 2 (p - L) if p > L
+        beyond = sum(1 for g in range(1, output) if g > np.float32(p))
+        expected = 10 + 2 * p + 2 * beyond - (2 * (p - output) if p > output else 0)
+        assert c == pytest.approx(expected, rel=1e-6), (r, output, p)
 
 
 def test_predict_moving_average():
     """First request: prediction 0 (charged like vtc); after it, prediction = 6; after
-    the second (output 11): (4 * 6 + 11) / 5 = 7."""
+    the second (output 11): 0.8 * 6 + 0.2 * 11 = 7."""
     prof = A.Profile(input_extra=0, adapter_reserve=0, step_time=ONE_TOKEN, extra_finish_charge=False)
     _, lane, state = _counter_after("vtc_predict", [6, 11, 3], profile=prof)
-    assert float(state.client_pred[0, 0]) == pytest.approx((4 * 7 + 3) / 5)
-    assert AR.charged(AR.lane_index(state, 0))[:3].tolist() == pytest.approx([0, 6, 7])
     # counter: r0: 10 + 2*5 decode; r1: 10 + 2*6 prepaid, beyond: g in 7..10 -> 4 steps;
     # r2: 10 + 2*7, refund 2*(7-3)
     expected = (10 + 10) + (10 + 12 + 8) + (10 + 14 - 8)
-    assert float(state.counter[0, 0]) == pytest.approx(expected)
+    assert float(state[0].policy_counters[0]) == pytest.approx(expected)
 
 
 # ------------------------------------------------------------------ settings
@@ -412,18 +436,27 @@ def test_limits_are_refused_up_front():
 def test_never_admitted_is_exactly_the_engines_admission_rule():
     """At SMALL's limits (prefill_cap 600, kv_pool 1500 - adapter_reserve 32, input_extra
     2): a request at each limit runs to completion; one token over it, `never_admitted`
-    says so, and the engine leaves it queued for ever: its lane is reported unfinished."""
+    says so, and so does the slora server, which refuses such a run before it starts; a
+    lane holding one is reported as not finished, its requests neither served nor
+    rejected, beside lanes that run."""
     prompt, output = [598, 599, 500, 500], [10, 10, 965, 966]
     assert AI.never_admitted(prompt, output, SMALL).tolist() == [False, True, False, True]
-    fits = AI.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_requests=64, num_clients=4)
-    over = [AI.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_requests=64, num_clients=4)
+    options = dict(SMALL.server_options())
+    for p, o, never in zip(prompt, output, AI.never_admitted(prompt, output, SMALL)):
+        assert (slora.never_served(options, np.asarray([p + 2]), np.asarray([o]), SMALL.kv_pool) is not None) == never
+    _, fits = run_engine([0.0, 0.5], [0, 0], [598, 500], [10, 965], ["fcfs"], SMALL)
+    assert (fits[0].outcome[:2] == A.DONE).all()
+    over = [AI.make_trace([0.0, 0.1], [0, 0], [p, 10], [o, 5], input_extra=2, num_clients=K)
             for p, o in ((599, 10), (500, 966))]
-    params = AI.make_params("fcfs", 4, SMALL)
-    lanes = [fits] + over + [fits] * (LANES - 3)
-    state, done = AR.run(lanes, [params] * LANES, CONFIG, profiles=SMALL, chunk=CHUNK)
-    assert done.tolist() == [True, False, False] + [True] * (LANES - 3)
-    assert (AR.outcome(state)[0, :2] == A.DONE).all()
-    assert AR.stranded(lanes, state)[:3].tolist() == [0, 2, 2]  # the head blocks the request behind it
+    good = AI.make_trace([0.0, 0.5], [0, 0], [598, 500], [10, 965], input_extra=2, num_clients=K)
+    replays, done = AR.run([good] + over, [AR.Scheduler("fcfs", profile=SMALL)] * 3, K)
+    assert done.tolist() == [True, False, False]
+    assert (replays[0].outcome == A.DONE).all() and AR.stranded(replays).tolist() == [0, 2, 2]
+    for trace in over:
+        engine = AR.engine_trace(trace, SMALL)
+        with pytest.raises(InputError, match="server slora: request 0"):
+            AR.run_traces([engine], [AR.engine_settings(AR.Scheduler("fcfs", profile=SMALL), trace, K, 0)],
+                          num_clients=K, server="slora")
 
 
 def test_check_admissible_names_the_line_the_prompt_and_the_limit():
@@ -501,12 +534,12 @@ def test_measures_against_numpy(policy):
     cols = random_trace(11, n=60, k=4, horizon=30.0, max_output=200)
     lane, state = run_engine(*cols, [policy], A.Profile(kv_pool=3000), rpm_limits={"rpm": 6})
     ticks = AR.Ticks(spacing=3.0, count=8, window=6.0)
-    s = AR.lane_index(state, 0)
+    s = state[0]
     m = AR.lane_measures(lane, s, 4, ticks)
     n = lane.prompt.size
-    served = AR.outcome(s)[:n] == A.DONE
+    served = s.outcome[:n] == A.DONE
     arrival = np.round(lane.arrival_s * 1e6) / 1e6
-    first, end = AR.first_us(s)[:n] / 1e6, AR.finish_us(s)[:n] / 1e6
+    first, end = s.first_us[:n] / 1e6, s.finish_us[:n] / 1e6
     diff, rate, demand, thr, med = numpy_measures(arrival, lane.client, lane.prompt, lane.output, first, end,
                                                    served, 4, ticks)
     np.testing.assert_allclose(m["rate"], rate, rtol=1e-4, atol=1e-3)
@@ -516,7 +549,7 @@ def test_measures_against_numpy(policy):
     assert m["max_diff"] == pytest.approx(diff.max(), rel=1e-4, abs=1e-2)
     assert m["throughput"] == pytest.approx(thr, rel=1e-9)
     assert m["ttft_median"] == pytest.approx(med, rel=1e-9)
-    assert m["rejected"] == float((AR.outcome(s)[:n] == A.REJECTED).sum())
+    assert m["rejected"] == float((s.outcome[:n] == A.REJECTED).sum())
 
 
 def test_revision_ticks():

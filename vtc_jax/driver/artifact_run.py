@@ -1,12 +1,14 @@
-"""The artifact engine profile on the driver's floor: lanes run through the runner, final
-states turned into the artifact's measures, and the sweep driver's engine adapter
-(`ARTIFACT_ENGINE`; docs/ARTIFACT.md). The engine itself is vtc_jax/engines/artifact.py,
-its host-side inputs vtc_jax/engines/artifact_inputs.py.
+"""The artifact engine profile on the driver's floor: the paper's engine is the `slora`
+server (vtc_jax/servers/slora.py) on the main engine, the artifact's schedulers registry
+policies (`engine_settings`); lanes run through run_traces, their per-request times turned
+into the artifact's measures, and the sweep driver's engine adapter (`ARTIFACT_ENGINE`;
+docs/ARTIFACT.md). The profile's settings and host-side inputs are
+vtc_jax/engines/artifact.py and vtc_jax/engines/artifact_inputs.py.
 
-Slots in tiers: runs hold far fewer requests than the proven slot bound (the real trace:
-51 of 657) and every event costs O(S), so `run` first gives every lane SLOT_TIER slots and
-reruns with the bound only the lanes that overflow (slots bound capacity only: results
-are the same).
+The artifact's schedulers on the engine: fcfs is `fcfs`; rpm is `rpm` with the limit in
+reject mode over the window in microseconds; lcf, vtc (weighted with weights), vtc_oracle
+and vtc_predict are `vtc_artifact` (its float32 counter queues: options lift and predict;
+an oracle with range r > 0 predicts through the `noisy` estimator).
 
 The sweeps read the engine's settings and trace reader through this module too (`Profile`,
 `StepTime`, `IDLE_RULES`, `TRACE_COLUMNS`, `read_trace_csv`, `check_admissible`): one
@@ -17,144 +19,149 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from fractions import Fraction
 from typing import Callable, Sequence
 
-import jax
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import runner
 from vtc_jax.driver.results import service_difference
-from vtc_jax.engines.artifact import (ARTIFACT_PROGRAM, CHARGED, DEFAULT_PROFILE, DONE, FINISH_HI, FINISH_LO,
-                                      FIRST_HI, FIRST_LO, MAX_STEP_US, NONE, OUTCOME, POLICIES, REJECTED, WORD, Batch,
-                                      Config, Params, Profile, State)
-from vtc_jax.engines.artifact_inputs import (TRACE_COLUMNS, LaneTrace, check_admissible, check_columns, make_params,
-                                             make_trace, slot_bound, stack)
+from vtc_jax.driver.run import run_traces
+from vtc_jax.engines.artifact import DONE, MAX_STEP_US, NONE, POLICIES, REJECTED, Config, Profile
+from vtc_jax.engines.artifact_inputs import (TRACE_COLUMNS, LaneTrace, check_admissible, check_columns, make_trace,
+                                             never_admitted, slot_bound)
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.servers import slora
 # Read by the sweeps through this module (one import: the whole artifact profile).
 from vtc_jax.engines.artifact import IDLE_RULES, StepTime  # noqa: F401
 from vtc_jax.engines.artifact_inputs import read_trace_csv  # noqa: F401
 
 
-# ----------------------------------------------------------------------------- results of a state
+# ----------------------------------------------------------------------------- lanes on slora
 
-def outcome(state: State) -> np.ndarray:
-    """OUTCOME per request (any leading lane axes), host numpy."""
-    return np.asarray(state.result)[..., OUTCOME]
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """One lane's replay, host numpy, per request in the lane's order (arrival, ties by
+    row): outcome int64[N] (NONE, DONE, REJECTED), first_us and finish_us int64[N] (the
+    end of its prefill step and of its last step, valid where DONE); steps and prefills
+    (the server's steps), events (the engine's); policy_counters: float64[K] the policy's
+    own counters at the end (vtc_artifact's float32 counters, in tokens / weight; NaN for
+    fcfs and rpm)."""
 
-
-def first_us(state: State) -> np.ndarray:
-    """First-token time per request in microseconds (int64; valid where DONE)."""
-    r = np.asarray(state.result).astype(np.int64)
-    return (r[..., FIRST_HI] << WORD) + r[..., FIRST_LO]
-
-
-def finish_us(state: State) -> np.ndarray:
-    """Finish time per request in microseconds (int64; valid where DONE)."""
-    r = np.asarray(state.result).astype(np.int64)
-    return (r[..., FINISH_HI] << WORD) + r[..., FINISH_LO]
-
-
-def charged(state: State) -> np.ndarray:
-    """The prediction charged at admission per request (float32; valid where DONE)."""
-    return np.asarray(state.result)[..., CHARGED].astype(np.int32).view(np.float32)
+    outcome: np.ndarray
+    first_us: np.ndarray
+    finish_us: np.ndarray
+    steps: int
+    prefills: int
+    events: int
+    policy_counters: np.ndarray | None = None
 
 
-# ----------------------------------------------------------------------------- runs
-
-def expected_events(lane: LaneTrace, profile: Profile) -> int:
-    """About how many events a lane takes (chunk sizing only): arrivals, admissions and
-    completions, then its steps (the trace's span and a drain over a small decode step)."""
-    st = profile.step_time
-    step_s = max(st.overhead * (st.decode_base + 8 * st.decode_per_request), 1e-3)
-    span = float(lane.arrival_s[-1]) if lane.arrival_s.size else 0.0
-    return int(4 * lane.prompt.size + (1.2 * span + 60.0) / step_s) + 1024
-
-
-def event_budget(lane: LaneTrace, profile: Profile) -> int:
-    """Events after which a lane is given up: every request arrives, is admitted and
-    completes (3 events), takes at most one prefill and output - 1 decode steps, and the
-    idle time up to the last arrival takes at most last / poll polls."""
-    n = lane.prompt.size
-    last = float(lane.arrival_s[-1]) if n else 0.0
-    return int(3 * n + n + int(lane.output.sum()) + last / profile.poll_s + n + 1024)
+def engine_policy(sched, seed: int) -> dict:
+    """Settings fields of an artifact scheduler (`Scheduler`) on the engine."""
+    if sched.policy == "fcfs":
+        return {"policy": "fcfs"}
+    if sched.policy == "rpm":
+        return {"policy": "rpm", "rpm_limit": sched.rpm_limit, "rpm_mode": "reject",
+                "rpm_window": int(round(sched.profile.rpm_window_s * 1e6))}
+    predict = {"lcf": "none", "vtc": "none", "vtc_oracle": "exact", "vtc_predict": "average"}[sched.policy]
+    extra = {}
+    if sched.policy == "vtc_oracle" and sched.oracle_r > 0:
+        predict = "estimator"
+        extra = {"estimator": "noisy", "estimate_error": Fraction(str(sched.oracle_r)), "estimate_seed": seed}
+    return {"policy": "vtc_artifact", "options": (("lift", sched.policy != "lcf"), ("predict", predict)), **extra}
 
 
-SLOT_TIER = 128  # slots of a first try (the real trace never holds KV for more than 51)
-SLOT_FIELDS = ("skey", "sval", "sslot", "spend", "pool", "pd0", "pstamp", "pocc", "ppend", "pfin", "free")
+def engine_trace(lane: LaneTrace, profile: Profile, source: str = "trace") -> Trace:
+    """The lane as the engine's trace: arrivals in microseconds, the server's input
+    (prompt + input_extra) as the prompt, clients numbered by first arrival."""
+    us = np.round(lane.arrival_s * 1e6).astype(np.int64)
+    if us.size and us.max() > MAX_ARRIVAL:
+        raise InputError(f"{source}: an arrival at {us.max() / 1e6:.0f} s is past the engine's int32 clock "
+                         f"(arrivals up to {MAX_ARRIVAL / 1e6:.1f} s of microseconds, runs up to "
+                         f"{slora.MAX_HORIZON / 1e6:.0f} s)")
+    return Trace(us, lane.client, lane.prompt + profile.input_extra, lane.output, np.zeros_like(us))
 
 
-def _widen(state: State, slots: int) -> State:
-    """A host State with its slot arrays padded to `slots` (zeros: empty slots)."""
-    def pad(x):
-        width = [(0, 0)] * x.ndim
-        width[1] = (0, slots - x.shape[1])
-        return np.pad(x, width)
-
-    return dataclasses.replace(state, **{f: pad(np.asarray(getattr(state, f))) for f in SLOT_FIELDS})
-
-
-def _run_once(lanes, params, config, profiles, mesh, progress, chunk):
-    batch = Batch(trace=stack([l.trace for l in lanes]), params=stack(params))
-    budget = max(event_budget(l, p) for l, p in zip(lanes, profiles))
-    expected = max(expected_events(l, p) for l, p in zip(lanes, profiles))
-    carry, done = runner.run(ARTIFACT_PROGRAM, config, batch, None, event_budget=budget, expected_events=expected,
-                             chunk=chunk, mesh=mesh, progress=progress)
-    return carry, np.asarray(done).copy()
+def engine_settings(sched, lane: LaneTrace, num_clients: int, seed: int) -> Settings:
+    """The engine Settings of an artifact scheduler on `lane` (weights by the lane's
+    renumbered clients; the profile as slora's server options)."""
+    profile = sched.profile
+    weights = None
+    if sched.weights is not None:
+        w = np.ones(num_clients)
+        w[lane.new_id[:len(sched.weights)]] = sched.weights
+        weights = tuple(Fraction(str(float(x))) for x in w)
+    return Settings(kv_budget=profile.kv_pool - profile.adapter_reserve, w_p=Fraction(str(profile.w_p)),
+                    w_q=Fraction(str(profile.w_q)), weights=weights, server_options=profile.server_options(),
+                    **engine_policy(sched, seed))
 
 
-def run(lanes: Sequence[LaneTrace], params: Sequence[Params], config: Config, *,
-        profiles: Sequence[Profile] | Profile = DEFAULT_PROFILE, mesh=None, progress=None, chunk: int | None = None,
-        first_slots: int = SLOT_TIER) -> tuple[State, np.ndarray]:
-    """Replay `lanes` (each with its Params and Profile) to the end; returns (final State
-    with a leading lane axis, host numpy; finished: bool[B]).
-
-    Slots in tiers: config.slots is a proven bound, usually far above what a run needs
-    (657 for the real trace, which never holds more than 51), and every event costs O(S).
-    So the lanes first run with `first_slots`; a lane that needs more stops at once
-    (`overflow`) and is rerun with config.slots. Slots only bound capacity, so a lane that
-    did not overflow is exactly what it would have been with more. A lane that is not done
-    when the event budget is spent, overflows the proven bound, or ends with a request
-    neither served nor rejected (`stranded`) is reported as not finished."""
-    if isinstance(profiles, Profile):
-        profiles = [profiles] * len(lanes)
-    if config.slots <= first_slots:
-        state, done = _run_once(lanes, params, config, profiles, mesh, progress, chunk)
-        return state, _finished(lanes, state, done)
-    state, done = _run_once(lanes, params, dataclasses.replace(config, slots=first_slots), profiles, mesh, progress,
-                            chunk)
-    state = _widen(state, config.slots)
-    redo = np.flatnonzero(np.asarray(state.overflow))
-    if redo.size:
-        wide, wide_done = _run_once([lanes[i] for i in redo], [params[i] for i in redo], config,
-                                    [profiles[i] for i in redo], mesh, progress, chunk)
-        state = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b])[_merge_index(a.shape[0], redo)],
-                                       state, wide)
-        done[redo] = wide_done
-    return state, _finished(lanes, state, done)
+SLOT_TIER = 128  # running slots of a first try (the real trace never holds KV for more than 51)
 
 
-def _finished(lanes: Sequence[LaneTrace], state: State, done: np.ndarray) -> np.ndarray:
-    """bool[B]: done, within its slots, and nothing stranded."""
-    return done & ~np.asarray(state.overflow) & (stranded(lanes, state) == 0)
+def run(lanes: Sequence[LaneTrace], scheds: Sequence, num_clients: int, *, seeds: Sequence[int] | None = None,
+        mesh=None, progress=None, chunk: int | None = None, first_slots: int = SLOT_TIER) -> tuple[list[Replay], np.ndarray]:
+    """Replay `lanes` (each under its Scheduler) to the end on slora, in one batch; returns
+    (per lane its Replay, finished: bool[B]). A lane not finished (its drain horizon spent,
+    or a structure full) is flagged, never reported.
+
+    Slots in tiers: the proven bound on running requests is far above what a run needs
+    (the real trace: 1,000 running_cap against at most 51 holding KV) and every event
+    costs O(S), so the lanes first run with `first_slots` slots (slora's `slots`); a lane
+    that is not finished then is rerun with the bound. Slots bound capacity only, so a lane
+    that finished is exactly what it would have been with more. A lane holding a request
+    that no round could ever admit (`never_admitted`; the sweeps refuse such traces before
+    the run) is not run: it is reported as not finished."""
+    seeds = list(seeds) if seeds is not None else [0] * len(lanes)
+    stuck = [bool(never_admitted(lane.prompt, lane.output, s.profile).any()) for lane, s in zip(lanes, scheds)]
+    if any(stuck):  # a request no round could ever admit strands its lane: flagged, never run
+        keep = [i for i, x in enumerate(stuck) if not x]
+        replays = [Replay(np.full(lane.prompt.size, NONE, np.int64), np.full(lane.prompt.size, -1, np.int64),
+                          np.full(lane.prompt.size, -1, np.int64), 0, 0, 0) for lane in lanes]
+        finished = np.zeros(len(lanes), bool)
+        if keep:
+            got, done = run([lanes[i] for i in keep], [scheds[i] for i in keep], num_clients,
+                            seeds=[seeds[i] for i in keep], mesh=mesh, progress=progress, chunk=chunk,
+                            first_slots=first_slots)
+            for j, i in enumerate(keep):
+                replays[i], finished[i] = got[j], done[j]
+        return replays, finished
+    traces = [engine_trace(lane, s.profile) for lane, s in zip(lanes, scheds)]
+    settings = [engine_settings(s, lane, num_clients, seed) for s, lane, seed in zip(scheds, lanes, seeds)]
+    tier = [dataclasses.replace(s, server_options=tuple(sorted({**dict(s.server_options), "slots": first_slots}.items())))
+            for s in settings]
+    replays, finished = _replays(lanes, traces, tier, num_clients, mesh, progress, chunk)
+    redo = np.flatnonzero(~finished)
+    if redo.size and first_slots:
+        again, done = _replays([lanes[i] for i in redo], [traces[i] for i in redo], [settings[i] for i in redo],
+                               num_clients, mesh, progress, chunk)
+        for j, i in enumerate(redo):
+            replays[i], finished[i] = again[j], done[j]
+    return replays, finished
 
 
-def stranded(lanes: Sequence[LaneTrace], state: State) -> np.ndarray:
-    """int64[B]: per lane, its trace's requests that are neither served nor rejected at the
-    end (a lane that stopped early, or a request no round could ever admit)."""
-    real = np.arange(state.result.shape[1])[None, :] < np.asarray([l.prompt.size for l in lanes])[:, None]
-    return ((outcome(state) == NONE) & real).sum(axis=1)
+def _replays(lanes, traces, settings, num_clients, mesh, progress, chunk) -> tuple[list[Replay], np.ndarray]:
+    res = run_traces(traces, settings, num_clients=num_clients, server="slora", measures=MeasureConfig(), mesh=mesh,
+                     progress=progress, chunk=chunk)
+    state = res.server_state
+    first, finish = np.asarray(state.first, np.int64), np.asarray(state.finish, np.int64)
+    steps, prefills = np.asarray(state.steps), np.asarray(state.prefills)
+    out = []
+    for b, lane in enumerate(lanes):
+        n = lane.prompt.size
+        served = first[b, :n] >= 0
+        outcome = np.where(served, DONE, REJECTED if res.finished[b] else NONE).astype(np.int64)
+        out.append(Replay(outcome, first[b, :n], finish[b, :n], int(steps[b]), int(prefills[b]), int(res.events[b]),
+                          np.asarray(res.policy_counters[b], np.float64)))
+    return out, np.asarray(res.finished, bool).copy()
 
 
-def _merge_index(lanes: int, redo: np.ndarray) -> np.ndarray:
-    """Rows of concatenate([first try, rerun]) in lane order: rerun lanes from the second part."""
-    index = np.arange(lanes)
-    index[redo] = lanes + np.arange(redo.size)
-    return index
-
-
-def lane_index(tree, i):
-    """Lane i of a batched pytree."""
-    return jax.tree_util.tree_map(lambda x: x[i], tree)
+def stranded(replays: Sequence[Replay]) -> np.ndarray:
+    """int64[B]: per lane, its requests neither served nor rejected at the end."""
+    return np.asarray([int((r.outcome == NONE).sum()) for r in replays], np.int64)
 
 
 # ----------------------------------------------------------------------------- measures
@@ -212,9 +219,9 @@ class Ticks:
         return lo, lo + self.window
 
 
-def lane_measures(lane: LaneTrace, state: State, num_clients: int, ticks: Ticks = Ticks(), *,
+def lane_measures(lane: LaneTrace, replay: Replay, num_clients: int, ticks: Ticks = Ticks(), *,
                   fairness: bool = True) -> dict:
-    """The artifact's measures of one finished lane (state: that lane's State, host numpy).
+    """The artifact's measures of one finished lane (`replay`: its Replay).
 
     Returns throughput (tok/s: served prompt + output over the time from t = 0, the
     benchmark's start, to the last completion: the artifact's `total_time`), ttft_median/
@@ -227,10 +234,10 @@ def lane_measures(lane: LaneTrace, state: State, num_clients: int, ticks: Ticks 
     n = lane.prompt.size
     arrival, client = np.round(lane.arrival_s * 1e6) / 1e6, lane.client  # the engine's microseconds
     prompt, output = lane.prompt.astype(np.float64), lane.output.astype(np.float64)
-    result = outcome(state)[:n]
+    result = replay.outcome[:n]
     served = result == DONE
-    first = np.where(served, first_us(state)[:n] / 1e6, arrival)
-    end = np.where(served, finish_us(state)[:n] / 1e6, arrival)
+    first = np.where(served, replay.first_us[:n] / 1e6, arrival)
+    end = np.where(served, replay.finish_us[:n] / 1e6, arrival)
     ttft = first[served] - arrival[served]
     tokens = (prompt[served] + output[served]).sum()
     last = end[served].max() if served.any() else np.nan
@@ -245,7 +252,7 @@ def lane_measures(lane: LaneTrace, state: State, num_clients: int, ticks: Ticks 
            "ttft_p90": stat(lambda x: np.percentile(x, 90)), "ttft_p99": stat(lambda x: np.percentile(x, 99)),
            "rejected": float(rejected.sum()), "rejected_per_client": rejected, "ttft_per_client_mean": tt_client,
            "unfinished": int(n - served.sum() - (result == REJECTED).sum()),
-           "steps": int(state.steps), "prefills": int(state.prefills), "events": int(state.events)}
+           "steps": replay.steps, "prefills": replay.prefills, "events": replay.events}
     if fairness:
         service = prompt + 2 * output
         lo, hi = ticks.bounds()
@@ -356,26 +363,18 @@ class ArtifactEngine:
             check_limits(r.source, r.settings.profile, s)
         return Config(n, k, s)
 
-    def lane(self, row, seed: int, base_seed: int, config: Config) -> tuple[LaneTrace, Params]:
+    def lane(self, row, seed: int, base_seed: int, config: Config) -> LaneTrace:
         sched, src = row.settings, row.source
         cols = src.columns(base_seed + seed)
         check_admissible(cols, sched.profile, f"{src.name} (seed {base_seed + seed})")
-        lane = make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
-                          input_extra=sched.profile.input_extra, num_requests=config.num_requests,
-                          num_clients=config.num_clients, oracle_r=sched.oracle_r, seed=base_seed + seed)
-        weights = None
-        if sched.weights is not None:
-            weights = np.ones(config.num_clients)
-            weights[lane.new_id[:len(sched.weights)]] = sched.weights
-        return lane, make_params(sched.policy, config.num_clients, sched.profile, rpm_limit=sched.rpm_limit,
-                                 weights=weights)
+        return make_trace(cols["arrival_s"], cols["client"], cols["prompt"], cols["output"],
+                          input_extra=sched.profile.input_extra, num_clients=config.num_clients)
 
     def run(self, rows, seeds, config: Config, base_seed: int, mesh, progress) -> "ArtifactResults":
-        made = [self.lane(row, seed, base_seed, config) for row, seed in zip(rows, seeds)]
-        lanes = [m[0] for m in made]
-        state, finished = run(lanes, [m[1] for m in made], config, profiles=[r.settings.profile for r in rows],
-                              mesh=mesh, progress=progress)
-        return ArtifactResults(rows=list(rows), lanes=lanes, state=state, finished=finished,
+        lanes = [self.lane(row, seed, base_seed, config) for row, seed in zip(rows, seeds)]
+        replays, finished = run(lanes, [r.settings for r in rows], config.num_clients,
+                                seeds=[base_seed + s for s in seeds], mesh=mesh, progress=progress)
+        return ArtifactResults(rows=list(rows), lanes=lanes, replays=replays, finished=finished & (stranded(replays) == 0),
                                num_clients=config.num_clients)
 
     @staticmethod
@@ -414,12 +413,12 @@ def check_limits(source: Workload, profile: Profile, slots: int) -> None:
 
 @dataclasses.dataclass
 class ArtifactResults:
-    """One chunk's lanes (lane i = rows[i] at its seed): final states (host numpy), the
-    lanes' traces, finished flags; measures computed on demand and cached."""
+    """One chunk's lanes (lane i = rows[i] at its seed): their replays, the lanes' traces,
+    finished flags; measures computed on demand and cached."""
 
     rows: list
     lanes: list
-    state: State
+    replays: list
     finished: np.ndarray
     num_clients: int
 
@@ -429,7 +428,7 @@ class ArtifactResults:
         workload's own client ids."""
         out = []
         for i, (row, lane) in enumerate(zip(self.rows, self.lanes)):
-            m = lane_measures(lane, lane_index(self.state, i), self.num_clients, row.source.ticks)
+            m = lane_measures(lane, self.replays[i], self.num_clients, row.source.ticks)
             back = lane.new_id  # renumbered id of each original client
             for key in ("rate", "demand", "rejected_per_client", "ttft_per_client_mean"):
                 full = np.zeros((self.num_clients,) + np.shape(m[key])[1:], np.asarray(m[key]).dtype)

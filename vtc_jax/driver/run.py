@@ -270,8 +270,9 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                                          horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width,
                                          context_totals=measures.ledger or measures.occupancy)
     longest = max(horizons)
-    if longest > MAX_HORIZON:
-        raise InputError(f"the run would need {longest} steps, past the limit {MAX_HORIZON}")
+    limit = min(MAX_HORIZON, servers.get(server).max_horizon) if steps is not None else servers.get(server).max_horizon
+    if longest > limit:
+        raise InputError(f"the run would need {longest} steps, past the limit {limit}")
     if record_every and longest // record_every * num_clients > 1 << 26:
         raise InputError(f"record_every {record_every} over {longest} steps keeps more than {1 << 26} checkpoint "
                          f"values for {num_clients} clients; record less often")

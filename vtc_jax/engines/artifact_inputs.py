@@ -1,8 +1,8 @@
-"""The artifact engine's inputs, encoded and checked on the host: a lane's traced settings
-(`make_params`) and trace (`make_trace`: sorted, clients renumbered by first arrival,
-padded), the running-slot bound (`slot_bound`), the requests no round could ever admit
-(`never_admitted`, `check_admissible`) and the wall-clock trace CSV (`read_trace_csv`).
-Every refusal is one InputError line naming the problem (artifact.py: the engine).
+"""The artifact profile's inputs, checked on the host: a lane's trace (`make_trace`:
+sorted, clients renumbered by first arrival), the running-slot bound (`slot_bound`), the
+requests no round could ever admit (`never_admitted`, `check_admissible`) and the
+wall-clock trace CSV (`read_trace_csv`). Every refusal is one InputError line naming the
+problem (artifact.py: the settings; the engine is the slora server).
 """
 
 from __future__ import annotations
@@ -11,43 +11,16 @@ import dataclasses
 import math
 import os
 import re
-from typing import Sequence
 
-import jax
 import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.fileio import csv_table, read_text
-from vtc_jax.engines.artifact import (ARR_HI, ARR_LO, BASE, BIG, CLIENT, DEFAULT_PROFILE, INPUT, MAX_ARRIVAL_S,
-                                      MAX_TOKENS, NO_LIMIT, ORACLE, OUTPUT, POLICIES, WORD, Params, Profile, Trace)
+from vtc_jax.engines.artifact import MAX_ARRIVAL_S, MAX_TOKENS, Profile
 
 TRACE_COLUMNS = ("arrival_s", "client", "prompt", "output")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,3})?$")
 _INT = re.compile(r"^[+]?\d{1,10}$")
-
-
-def make_params(policy: str, num_clients: int, profile: Profile = DEFAULT_PROFILE, *, rpm_limit: int | None = None,
-                weights: Sequence[float] | None = None) -> Params:
-    """Traced Params of one lane (numpy leaves) from a policy name and a Profile."""
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
-    if policy == "rpm" and (rpm_limit is None or not 1 <= rpm_limit < NO_LIMIT):
-        raise InputError(f"policy rpm needs an rpm limit in [1, {NO_LIMIT - 1}]")
-    w = np.ones(num_clients, np.float32) if weights is None else np.asarray(weights, np.float64)
-    if w.shape != (num_clients,) or not np.isfinite(w).all() or (w <= 0).any():
-        raise InputError(f"weights must be {num_clients} finite positive numbers")
-    b = lambda x: np.asarray(x, bool)  # noqa: E731
-    i = lambda x: np.asarray(x, np.int32)  # noqa: E731
-    f = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    return Params(
-        by_counter=b(policy not in ("fcfs", "rpm")), lift=b(policy in ("vtc", "vtc_oracle", "vtc_predict")),
-        predict=b(policy == "vtc_predict"), oracle=b(policy == "vtc_oracle"),
-        rpm_limit=i(rpm_limit if policy == "rpm" else NO_LIMIT), rpm_window_us=i(round(profile.rpm_window_s * 1e6)),
-        weight=f(w), w_p=f(profile.w_p), w_q=f(profile.w_q), kv_pool=i(profile.kv_pool),
-        adapter_reserve=i(profile.adapter_reserve), prefill_cap=i(profile.prefill_cap),
-        running_cap=i(profile.running_cap), cadence=i(profile.cadence), poll_us=i(round(profile.poll_s * 1e6)),
-        idle_jump=b(profile.idle == "jump"), extra_finish_charge=b(profile.extra_finish_charge),
-        time_coef=profile.step_time.coefficients_us())
 
 
 def check_columns(arrival_s, client, prompt, output, source: str = "trace") -> tuple:
@@ -74,11 +47,10 @@ def check_columns(arrival_s, client, prompt, output, source: str = "trace") -> t
 
 @dataclasses.dataclass(frozen=True)
 class LaneTrace:
-    """A lane's trace on the host: the device `Trace` plus the sorted columns the measures
-    read (arrival_s, client renumbered, prompt, output, float64/int64[n]) and the client
+    """A lane's trace on the host, sorted by arrival (ties: row): arrival_s, client
+    (renumbered by first arrival), prompt, output (float64/int64[n]) and the client
     renumbering new_id[old client] (int64[K])."""
 
-    trace: Trace
     arrival_s: np.ndarray
     client: np.ndarray
     prompt: np.ndarray
@@ -86,20 +58,16 @@ class LaneTrace:
     new_id: np.ndarray
 
 
-def make_trace(arrival_s, client, prompt, output, *, input_extra: int = 2, num_requests: int | None = None,
-               num_clients: int | None = None, oracle_r: float = 0.0, seed: int = 0) -> LaneTrace:
+def make_trace(arrival_s, client, prompt, output, *, input_extra: int = 2, num_clients: int | None = None) -> LaneTrace:
     """Host-side trace from columns (any order; sorted here by arrival, ties by row).
 
-    Clients are renumbered by first arrival (ties: lower id) so that argmin's smallest
-    index is the artifact's tie-break. `oracle_r`: vtc_oracle predictions
-    uniform(L(1-r), L(1+r)) (seeded); r = 0: exact. Padded to `num_requests` rows and
-    `num_clients` clients.
+    Clients are renumbered by first arrival (ties: lower id) so that the least index is
+    the artifact's tie-break; `num_clients` pads the renumbering. `input_extra` is checked
+    (the server's input is prompt + input_extra).
     """
     arrival_s, client, prompt, output = check_columns(arrival_s, client, prompt, output)
     if not 0 <= input_extra <= MAX_TOKENS:
         raise InputError(f"input_extra must be in [0, {MAX_TOKENS}], got {input_extra}")
-    if not (math.isfinite(oracle_r) and 0 <= oracle_r < 1):
-        raise InputError(f"oracle range r must be in [0, 1), got {oracle_r}")
     n = arrival_s.size
     order = np.lexsort((np.arange(n), arrival_s))
     k = max(int(client.max()) + 1, num_clients or 0)
@@ -107,28 +75,7 @@ def make_trace(arrival_s, client, prompt, output, *, input_extra: int = 2, num_r
     np.minimum.at(first, client, np.argsort(order).astype(np.float64))
     new_id = np.empty(k, np.int64)
     new_id[np.lexsort((np.arange(k), first))] = np.arange(k)
-    size = num_requests or n
-    if size < n:
-        raise InputError(f"num_requests {size} < trace length {n}")
-    a = arrival_s[order]
-    c = new_id[client[order]]
-    p, o = prompt[order], output[order]
-    rng = np.random.default_rng(seed)
-    pred = o * rng.uniform(1 - oracle_r, 1 + oracle_r, n) if oracle_r > 0 else o.astype(np.float64)
-    us = np.round(a * 1e6).astype(np.int64)
-    counts = np.bincount(c, minlength=k)
-    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows = np.zeros((size, 6), np.int32)
-    rows[:, ARR_HI] = BIG
-    rows[:, INPUT] = rows[:, OUTPUT] = 1
-    rows[:n, ARR_HI] = us >> WORD
-    rows[:n, ARR_LO] = us & (BASE - 1)
-    rows[:n, CLIENT] = c
-    rows[:n, INPUT] = p + input_extra
-    rows[:n, OUTPUT] = o
-    rows[:n, ORACLE] = pred.astype(np.float32).view(np.int32)
-    trace = Trace(rows=rows, start=start.astype(np.int32), num=np.asarray(n, np.int32))
-    return LaneTrace(trace, a, c, p, o, new_id)
+    return LaneTrace(arrival_s[order], new_id[client[order]], prompt[order], output[order], new_id)
 
 
 def slot_bound(prompts, profile: Profile, num_requests: int) -> int:
@@ -175,11 +122,6 @@ def check_admissible(cols: dict, profile: Profile, source: str, lines=None) -> N
                  f"kv_pool {profile.kv_pool} minus one adapter_reserve {profile.adapter_reserve}")
     more = f" ({bad.size - 1} more such requests)" if bad.size > 1 else ""
     raise InputError(f"{source}: {where}: {limit}; the engine could never admit it{more}")
-
-
-def stack(items):
-    """Stack pytrees (Trace or Params) along a new leading lane axis, on the host."""
-    return jax.tree_util.tree_map(lambda *x: np.stack([np.asarray(v) for v in x]), *items)
 
 
 def read_trace_csv(path) -> dict:

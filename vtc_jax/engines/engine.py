@@ -322,9 +322,10 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     service = view.num.add(state.service, decode)
     counter = view.num.add(state.counter, decode * params.costs.counter_mult)
     idle = ~servers.get(config.server).busy(state.server) & ~view.backlogged.any()
-    target = jnp.minimum(next_arrival, state.horizon)
+    wake = servers.get(config.server).wake
+    target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
-    step_end = StepEnd(decode=decode, elapsed=next_t - t)
+    step_end = StepEnd(decode=decode, elapsed=next_t - t, detail=work.detail)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
     measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, state.arrived,
@@ -441,7 +442,8 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
                  config)
     choice = select(state, view, params, config)
     generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[2][choice.client]
-    fits = server.fits(state.server, params, heads[choice.client], generated=generated)
+    fits = server.fits(state.server, params, heads[choice.client], generated=generated,
+                       **({"client": choice.client} if server.fits_client else {}))
     ready = active & in_horizon & ~due & ~pending
     if server.preempts:
         beginning = ready & ~state.begun

@@ -121,10 +121,12 @@ class Admission(NamedTuple):
 class StepEnd(NamedTuple):
     """The end of a step: decode: int32[K] each client's decode charge (cost units) in
     this step; elapsed: int32[] steps that passed (1, or more after an idle jump, during
-    which nothing ran)."""
+    which nothing ran); detail: the server's Work.detail of the step (None unless the
+    server gives one, e.g. slora's artifact charges)."""
 
     decode: jax.Array
     elapsed: jax.Array
+    detail: Any = None
 
 
 class Completion(NamedTuple):

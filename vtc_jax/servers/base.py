@@ -62,6 +62,12 @@ Host side, each server also has
                                                   (random.Random; the registry-wide tests
                                                   fuzz every policy on every server with it).
 
+Optional: `fits_client=True` (the engine passes the candidate's client to `fits` as
+`client=`), `wake(params, now, next_arrival) -> int32[]` (when a server with nothing to do
+starts again; default: at the next arrival), `max_horizon` (the longest drain horizon the
+driver may plan, in the lane's time unit; default 2^30 - 1) and `Work.detail` (facts of a
+step its policies may read, as StepEnd.detail).
+
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
 
@@ -114,11 +120,13 @@ class Work:
     """What one step computed, per client: decoded: int32[K] tokens decoded; attended:
     int32[K] the context tokens those decodes read (the engine charges w_q * decoded +
     beta * attended); elapsed: int32[] the step's duration in the lane's time unit (the
-    ideal server: 1 step)."""
+    ideal server: 1 step); detail: optional server-specific facts of the step that a
+    policy may read (StepEnd.detail; None: none)."""
 
     decoded: jax.Array
     attended: jax.Array
     elapsed: jax.Array
+    detail: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -171,3 +179,6 @@ class Server:
     fuzz_options: Callable[..., dict] | None = None
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
+    fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
+    wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
+    max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers.base import Server
 from vtc_jax.servers.ideal import IDEAL, IDEAL_RESERVE
+from vtc_jax.servers.slora import SLORA
 from vtc_jax.servers.vllm_prefix import VLLM_PREFIX
 from vtc_jax.servers.vllm_v1 import VLLM
 
@@ -40,3 +41,4 @@ register(IDEAL)
 register(VLLM)
 register(IDEAL_RESERVE)
 register(VLLM_PREFIX)
+register(SLORA)
