@@ -65,6 +65,8 @@ def test_sweep_over_traced_settings_compiles_once(monkeypatch):
             s = random_settings(rng, policy, 3, rng.choice([16, 20, 30, 64]))
             if i == 0:  # every call holds an rpm delay, bands and a kv cap somewhere
                 s = dataclasses.replace(s, rpm_limit=1 + call, rpm_mode="delay", bands=(0, call % 2, 1), kv_cap=40)
+            if i == 1:  # and an rpm rejection (its lanes' workloads are per lane)
+                s = dataclasses.replace(s, rpm_limit=2 + call, rpm_mode="reject")
             lanes.append(s)
         results.append(replay_lanes(trace, lanes, num_clients=3, steps=25, chunk=32, policies=names))
     assert calls["n"] == 1

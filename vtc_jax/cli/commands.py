@@ -147,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _servers(args) -> int:
+    width = max(len(name) for name in servers.names())
     for name in servers.names():
         server = servers.get(name)
-        print(f"{name:8s} {server.description}" + (" (the default)" if name == servers.names()[0] else ""))
+        print(f"{name:{width}s} {server.description}" + (" (the default)" if name == servers.names()[0] else ""))
     return 0
 
 

@@ -92,6 +92,9 @@ def check_server(name: str):
     replica sizes its running slots and its saturation rule from M (--kv-budget) and has no
     requeue, so a server that preempts (vllm) does not run on the cluster yet."""
     chosen = servers.get(name)
+    if not chosen.unit_steps or chosen.fits_client or chosen.wake is not None:
+        raise InputError(f"--server {name}: its steps last their own time (a wall clock), but the cluster's "
+                         "replicas advance in lockstep, one unit per step; use --server ideal")
     if chosen.preempts:
         raise InputError(f"--server {name}: the cluster's replicas cannot run a server that preempts requests yet "
                          "(a replica has no requeue, and sizes its slots and saturation rule from M = --kv-budget); "

@@ -182,3 +182,4 @@ class Server:
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
+    unit_steps: bool = True  # every step lasts one unit of the lane's clock (the cluster's lockstep replicas need it)

@@ -437,4 +437,4 @@ SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on Ligh
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
-               wake=wake, max_horizon=MAX_HORIZON)
+               wake=wake, max_horizon=MAX_HORIZON, unit_steps=False)
