@@ -62,6 +62,13 @@ Host side, each server also has
                                                   (random.Random; the registry-wide tests
                                                   fuzz every policy on every server with it).
 
+Optionally, `slot_tiers(slots) -> tuple[int, ...]`: smaller slot counts to try first. A
+server whose events cost O(slots) and whose runs hold far fewer requests than its proven
+bound gives them: the driver runs every lane with the first, then reruns with the next
+only the lanes that overflowed (`admit`'s flag), so a server that offers tiers must keep
+a lane that never overflowed exactly as it would be with more slots, its unused slots
+as its `init` leaves them (the driver widens the smaller state with them).
+
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
 
@@ -171,3 +178,4 @@ class Server:
     fuzz_options: Callable[..., dict] | None = None
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
+    slot_tiers: Callable[[int], tuple] | None = None

@@ -291,6 +291,15 @@ def init(shape: ServerShape) -> VllmState:
         victims=jnp.full(s, -1, I32))
 
 
+SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
+
+
+def slot_tiers(slots: int) -> tuple:
+    """Slot counts to try before `slots` (servers/base.py): 32, then x4 (a lane that
+    overflows a tier reruns with the next; every event costs O(slots))."""
+    return tuple(SLOT_TIER << (2 * i) for i in range(8) if SLOT_TIER << (2 * i) < slots)
+
+
 def _cdiv(a, b):
     return (a + (b - 1)) // b
 
@@ -461,8 +470,8 @@ def end_step(state: VllmState, params, mask):
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
     finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
-    log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1), state.tokens, finished,
-               state.victims)
+    log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
+               jnp.where(listed, state.tokens, 0), finished, state.victims)
     keep = listed & ~finished
     moved = _compact({"client": state.client, "value": state.value, "index": state.index, "prompt": state.prompt,
                       "output": state.output, "computed": computed, "generated": generated,
@@ -502,7 +511,8 @@ def complete(state: VllmState, step, mask):
     """The first leaving request (in scheduling order) is handed back where `mask`."""
     done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
                     value=state.done_value[0])
-    shift = lambda x: jnp.where(mask, jnp.roll(x, -1), x)  # noqa: E731
+    # The rest move up one, an empty slot (0) after them: as `init` leaves it (slot tiers).
+    shift = lambda x: jnp.where(mask, jnp.concatenate([x[1:], jnp.zeros(1, x.dtype)]), x)  # noqa: E731
     leaves = mask & (state.ndone > 0)
     k = state.running.shape[0]
     return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
@@ -531,4 +541,4 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-              fuzz_options=fuzz_options)
+              fuzz_options=fuzz_options, slot_tiers=slot_tiers)
