@@ -127,7 +127,8 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,
-        log_steps=log_steps)
+        log_steps=log_steps,
+        server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
 
 
 @functools.partial(jax.jit, static_argnames=("shared",))
@@ -495,8 +496,15 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
                            config.policies, config.server)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
             or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)
-            or needed.num_clients != config.num_clients):
+            or needed.num_clients != config.num_clients or not _covers(config.server_static, needed.server_static)):
         raise InputError("the given engine config is too small for these lanes' workloads")
+
+
+def _covers(given: tuple, needed: tuple) -> bool:
+    """A config's static server flags allow what these lanes need (a flag these lanes set
+    is set there too, or left to the server's default)."""
+    flags = dict(given)
+    return all(not value or flags.get(name, True) for name, value in needed)
 
 
 def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,

@@ -86,6 +86,7 @@ class EngineConfig:
       server: the server's registry name (servers/registry.py).
       requeue_depth: preempted requests a client's stack holds (servers that preempt).
       log_steps: steps of schedule the server keeps a log of (0: none; servers that log).
+      server_static: the server's static settings for every lane (ServerShape.static).
     """
 
     num_clients: int
@@ -107,11 +108,12 @@ class EngineConfig:
     server: str = "ideal"
     requeue_depth: int = 16
     log_steps: int = 0
+    server_static: tuple = ()
 
     @property
     def server_shape(self) -> ServerShape:
         return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots,
-                           num_rows=self.num_rows, log_steps=self.log_steps)
+                           num_rows=self.num_rows, log_steps=self.log_steps, static=self.server_static)
 
 
 @jax.tree_util.register_dataclass

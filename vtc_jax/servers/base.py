@@ -69,6 +69,10 @@ only the lanes that overflowed (`admit`'s flag), so a server that offers tiers m
 a lane that never overflowed exactly as it would be with more slots, its unused slots
 as its `init` leaves them (the driver widens the smaller state with them).
 
+Optionally, `static_options(options: list[dict]) -> tuple`: hashable (name, value) pairs
+that hold for every lane of a batch (ServerShape.static, so its `init` can keep them as
+static fields): what no lane uses can then be left out of the compiled program.
+
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
 
@@ -96,6 +100,8 @@ class ServerShape:
       slots: running-request slots (>= the most requests that can run at once).
       num_rows: R, rows of the workload (a server may keep a table per request).
       log_steps: steps of schedule a server keeps a log of (0: none).
+      static: the server's static settings, (name, value) pairs from its `static_options`
+        of every lane's options (empty: none given, the server assumes any lane).
     """
 
     num_clients: int
@@ -103,6 +109,7 @@ class ServerShape:
     slots: int
     num_rows: int = 0
     log_steps: int = 0
+    static: tuple = ()
 
 
 @jax.tree_util.register_dataclass
@@ -179,3 +186,4 @@ class Server:
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
     slot_tiers: Callable[[int], tuple] | None = None
+    static_options: Callable[[list], tuple] | None = None

@@ -28,7 +28,9 @@ Under the `newest` victim rule (vLLM fcfs's) this is the closed form of vLLM's o
 without prefix caching: the running list is kept as S slots in admission order and each
 step is O(S) elementwise work, no loops. The other rules (`priority`, vLLM priority's, and
 `counter`, a fairness option) run vLLM's walk as a loop from the first request that must
-preempt (vllm_victims.py); lanes of one batch may mix rules. Under vLLM's priority policy
+preempt (vllm_victims.py; left out of the program when no lane of the batch needs it,
+`static_options`); lanes of one batch may mix rules. Runs hold far fewer requests than
+the seats, so the driver tries 32 slots first (`slot_tiers`). Under vLLM's priority policy
 the waiting order is the engine's: policy fcfs with strict bands, each (tenant, priority)
 pair its own engine client (`priority_queues`). docs/VLLM.md states every rule and which
 golden schedule of the real scheduler needs it.
@@ -270,6 +272,7 @@ class VllmState:
     out: Outcome
     log: ScheduleLog
     victims: jax.Array
+    walks: bool = dataclasses.field(default=True, metadata={"static": True})  # some lane's rule is not `newest`
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
@@ -288,7 +291,13 @@ def init(shape: ServerShape) -> VllmState:
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32))
+        victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True))
+
+
+def static_options(options: list) -> tuple:
+    """(("walks", some lane's victim rule is not `newest`),): without one, vLLM's walk
+    (vllm_victims.py) is left out of the program."""
+    return (("walks", any(settings(o)["victim"] != "newest" for o in options)),)
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -417,15 +426,17 @@ def begin_step(state: VllmState, params, view, step, mask):
     waiting = view.waiting.sum()
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     (tokens, nrun, free, left, out, nvic), (first, pre, budget, unused) = _newest(state, p, cap, free)
-    # One loop for every lane: it starts from the closed form's result where the rule is
-    # `newest` and takes no iteration there (so nothing is selected after it).
-    looping = p["victim"] != NEWEST
-    on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
-    f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
-    f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
-                                          on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
-                                          view.num, mask & looping)
-    tokens = f.pop("tokens")
+    f = {}
+    if state.walks:
+        # One loop for every lane: it starts from the closed form's result where the rule
+        # is `newest` and takes no iteration there (so nothing is selected after it).
+        looping = p["victim"] != NEWEST
+        on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
+        f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
+        f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
+                                              on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
+                                              view.num, mask & looping)
+        tokens = f.pop("tokens")
     gone = pos < nvic
     r = state.out.preemptions.shape[0]
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
@@ -570,4 +581,4 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-              fuzz_options=fuzz_options, slot_tiers=slot_tiers)
+              fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options)
