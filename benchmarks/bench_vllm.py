@@ -7,7 +7,8 @@ requests per step, prompts U[64, 512], outputs U[32, 384], 6000 steps, policy vt
 (lanes x 6000 / seconds), all measured in this one run so a loaded machine shows as a lower
 baseline too:
   engine alone   the compiled runner on pre-generated requests (best of --repeats), for
-                 each server;
+                 each server, in the server's slot tiers as the driver runs it
+                 (driver/run.py run_in_tiers);
   end to end     one simulate_traffic call (generation, the run, results to the host);
   reference      vtc_jax/testing/vllm_reference.py (pure Python, the literal scheduler)
                  on one lane under fcfs, as the plain sequential implementation.
@@ -30,8 +31,7 @@ import numpy as np
 from vtc_jax.cli.common import guarded, int_arg
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver import run as run_mod
-from vtc_jax.driver import runner
-from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import client_rows
@@ -58,12 +58,11 @@ def engine_alone(lanes: int, server: str, repeats: int) -> tuple[float, float, i
     params, _ = encode_settings(lane_settings, 2, config.policies, server)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
     jax.block_until_ready(workload)
-    per_step = 1 + (2 if server != "ideal" else 0)
-    expected = per_step * STEPS + 3 * int(sum(RATES) * STEPS)
+    expected = STEPS + 3 * int(sum(RATES) * STEPS)
 
     def once():
         t = time.perf_counter()
-        host, done = runner.run(PROGRAM, config, batch, None, event_budget=4 * expected, expected_events=expected)
+        host, done = run_mod.run_in_tiers(config, batch, None, event_budget=4 * expected, expected_events=expected)
         if not np.asarray(done).all():
             raise RuntimeError("a lane did not finish")
         return time.perf_counter() - t, int(np.asarray(host.iterations).max())
@@ -105,6 +104,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[1024, 4096])
     parser.add_argument("--repeats", type=int_arg(1, 20), default=3)
+    parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=list(SERVERS))
+    parser.add_argument("--no-end-to-end", action="store_true", help="measure the engine alone only")
     parser.add_argument("--reference-steps", type=int_arg(10, STEPS), default=100,
                         help="arrival steps of the lane the reference drains (default 100)")
     parser.add_argument("--json", default=None)
@@ -117,9 +118,9 @@ def main(argv=None) -> int:
     print("| server | lanes | engine alone M lane-steps/s | end to end M lane-steps/s | compile+first s | events |")
     print("|---|---|---|---|---|---|")
     for lanes in args.lanes:
-        for server in SERVERS:
+        for server in args.servers:
             alone, first, events = engine_alone(lanes, server, args.repeats)
-            e2e = end_to_end(lanes, server, seed0=100_000 + lanes)
+            e2e = float("nan") if args.no_end_to_end else end_to_end(lanes, server, seed0=100_000 + lanes)
             row = {"server": server, "lanes": lanes, "engine_alone": lanes * STEPS / alone / 1e6,
                    "end_to_end": lanes * STEPS / e2e / 1e6, "first_call_s": first, "events": events}
             out["rows"].append(row)

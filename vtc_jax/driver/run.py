@@ -127,7 +127,8 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,
-        log_steps=log_steps)
+        log_steps=log_steps,
+        server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
 
 
 @functools.partial(jax.jit, static_argnames=("shared",))
@@ -171,9 +172,9 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     lane_workload = with_timeline(lane_workload, batched=not shared)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
                         workload=None if shared else lane_workload)
-    host, done = runner.run(PROGRAM, config, batch, lane_workload if shared else None, event_budget=event_budget,
-                            chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
-                            progress=progress)
+    host, done = run_in_tiers(config, batch, lane_workload if shared else None, event_budget=event_budget,
+                              chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
+                              progress=progress)
     steps = np.asarray(host.step, np.int64)
     buckets = config.num_checkpoints if config.measures.demand else 0
     arrived_offered, offered, max_prompt, demand, last_arrival = lane_workload_stats(
@@ -186,6 +187,69 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
         done = done & (arrived_streams.sum(axis=1) == existing_requests(lane_workload, shared, b))
     return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand,
                    last_arrival)
+
+
+def slot_tiers(config: EngineConfig) -> list[int]:
+    """The slot counts a run tries, smallest first, ending at config.slots (the server's
+    `slot_tiers`; just config.slots for a server without them)."""
+    chosen = servers.get(config.server)
+    tiers = chosen.slot_tiers(config.slots) if chosen.slot_tiers is not None else ()
+    return sorted({int(s) for s in tiers if 0 < s < config.slots}) + [config.slots]
+
+
+def run_in_tiers(config: EngineConfig, batch: EngineBatch, shared, **run_args):
+    """`runner.run` of every lane with the smallest slot tier, then of the lanes that
+    overflowed it with the next, and so on (a server's events cost O(slots), its runs
+    often hold far fewer requests than its bound). A lane that did not overflow is what it
+    would be with more slots (servers/base.py), so its state is widened to config.slots
+    with the server's empty slots and the results are those of one run with config.slots."""
+    tiers = slot_tiers(config)
+    lanes = np.arange(jax.tree_util.tree_leaves(batch)[0].shape[0])
+    host = done = None
+    previous = config
+    for slots in tiers:
+        tier = dataclasses.replace(config, slots=slots)
+        part = batch if host is None else _take_lanes(batch, jnp.asarray(lanes, jnp.int32))
+        h, d = runner.run(PROGRAM, tier, part, shared, **run_args)
+        if host is None:
+            host, done = h, np.asarray(d).copy()
+        else:
+            host = _merge_lanes(widen_server(host, config, previous, tier), h, lanes)
+            done[lanes] = d
+        previous = tier
+        lanes = lanes[np.asarray(h.overflow, bool)]
+        if lanes.size == 0:
+            break
+    return widen_server(host, config, previous, config), done
+
+
+def widen_server(host, config: EngineConfig, small: EngineConfig, large: EngineConfig):
+    """Host lanes run with `small`'s slots, as with `large`'s: each server-state leaf whose
+    shape grew is the server's empty `init` leaf with the smaller one in its corner."""
+    if small.slots == large.slots:
+        return host
+    chosen = servers.get(config.server)
+    before = jax.eval_shape(lambda: chosen.init(small.server_shape))
+    empty = jax.device_get(chosen.init(large.server_shape))
+
+    def embed(blank, shape, leaf):
+        if blank.shape == shape.shape:
+            return leaf
+        out = np.broadcast_to(np.asarray(blank), leaf.shape[:1] + blank.shape).copy()
+        out[(slice(None),) + tuple(slice(0, n) for n in shape.shape)] = leaf
+        return out
+
+    return dataclasses.replace(host, server=jax.tree_util.tree_map(embed, empty, before, host.server))
+
+
+def _merge_lanes(host, rerun, lanes: np.ndarray):
+    """`host` with its lanes `lanes` replaced by `rerun`'s (host numpy trees of equal shapes)."""
+    def put(a, b):
+        a = np.array(a, copy=True)
+        a[lanes] = b
+        return a
+
+    return jax.tree_util.tree_map(put, host, rerun)
 
 
 @jax.jit
@@ -433,8 +497,15 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
                            config.policies, config.server)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
             or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)
-            or needed.num_clients != config.num_clients):
+            or needed.num_clients != config.num_clients or not _covers(config.server_static, needed.server_static)):
         raise InputError("the given engine config is too small for these lanes' workloads")
+
+
+def _covers(given: tuple, needed: tuple) -> bool:
+    """A config's static server flags allow what these lanes need (a flag these lanes set
+    is set there too, or left to the server's default)."""
+    flags = dict(given)
+    return all(not value or flags.get(name, True) for name, value in needed)
 
 
 def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,

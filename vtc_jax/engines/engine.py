@@ -27,9 +27,11 @@ components: the engine knows neither by name. A batch may mix policies
 (`EngineConfig.server`) says whether a request fits, runs the admitted ones, reports the
 tokens each step computed (charged here with the lane's costs) and hands back those that
 finished (servers/base.py; the default `ideal` is MODEL.md's server). A server that
-preempts adds one BEGIN event per step, after its arrivals and before its admissions: the
+preempts adds a BEGIN per step, after its arrivals and before its admissions: the
 server schedules its running requests and hands back its victims, which go to the front
-of their clients' queues (engines/requeue.py); a step then lasts what the server says
+of their clients' queues (engines/requeue.py); it is taken at the end of the event that
+settles the step's completions and arrivals (no event of its own but a run's first); a
+step then lasts what the server says
 (`Work.elapsed`: 1 on `ideal`).
 All quantities are int32 in the exact units of settings.py.
 """
@@ -84,6 +86,7 @@ class EngineConfig:
       server: the server's registry name (servers/registry.py).
       requeue_depth: preempted requests a client's stack holds (servers that preempt).
       log_steps: steps of schedule the server keeps a log of (0: none; servers that log).
+      server_static: the server's static settings for every lane (ServerShape.static).
     """
 
     num_clients: int
@@ -105,11 +108,12 @@ class EngineConfig:
     server: str = "ideal"
     requeue_depth: int = 16
     log_steps: int = 0
+    server_static: tuple = ()
 
     @property
     def server_shape(self) -> ServerShape:
         return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots,
-                           num_rows=self.num_rows, log_steps=self.log_steps)
+                           num_rows=self.num_rows, log_steps=self.log_steps, static=self.server_static)
 
 
 @jax.tree_util.register_dataclass
@@ -446,13 +450,10 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
                        **({"client": choice.client} if server.fits_client else {}))
     ready = active & in_horizon & ~due & ~pending
     if server.preempts:
-        beginning = ready & ~state.begun
-        ready = ready & state.begun
+        ready = ready & state.begun  # (only the first event of a run can find a step not begun)
     admitting = ready & choice.has & fits
     finishing = ready & ~admitting
 
-    if server.preempts:
-        state = begin(state, view, params, beginning, config)
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, config)
     view = _view(state, params, heads, head_index, view.estimates, config)
@@ -466,8 +467,24 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     finished = (state.step >= state.horizon) & settled
     if config.drain:
         finished |= (state.completed.sum() == workload.num_requests) & settled
+    if server.preempts:
+        state = _begin_if_settled(state, params, workload, active & ~finished & settled, config)
     return dataclasses.replace(state, done=state.done | (active & finished),
                                iterations=state.iterations + active.astype(I32))
+
+
+def _begin_if_settled(state: State, params: Params, workload: Workload, mask, config: EngineConfig) -> State:
+    """The step's BEGIN in the event that settles it (`mask`: the lane goes on and no
+    completion is due): when no arrival of the step is left either and the step has not
+    begun, the next event would be its BEGIN alone, from this very state, so it is taken
+    here (one event per step fewer, the same states)."""
+    next_arrival = arrival_window(state, workload, config)[2][0]
+    beginning = mask & (state.step < state.horizon) & (next_arrival > state.step) & ~state.begun
+    heads, head_index = _heads(state)
+    view = _view(state, params, heads, head_index,
+                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
+                 config)
+    return begin(state, view, params, beginning, config)
 
 
 def lane_done(state: State) -> jax.Array:

@@ -68,6 +68,17 @@ starts again; default: at the next arrival), `max_horizon` (the longest drain ho
 driver may plan, in the lane's time unit; default 2^30 - 1) and `Work.detail` (facts of a
 step its policies may read, as StepEnd.detail).
 
+Optionally, `slot_tiers(slots) -> tuple[int, ...]`: smaller slot counts to try first. A
+server whose events cost O(slots) and whose runs hold far fewer requests than its proven
+bound gives them: the driver runs every lane with the first, then reruns with the next
+only the lanes that overflowed (`admit`'s flag), so a server that offers tiers must keep
+a lane that never overflowed exactly as it would be with more slots, its unused slots
+as its `init` leaves them (the driver widens the smaller state with them).
+
+Optionally, `static_options(options: list[dict]) -> tuple`: hashable (name, value) pairs
+that hold for every lane of a batch (ServerShape.static, so its `init` can keep them as
+static fields): what no lane uses can then be left out of the compiled program.
+
 `events_per_step` (int) is how many events a step takes besides its admissions, arrivals
 and completions (the driver sizes its event budget with it).
 
@@ -95,6 +106,8 @@ class ServerShape:
       slots: running-request slots (>= the most requests that can run at once).
       num_rows: R, rows of the workload (a server may keep a table per request).
       log_steps: steps of schedule a server keeps a log of (0: none).
+      static: the server's static settings, (name, value) pairs from its `static_options`
+        of every lane's options (empty: none given, the server assumes any lane).
     """
 
     num_clients: int
@@ -102,6 +115,7 @@ class ServerShape:
     slots: int
     num_rows: int = 0
     log_steps: int = 0
+    static: tuple = ()
 
 
 @jax.tree_util.register_dataclass
@@ -183,3 +197,5 @@ class Server:
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
     unit_steps: bool = True  # every step lasts one unit of the lane's clock (the cluster's lockstep replicas need it)
+    slot_tiers: Callable[[int], tuple] | None = None
+    static_options: Callable[[list], tuple] | None = None

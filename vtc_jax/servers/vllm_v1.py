@@ -28,7 +28,9 @@ Under the `newest` victim rule (vLLM fcfs's) this is the closed form of vLLM's o
 without prefix caching: the running list is kept as S slots in admission order and each
 step is O(S) elementwise work, no loops. The other rules (`priority`, vLLM priority's, and
 `counter`, a fairness option) run vLLM's walk as a loop from the first request that must
-preempt (vllm_victims.py); lanes of one batch may mix rules. Under vLLM's priority policy
+preempt (vllm_victims.py; left out of the program when no lane of the batch needs it,
+`static_options`); lanes of one batch may mix rules. Runs hold far fewer requests than
+the seats, so the driver tries 32 slots first (`slot_tiers`). Under vLLM's priority policy
 the waiting order is the engine's: policy fcfs with strict bands, each (tenant, priority)
 pair its own engine client (`priority_queues`). docs/VLLM.md states every rule and which
 golden schedule of the real scheduler needs it.
@@ -270,6 +272,7 @@ class VllmState:
     out: Outcome
     log: ScheduleLog
     victims: jax.Array
+    walks: bool = dataclasses.field(default=True, metadata={"static": True})  # some lane's rule is not `newest`
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
@@ -288,15 +291,40 @@ def init(shape: ServerShape) -> VllmState:
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32))
+        victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True))
+
+
+def static_options(options: list) -> tuple:
+    """(("walks", some lane's victim rule is not `newest`),): without one, vLLM's walk
+    (vllm_victims.py) is left out of the program."""
+    return (("walks", any(settings(o)["victim"] != "newest" for o in options)),)
+
+
+SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
+
+
+def slot_tiers(slots: int) -> tuple:
+    """Slot counts to try before `slots` (servers/base.py): 32, then x4 (a lane that
+    overflows a tier reruns with the next; every event costs O(slots))."""
+    return tuple(SLOT_TIER << (2 * i) for i in range(8) if SLOT_TIER << (2 * i) < slots)
 
 
 def _cdiv(a, b):
     return (a + (b - 1)) // b
 
 
+def _scan(x):
+    """Inclusive cumsum over the last axis as log2(S) shifted adds (Hillis-Steele): on XLA
+    CPU a few fused passes, where jnp.cumsum's associative scan is many small ops."""
+    shift = 1
+    while shift < x.shape[-1]:
+        x = x + jnp.pad(x[..., :-shift], [(0, 0)] * (x.ndim - 1) + [(shift, 0)])
+        shift *= 2
+    return x
+
+
 def _excl_cumsum(x):
-    return jnp.cumsum(x) - x
+    return _scan(x) - x
 
 
 def _leading(ok):
@@ -304,7 +332,21 @@ def _leading(ok):
     return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
 
 
+def _at(x, i):
+    """x[i] of int32/bool[S] for a computed i (0/False outside [0, S)): a masked sum, as a
+    gather from an array computed in the same event would be fused with (and recompute)
+    its producer."""
+    hit = jnp.arange(x.shape[0]) == i
+    return jnp.any(hit & x) if x.dtype == bool else jnp.where(hit, x, 0).sum(dtype=x.dtype)
+
+
+ONE_HOT_CLIENTS = 16  # per-client sums over slots as a one-hot [S, K] sum up to this K; a scatter above
+
+
 def _per_client(values, client, mask, k):
+    if k <= ONE_HOT_CLIENTS:
+        return jnp.where((client[:, None] == jnp.arange(k)[None, :]) & mask[:, None], values[:, None], 0).sum(
+            axis=0, dtype=I32)
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
 
 
@@ -335,35 +377,35 @@ def _newest(state: VllmState, p: dict, cap, free):
     # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
     total = state.prompt + state.generated
     need = jnp.where(listed, jnp.minimum(jnp.minimum(total - state.computed, cap), p["budget"] + 1), 0)
-    before = p["budget"] - _excl_cumsum(need)  # budget left at each slot
+    held = jnp.where(listed, _cdiv(state.computed, bs), 0)
+    sums = _scan(jnp.stack([need, held[::-1]]))  # both scans in one
+    before = p["budget"] - (sums[0] - need)  # budget left at each slot
+    tail = sums[1][::-1]  # blocks held by slots >= m, non-increasing in m
     n = jnp.clip(before, 0, need)
     walked = listed & (before > 0)
-    held = jnp.where(listed, _cdiv(state.computed, bs), 0)
-    want = jnp.cumsum(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
-    tail = jnp.cumsum(held[::-1])[::-1]  # blocks held by slots >= m, non-increasing in m
-    # m_i: the start of the shortest tail whose blocks, freed, cover want_i.
-    # covered_i = #{m : tail_m >= want_i - free} (tail padded with a final 0): tail is
-    # non-increasing, so a binary search counts it in O(S log S), not an S x S compare.
-    tails = jnp.concatenate([tail, jnp.zeros(1, I32)])
-    covered = jnp.searchsorted(-tails, -(want - free), side="right").astype(I32)
-    m = jnp.minimum(covered - 1, state.nrun)
-    done = _leading(walked & (m > pos))  # slots < done are scheduled
-    last = jnp.maximum(done - 1, 0)
-    m_prev = jnp.where(done > 0, m[last], state.nrun)
-    at = jnp.minimum(done, slots - 1)
-    # The next slot walks, is still listed, and even the whole tail after it is not enough:
-    # it preempts itself. vLLM's walk goes on, but the newest-victim rule has already
-    # taken everything after it, so the phase ends here.
-    self_preempt = (done < state.nrun) & walked[at] & (done < m_prev) & (m[at] <= done)
+    want = _scan(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
+    # m_i: the start of the shortest tail whose blocks, freed, cover want_i: m_i = min(#{m
+    # in [0, S] : tail_m >= want_i - free} - 1, nrun) (tail padded with a final 0, and
+    # non-increasing). Slot i is scheduled when m_i > i, that is when the blocks held
+    # after it cover it: tail_{i+1} >= want_i - free.
+    after = jnp.concatenate([tail[1:], jnp.zeros(1, I32)])  # tail_{i+1}
+    done = _leading(walked & (after >= want - free))  # slots < done are scheduled
+    want_last = _at(want, done - 1)  # 0 when done is 0
+    covered = (tail >= want_last - free).sum(dtype=I32) + (want_last - free <= 0).astype(I32)
+    m_prev = jnp.where(done > 0, jnp.minimum(covered - 1, state.nrun), state.nrun)
+    # The next slot walks, is still listed, and even the whole tail after it is not enough
+    # (m <= done: it is the first slot that is not scheduled): it preempts itself. vLLM's
+    # walk goes on, but the newest-victim rule has already taken everything after it, so
+    # the phase ends here.
+    self_preempt = (done < state.nrun) & _at(walked, done) & (done < m_prev)
     victim_from = jnp.where(self_preempt, done, m_prev)
     # Under any victim rule the walk is this one up to the first slot whose blocks are
     # short (`first`, S if none): where vLLM's walk has to start preempting.
     first = _leading(~(walked & (want > free)))
     pre = jnp.where(pos < first, n, 0)
-    start = (first, pre, p["budget"] - pre.sum(dtype=I32),
-             free - jnp.where(first > 0, want[jnp.clip(first - 1, 0, slots - 1)], 0))
-    free = free + jnp.where(victim_from < state.nrun, tail[jnp.minimum(victim_from, slots - 1)], 0)
-    free = free - jnp.where(done > 0, want[last], 0)
+    start = (first, pre, p["budget"] - pre.sum(dtype=I32), free - _at(want, first - 1))
+    free = free + jnp.where(victim_from < state.nrun, _at(tail, victim_from), 0)
+    free = free - want_last
     tokens = jnp.where(pos < done, n, 0)
     # Newest first: entry j is slot nrun - 1 - j.
     order = jnp.clip(state.nrun - 1 - pos, 0, slots - 1)
@@ -384,15 +426,17 @@ def begin_step(state: VllmState, params, view, step, mask):
     waiting = view.waiting.sum()
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     (tokens, nrun, free, left, out, nvic), (first, pre, budget, unused) = _newest(state, p, cap, free)
-    # One loop for every lane: it starts from the closed form's result where the rule is
-    # `newest` and takes no iteration there (so nothing is selected after it).
-    looping = p["victim"] != NEWEST
-    on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
-    f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
-    f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
-                                          on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
-                                          view.num, mask & looping)
-    tokens = f.pop("tokens")
+    f = {}
+    if state.walks:
+        # One loop for every lane: it starts from the closed form's result where the rule
+        # is `newest` and takes no iteration there (so nothing is selected after it).
+        looping = p["victim"] != NEWEST
+        on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
+        f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
+        f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
+                                              on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
+                                              view.num, mask & looping)
+        tokens = f.pop("tokens")
     gone = pos < nvic
     r = state.out.preemptions.shape[0]
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
@@ -436,9 +480,14 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
 
 
 def _compact(values: dict, keep, slots: int) -> dict:
-    """Slot arrays with the kept slots moved to the front, in order."""
-    dest = jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)
-    return {name: jnp.zeros_like(v).at[dest].set(v, mode="drop") for name, v in values.items()}
+    """Slot arrays (int32[S, ...]) with the kept slots moved to the front, in order, zeros
+    after, by gathers: output j takes the (j+1)-th kept slot, the number of slots whose
+    kept count so far is <= j (an S x S compare; scatters are serial loops on CPU)."""
+    count = _scan(keep.astype(I32))
+    pos = jnp.arange(slots, dtype=I32)
+    src = jnp.minimum((count[None, :] <= pos[:, None]).sum(axis=1, dtype=I32), slots - 1)
+    valid = pos < count[-1]
+    return {name: jnp.where(valid.reshape((slots,) + (1,) * (v.ndim - 1)), v[src], 0) for name, v in values.items()}
 
 
 def end_step(state: VllmState, params, mask):
@@ -458,21 +507,21 @@ def end_step(state: VllmState, params, mask):
     elapsed = step_time.duration(p, jnp.where(listed & ~decoding, state.tokens, 0).sum(dtype=I32),
                                  jnp.where(decoding, state.tokens, 0).sum(dtype=I32))
     stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
-    fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
+    fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
     finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
-    log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1), state.tokens, finished,
-               state.victims)
+    log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
+               jnp.where(listed, state.tokens, 0), finished, state.victims)
     keep = listed & ~finished
     moved = _compact({"client": state.client, "value": state.value, "index": state.index, "prompt": state.prompt,
-                      "output": state.output, "computed": computed, "generated": generated,
-                      "tokens": jnp.zeros_like(state.tokens)}, keep, slots)
-    row = jnp.zeros_like(state.row).at[jnp.where(keep, _excl_cumsum(keep.astype(I32)), slots)].set(state.row, mode="drop")
+                      "output": state.output, "computed": computed, "generated": generated, "row": state.row},
+                     keep, slots)
     leaving = _compact({"done_client": state.client, "done_prompt": state.prompt, "done_output": state.output,
                         "done_value": state.value}, finished, slots)
     nfin = finished.sum(dtype=I32)
     new = dataclasses.replace(
-        state, **moved, **leaving, row=row, nrun=state.nrun - nfin, ndone=nfin, just_finished=nfin > 0,
+        state, **moved, **leaving, tokens=jnp.zeros_like(state.tokens), nrun=state.nrun - nfin, ndone=nfin,
+        just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
         out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log,
         preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
@@ -502,7 +551,8 @@ def complete(state: VllmState, step, mask):
     """The first leaving request (in scheduling order) is handed back where `mask`."""
     done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
                     value=state.done_value[0])
-    shift = lambda x: jnp.where(mask, jnp.roll(x, -1), x)  # noqa: E731
+    # The rest move up one, an empty slot (0) after them: as `init` leaves it (slot tiers).
+    shift = lambda x: jnp.where(mask, jnp.concatenate([x[1:], jnp.zeros(1, x.dtype)]), x)  # noqa: E731
     leaves = mask & (state.ndone > 0)
     k = state.running.shape[0]
     return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
@@ -531,4 +581,4 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-              fuzz_options=fuzz_options)
+              fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options)
