@@ -142,7 +142,7 @@ def _main(name, description, add_arguments, build, argv) -> int:
     # (a timed server's capacity is measured there): bad flags cost no compute.
     _check_measure_names(args)
     if jax.process_index() == 0:
-        fileio.check_writable_dir(args.out, ["results.json", "results.csv"])
+        fileio.check_dir_possible(args.out, ["results.json", "results.csv"])
     try:
         lane_mesh(args.devices)
     except ValueError as err:

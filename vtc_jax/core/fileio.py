@@ -184,6 +184,23 @@ def _probe(parent: Path):
         _writing[0] -= 1
 
 
+def check_dir_possible(directory, names: Iterable[str] = ()) -> None:
+    """What `check_writable_dir` refuses, as far as it can be told without creating
+    anything: the directory's nearest existing ancestor is a writable directory, and where
+    the directory exists, each of `names` is a valid target there (InputError otherwise).
+    For checks made before other flags are validated: a refused command leaves no path."""
+    directory = Path(directory)
+    probe = directory
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if os.path.lexists(probe) and not probe.is_dir():
+        raise InputError(f"cannot write to {directory} ({probe} is not a directory)")
+    if probe.is_dir() and not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write to {directory} (permission denied)")
+    if directory.is_dir():
+        check_distinct_outputs([check_target(directory / name) for name in names])
+
+
 def check_writable_dir(directory, names: Iterable[str] = ()) -> Path:
     """Create `directory` if needed and check that files can be created in it and that
     each of `names` (the files the command will write there) is a valid target, before any
