@@ -39,6 +39,7 @@ from vtc_jax.servers import step_time, vllm_v1
 from vtc_jax.servers import vllm_blocks as vb
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
+from vtc_jax.servers.vllm_v1 import _log  # one writer of the schedule log for both vLLM servers
 
 I32 = jnp.int32
 INT_MAX = 2**31 - 1
@@ -441,17 +442,6 @@ def end_step(state: PrefixState, params, mask):
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(total, state.client, counted, k), elapsed=elapsed)
     return _select(mask, new, state), work
-
-
-def _log(log: ScheduleLog, mask, t, index, tokens, finished, victims) -> ScheduleLog:
-    steps = log.t.shape[0]
-    if steps == 0:
-        return log
-    at = jnp.where(mask & (log.count < steps), log.count, steps)
-    return ScheduleLog(count=log.count + mask.astype(I32), t=log.t.at[at].set(t, mode="drop"),
-                       index=log.index.at[at].set(index, mode="drop"), tokens=log.tokens.at[at].set(tokens, mode="drop"),
-                       finished=log.finished.at[at].set(finished, mode="drop"),
-                       preempted=log.preempted.at[at].set(victims, mode="drop"))
 
 
 def due(state: PrefixState, step) -> jax.Array:
