@@ -7,9 +7,11 @@ refusal; the sweep CLI. Every simulated lane runs in one batch (one compile)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from fractions import Fraction
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -20,11 +22,16 @@ from vtc_jax import Settings, Trace
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.cluster_run import simulate_traces
 from vtc_jax.engines.cluster import ingress_router
-from vtc_jax.engines.cluster_settings import AFFINITY_SALT, CHOICES, COUNTERS, INGRESS_BITS, ClusterSettings
+from vtc_jax.driver.policy_modules import load_policy_module
+from vtc_jax.engines.cluster_settings import AFFINITY_SALT, CHOICES, COUNTERS, INGRESS_BITS, ClusterSettings, gateway_problem
 from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, ORDER
 from vtc_jax.measures.online import latency_bin
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import weight_scale
+from vtc_jax.servers import slora
+from vtc_jax.testing import reference as ref
+from vtc_jax.testing.lanes import random_lanes, random_settings
+from vtc_jax.testing.slora_reference import literal_slora
 
 GATEWAY_POLICIES = ("vtc_gateway", "drr", "wfq", "sfq", "vtc", "fcfs", "lcf")
 ENGINE_POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las", "vtc_predict", "vtc_gateway")
@@ -307,3 +314,117 @@ def test_sweep_cli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "weight_ratio" in printed
     assert sweep_cluster.main(["--seeds", "1", "--skew", "2", "--out", str(tmp_path / "x")]) == 2
+
+
+# ---- clusters of any server (ideal, slora), replica limits ---------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+SLORA_HORIZON = 400  # microseconds: about half the random slora lanes drain by it
+TIMED_LANES = 160  # per server
+
+
+def _hand_slora_options(idle: str) -> tuple:
+    """Steps of whole microseconds: prefill 10 + 1 per input token, decode 5; poll 7 us."""
+    opts = {"kv_pool": 1000, "adapter_reserve": 0, "prefill_cap": 1000, "running_cap": 10, "cadence": 0, "poll_us": 7,
+            "idle": idle, "extra_finish_charge": False, "overhead": 1.0, "prefill_base": 10e-6,
+            "prefill_per_token": 1e-6, "decode_base": 5e-6, "decode_per_request": 0.0, "decode_per_context_token": 0.0}
+    return tuple(sorted(opts.items()))
+
+
+def _hand_slora(idle: str):
+    """Two slora replicas behind one FCFS router (round robin), three requests."""
+    cs = ClusterSettings(engine=Settings("fcfs", kv_budget=1000, server_options=_hand_slora_options(idle)),
+                         gateway_policy="fcfs", replicas=2, routers=1, kv_threshold=64, choice="round_robin")
+    return cs, 2, [cref.Req(0, 0, 4, 3), cref.Req(2, 1, 6, 2), cref.Req(9, 0, 2, 1)]
+
+
+HAND_SLORA = {f"hand slora {idle}": _hand_slora(idle) for idle in ("poll", "jump")}
+
+
+def test_hand_worked_slora_cluster():
+    """Two slora replicas (prefill 10 + 1/token us, decode 5 us, poll 7 us, cadence 0), one
+    FCFS router dispatching round robin; n0 = (t 0, tenant 0, prompt 4, output 3), n1 =
+    (2, 1, 6, 2), n2 = (9, 0, 2, 1). Idle rule poll:
+      t=0: n0 -> replica 0, admitted, prefill 10 + 4 = 14 (first token 14); replica 1 has
+        nothing and falls asleep at 0.
+      t=2: n1 -> replica 1: asleep since 0, it wakes at the first whole poll, 0 + 7 = 7.
+      t=7: replica 1 admits n1: prefill 10 + 6 = 16 (first token 23).
+      t=9: n2 -> replica 0 (round robin), which is inside its step: n2 waits.
+      t=14: replica 0 admits n2 (cadence 0); its prefill stalls n0: 10 + 2 = 12, n2
+        (output 1) gets its first and last token at 26.
+      t=23: replica 1 decodes n1 (5 us): finished at 28. t=26: n2 leaves; n0 decodes (31).
+      t=28: n1 leaves, replica 1 sleeps. t=31: n0 decodes again, finished at 36.
+    Idle rule jump: replica 1 wakes at the dispatch, 2: n1's first token 18, finish 23.
+    Horizon 30: n0's last step (31..36) is not reached; its decode step 26..31, started
+    before the horizon, is charged (service counted at a step's start)."""
+    cs, k, reqs = HAND_SLORA["hand slora poll"]
+    ref = cref.simulate(reqs, k, cs, 40, server="slora")
+    assert (ref.dispatch_step, ref.dispatch_replica, ref.dispatch_seq) == ([0, 2, 9], [0, 1, 0], [0, 1, 2])
+    assert (ref.admit_step, ref.first_token, ref.finish) == ([0, 7, 14], [14, 23, 26], [36, 28, 26])
+    assert ref.service == [[10, 0], [0, 8]] and ref.completed == [[2, 0], [0, 1]] and ref.waits == [0, 5, 5]
+    cut = cref.simulate(reqs, k, cs, 30, server="slora")
+    assert (cut.first_token, cut.finish) == ([14, 23, 26], [None, 28, 26])
+    assert cut.service == [[4 + 2 + 2, 0], [0, 8]] and cut.completed == [[1, 0], [0, 1]]
+    cs, k, reqs = HAND_SLORA["hand slora jump"]
+    jump = cref.simulate(reqs, k, cs, 40, server="slora")
+    assert (jump.admit_step, jump.first_token, jump.finish) == ([0, 2, 14], [14, 18, 26], [36, 23, 26])
+
+
+def _every_engine_policy() -> list:
+    """Every registered policy and the user's own (examples/my_policy.py)."""
+    mine = load_policy_module(ROOT / "examples" / "my_policy.py")
+    names = list(registry.names())
+    assert mine and set(mine) <= set(names)
+    return names
+
+
+def _replica_settings(rng: random.Random, policy: str, k: int, m: int, server: str, reqs) -> Settings:
+    """lanes.random_settings (rpm in both modes, bands, estimators, options, prices) with
+    more limits: an rpm limit on 30% of lanes, bands on 20%, KV caps on 20%; slora's fuzzed
+    settings on slora (microsecond steps interleaving with the arrivals)."""
+    s = random_settings(rng, policy, k, m)
+    extra = {"estimator": "exact"} if s.estimator == "average" else {}  # the cluster has no average estimator
+    if s.rpm_limit is None and rng.random() < 0.3:
+        extra.update(rpm_limit=rng.randint(1, 3), rpm_mode=rng.choice(["delay", "reject"]))
+    if s.bands is None and rng.random() < 0.2:
+        extra["bands"] = tuple(rng.choice([0, 0, 1]) for _ in range(k))
+    if rng.random() < 0.2:
+        extra["kv_cap"] = tuple(rng.randint(m // 2, 2 * m) for _ in range(k)) if rng.random() < 0.5 else rng.randint(m, 3 * m)
+    if server == "slora":
+        extra["rpm_window"] = rng.randint(1, 80)
+        extra["server_options"] = tuple(sorted(slora.fuzz_options(rng, [r.prompt for r in reqs],
+                                                                  [r.output for r in reqs]).items()))
+    return dataclasses.replace(s, **extra)
+
+
+def test_one_router_one_replica_cluster_is_one_server():
+    """One FCFS router with room for everything in front of one replica is the one-server
+    engine: the cluster reference against vtc_jax.testing.reference (ideal, horizon 50) and
+    literal_slora (slora, until drained), every policy, random limits: per tenant W and c
+    (exact), admissions, completions, rejections; per request the admission step (ideal),
+    first token and finish (slora)."""
+    names = _every_engine_policy()
+    rng = random.Random(31)
+    lanes = random_lanes(rng, 12 * len(names), num_clients=3, policies=names, num_requests=(1, 16))
+    servers_seen = set()
+    for i, (reqs, s0) in enumerate(zip(lanes.requests, lanes.settings)):
+        server = ("ideal", "slora")[i % 2]
+        s = _replica_settings(rng, s0.policy, 3, s0.kv_budget, server, reqs)
+        cs = ClusterSettings(engine=s, gateway_policy="fcfs", kv_threshold=64)
+        where = f"lane {i} ({server}): {s}"
+        if server == "ideal":
+            one = ref.simulate(reqs, num_clients=3, settings=s, steps=50)
+            got = cref.simulate(reqs, 3, cs, 50, server=server)
+            want = (one.service[-1], one.counters[-1], one.admitted, one.completed, one.rejected, one.admit_step)
+            assert (got.service[0], got.counters[0], got.admitted[0], got.completed[0], got.rejected,
+                    got.admit_step) == want, where
+        else:
+            W, c, admitted, completed, rejected, first, finish = literal_slora(reqs, s, 3)
+            opts = dict(s.server_options)
+            horizon = slora.drain_steps(opts, [r.arrival for r in reqs], [r.prompt for r in reqs], [r.output for r in reqs])
+            got = cref.simulate(reqs, 3, cs, horizon, server=server)
+            none = lambda xs: [-1 if x is None else x for x in xs]  # noqa: E731
+            assert (got.service[0], got.counters[0], got.admitted[0], got.completed[0], got.rejected, none(got.first_token),
+                    none(got.finish)) == (W, c, admitted, completed, rejected, first, finish), where
+        servers_seen.add(server)
+    assert servers_seen == {"ideal", "slora"}
