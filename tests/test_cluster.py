@@ -263,7 +263,7 @@ def test_ingress_hash_matches_reference_and_probabilities():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(gateway_policy="las"), "needs completions"),
     (dict(gateway_policy="vtc_predict"), "needs completions"),
-    (dict(engine=Settings("vtc", rpm_limit=3)), "rpm limits"),
+    (dict(gateway_policy="rpm"), "admission limit"),
     (dict(engine=Settings("vtc_gateway", estimator="average")), "estimator"),
     (dict(replicas=0), "replicas"),
     (dict(routers=17), "routers"),
@@ -289,7 +289,7 @@ def test_ingress_matrix_must_match_tenants():
     cs = ClusterSettings(engine=Settings("fcfs"), routers=2, ingress=((1, 0), (0, 1)))
     with pytest.raises(InputError, match="rows for 3 tenants"):
         cs.thresholds(3)
-    with pytest.raises(InputError, match="exceed the KV budget"):
+    with pytest.raises(InputError, match="larger than the KV budget"):
         simulate_traces([Trace.from_rows([(0, 0, 9000, 2)])], [cs], num_clients=2, steps=5)
 
 

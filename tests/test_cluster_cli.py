@@ -15,7 +15,7 @@ from vtc_jax.cli.compare import read_log
 from vtc_jax.driver.cluster_run import simulate_traces
 from vtc_jax.driver.cluster_sweep import lane_settings
 from vtc_jax.driver.results import histogram_quantile, shares
-from vtc_jax.driver.run import drain_horizon
+from vtc_jax.driver.run import server_drain
 from vtc_jax.engines.cluster_settings import ClusterSettings
 from vtc_jax.engines.settings import Settings
 
@@ -62,7 +62,7 @@ def test_compare_cluster_matches_simulate_traces(cluster_run):
     for row in result["rows"]:
         cs = ClusterSettings(engine=Settings(row["label"], kv_budget=2048), gateway_policy="vtc", replicas=2,
                              routers=2, ingress=chosen, counters="shared")
-        res = simulate_traces([trace], [lane_settings(cs, 0, 0)], num_clients=3, steps=drain_horizon(trace, 0))
+        res = simulate_traces([trace], [lane_settings(cs, 0, 0)], num_clients=3, steps=server_drain(trace, Settings(), "ideal"))
         assert res.finished[0] and res.completed[0].sum() == len(trace)
         service = res.service.sum(axis=1)
         c, m = row["clients"], row["metrics"]
@@ -138,7 +138,7 @@ BAD = [
     (["compare", str(LOG), "--routers", "2", "--gateway-policy", "las"], "needs completions"),
     (["compare", str(LOG), "--routers", "2", "--gateway-policy", "nope"], "nope"),
     (["compare", str(LOG), "--routers", "99"], "--routers"),
-    (["compare", str(LOG), "--routers", "2", "--rpm", "5"], "rpm"),
+    (["compare", str(LOG), "--routers", "2", "--gateway-policy", "rpm"], "admission limit"),
     (["compare", str(LOG), "--routers", "2", "--policies", "fcfs", "--weights", "1,2,1"],
      "--weights: none of the policies fcfs (nor the gateway policy fcfs)"),
     (["compare", str(LOG), "--replicas", "2", "--estimate-seed", "3"], "--estimate-seed"),

@@ -24,7 +24,8 @@ def _trace(rows=ROWS) -> Trace:
 
 
 def _source(trace: Trace, unit: int, drain: bool = True) -> sources.TraceSource:
-    return sources.TraceSource(trace, num_clients=2, horizon=run.drain_horizon(trace, 0), phase_unit=unit, drain=drain)
+    horizon = run.server_drain(trace, Settings(), "ideal")
+    return sources.TraceSource(trace, num_clients=2, horizon=horizon, phase_unit=unit, drain=drain)
 
 
 def _lanes(src: sources.TraceSource, seeds) -> tuple[np.ndarray, int]:

@@ -112,7 +112,7 @@ def command(args) -> int:
     --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare)."""
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
-    from vtc_jax.driver.run import MAX_HORIZON, drain_horizon, validate_fits
+    from vtc_jax.driver.run import MAX_HORIZON, server_drain, validate_fits
     from vtc_jax.inputs.sources import TraceSource
 
     for p in args.policies:
@@ -144,10 +144,11 @@ def command(args) -> int:
     rows = []
     check_unused(args, args.policies, gateway)
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
-    horizon = args.steps or drain_horizon(trace, max((s.rpm_window for s in settings if s.rpm_delays), default=0))
-    if horizon > MAX_HORIZON:  # a cut drain bound would leave requests unserved
+    horizon = args.steps or max(server_drain(trace, s, args.server) for s in settings)
+    limit = servers.get(args.server).max_horizon if args.steps is None else MAX_HORIZON
+    if horizon > limit:  # a cut drain bound would leave requests unserved
         raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
-                         f"{MAX_HORIZON:,}: give --steps")
+                         f"{limit:,}: give --steps")
     unit = args.phase_unit or per_second
     source = TraceSource(trace, num_clients=k, horizon=horizon, phase_unit=unit, drain=args.steps is None)
     for s in settings:

@@ -52,7 +52,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
         return _cluster_replay(args)
     if servers.get(args.server).preempts:  # vllm: its memory is its own, not --kv-budget
         return _server_replay(args)
-    from vtc_jax.driver.run import drain_horizon, replay
+    from vtc_jax.driver.run import replay, server_drain
 
     if args.kv_budget is None:
         raise InputError("--kv-budget M is required (the ideal server's memory)")
@@ -62,7 +62,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
     trace, num_clients = load_for_replay(args)
     window = args.share_window or (0, 0)
     settings = settings_from_args(args, args.policy, window)
-    horizon = args.steps or drain_horizon(trace, args.rpm_window if settings.rpm_delays else 0)
+    horizon = args.steps or server_drain(trace, settings, args.server)
     if horizon // args.record_every * num_clients > MAX_CHECKPOINT_VALUES:
         raise InputError(f"--record-every {args.record_every} over up to {horizon} steps keeps more than "
                          f"{MAX_CHECKPOINT_VALUES} checkpoint values for {num_clients} clients; "
@@ -152,7 +152,7 @@ def _cluster_replay(args):
     cluster rows; its JSON keys are `cluster_report`'s."""
     from vtc_jax.cli.compare import check_unused
     from vtc_jax.driver.cluster_sweep import lane_settings, simulate_tenants
-    from vtc_jax.driver.run import drain_horizon, validate_fits
+    from vtc_jax.driver.run import server_drain, validate_fits
     from vtc_jax.inputs.sources import TraceSource
 
     if args.kv_budget is None:
@@ -167,7 +167,7 @@ def _cluster_replay(args):
     trace, num_clients = load_for_replay(args)
     check_unused(args, [args.policy], gateway)
     settings = settings_from_args(args, args.policy, lenient=True)
-    horizon = args.steps or drain_horizon(trace, 0)
+    horizon = args.steps or server_drain(trace, settings, args.server)
     try:
         validate_fits(trace, settings, num_clients, horizon, False)
         source = TraceSource(trace, num_clients=num_clients, horizon=horizon, drain=args.steps is None)

@@ -18,7 +18,7 @@ from vtc_jax.core.wide import WIDE
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import histogram_quantile
-from vtc_jax.driver.run import MAX_HORIZON, calendar_rows, check_exact_limits, lane_keys
+from vtc_jax.driver.run import calendar_rows, check_exact_limits, lane_keys, reject_at_arrival, validate_fits
 from vtc_jax.engines.cluster import PROGRAM, layout_lanes
 from vtc_jax.engines.cluster_router import leaf_kinds
 from vtc_jax.engines.cluster_settings import (
@@ -89,12 +89,9 @@ def _pow2(x: int) -> int:
 
 def check_server(name: str):
     """The replicas' server (servers.registry), refused when the cluster cannot run it: a
-    replica sizes its running slots and its saturation rule from M (--kv-budget) and has no
-    requeue, so a server that preempts (vllm) does not run on the cluster yet."""
+    replica has no requeue, so a server that preempts (vllm) does not run on the cluster yet.
+    A timed server (slora) runs with a clock per replica (docs/CLUSTER.md)."""
     chosen = servers.get(name)
-    if not chosen.unit_steps or chosen.fits_client or chosen.wake is not None:
-        raise InputError(f"--server {name}: its steps last their own time (a wall clock), but the cluster's "
-                         "replicas advance in lockstep, one unit per step; use --server ideal")
     if chosen.preempts:
         raise InputError(f"--server {name}: the cluster's replicas cannot run a server that preempts requests yet "
                          "(a replica has no requeue, and sizes its slots and saturation rule from M = --kv-budget); "
@@ -115,8 +112,8 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
     options = [dict(e.server_options) for e in dict.fromkeys(c.engine for c in clusters)]
     for o in options:
         chosen.validate(o)
-    if not 1 <= horizon <= MAX_HORIZON:
-        raise InputError(f"horizon must be in [1, {MAX_HORIZON}], got {horizon}")
+    if not 1 <= horizon <= chosen.max_horizon:  # in the server's time unit (ideal: MAX_HORIZON steps)
+        raise InputError(f"horizon must be in [1, {chosen.max_horizon}], got {horizon}")
     if not 1 <= arrival_width < TIMELINE_PAD:
         raise InputError(f"arrival_width must be in [1, {TIMELINE_PAD - 1}]")
     tenants = _tenants(num_clients, len(clusters))
@@ -150,7 +147,10 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
         engine_policies=tuple(n for n in names if n in engines),
         union=any(c.routers > 1 and c.counters != "per_router" for c in clusters),
         ring=max(delays) if delays and g > 1 else 0,
-        arrival_width=arrival_width, record=record, server=server)
+        arrival_width=arrival_width, record=record, server=server,
+        rpm=any(c.engine.rpm_delays for c in clusters), kv_cap=any(c.engine.kv_cap is not None for c in clusters),
+        bands=any(c.engine.bands is not None for c in clusters),
+        server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
 
 
 def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons: Sequence[int], cfg: ClusterConfig,
@@ -159,6 +159,8 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
     """Run lane i (clusters[i], horizons[i], the shared or lane i's client-major
     workload, tenants[i] tenants, default K) to its horizon; returns ClusterResults."""
     params = encode(clusters, cfg, horizons, tenants)
+    engines = [c.engine for c in clusters]
+    workload, rejected, shared = reject_at_arrival(workload, engines, horizons, cfg.num_clients, shared)
     wl = layout_lanes(workload, params, routers=cfg.routers, shared=shared)
     batch = ClusterBatch(params=params, workload=wl)
     host, done = runner.run(PROGRAM, cfg, batch, None, event_budget=event_budget, chunk=chunk,
@@ -166,7 +168,7 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
     overflow = np.asarray(host.reps.overflow).any(axis=1) | np.asarray(jax.device_get(wl.overflow))
     rows = np.asarray(jax.device_get(wl.requests)) if cfg.record else None
     return ClusterResults.collect(host, done & ~overflow, clusters, cfg, rows, jax.device_get(params),
-                                  _tenants(cfg.num_clients if tenants is None else tenants, len(clusters)))
+                                  _tenants(cfg.num_clients if tenants is None else tenants, len(clusters)), rejected)
 
 
 def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings], *, num_clients, steps: int,
@@ -182,10 +184,15 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
     tenants = _tenants(num_clients, len(traces))
     k = max(tenants)
     pad = arrival_width + 2
-    for t, n in zip(traces, tenants):
+    chosen = check_server(server)
+    for t, n, c in zip(traces, tenants, clusters):
         if len(t) == 0:
             raise InputError("a trace has no requests")
         t.validate(n)
+        validate_fits(t, c.engine, n, steps, False)
+        never = chosen.never_served(dict(c.engine.server_options), t.prompt, t.output, c.engine.kv_budget)
+        if never is not None:
+            raise InputError(f"server {server}: {never}")
     counts = [requests_per_client(t, k) for t in traces]
     rows = _pow2(max(int((c + pad).sum()) for c in counts))  # a bucket: nearby sizes share one program
     cfg = plan_config(clusters, num_clients=tenants, tenant_rows=rows,
@@ -238,10 +245,18 @@ def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
     workload = sources.generate_lanes(lane_keys(seeds, base_seed), sources.stack(srcs), kind=uniq[0].kind,
                                       horizon=horizon, lay=lay, pad=cfg.arrival_width + 2,
                                       num_clients=cfg.num_clients, exact=sources.replays_exactly(seeds))
-    expected = horizon + int(4 * max(s.expected_requests() for s in uniq))
+    expected = expected_events(uniq, horizon)
     return run_lanes(workload, clusters, [horizon] * len(clusters), cfg, shared=False,
                      event_budget=horizon + 4 * cfg.tenant_rows + 2, expected_events=expected, chunk=chunk, mesh=mesh,
                      progress=progress)
+
+
+def expected_events(uniq, horizon: int) -> int:
+    """About how many events a lane of these sources takes (for progress and chunk sizes):
+    a step per time unit, at most one per generated token (a timed server's horizon counts
+    microseconds), and four per request."""
+    requests = int(max(s.expected_requests() for s in uniq))
+    return min(horizon, requests * max(s.lengths()[2] for s in uniq)) + 4 * requests
 
 
 def lane_bytes(cfg: ClusterConfig) -> int:
@@ -257,6 +272,22 @@ def lane_bytes(cfg: ClusterConfig) -> int:
 
 
 # ---- results (host) -------------------------------------------------------------------------
+
+def _request_times(host: ClusterState, cfg: ClusterConfig) -> dict:
+    """first_token, finish per cluster row (-1: not yet), from the replicas' servers' own
+    record (keyed by dispatch sequence) and the dispatch records; None without them."""
+    times = servers.get(cfg.server).request_times
+    if host.rec is None or times is None:
+        return {"first_token": None, "finish": None}
+    rec = np.asarray(host.rec, np.int64)
+    replica, seq = rec[..., 1], rec[..., 2]
+    out = {}
+    for name, per_seq in zip(("first_token", "finish"), times(host.reps.server)):  # [B, R, rows]
+        lanes = np.arange(rec.shape[0])[:, None]
+        got = per_seq[lanes, np.maximum(replica, 0), np.clip(seq, 0, per_seq.shape[-1] - 1)]
+        out[name] = np.where(seq >= 0, got, -1)
+    return out
+
 
 def _exact(a) -> np.ndarray:
     return WIDE.to_int(a)
@@ -279,7 +310,9 @@ class ClusterResults:
     max_k - min_k of the weighted one; backlogged_steps: int64[B]; wait_hist: int64[B, K,
     H] waiting time (admission - router arrival) histograms; records: int64[B, G * N, 4]
     or None (dispatch step, replica, dispatch sequence, admission step per cluster row;
-    -1: not yet) with rows: int64[B, G * N, 6] the cluster rows; iterations: int64[B]."""
+    -1: not yet) with rows: int64[B, G * N, 6] the cluster rows; first_token, finish:
+    int64[B, G * N] or None (with records, on a server that keeps request times: per cluster
+    row, -1 not yet); rejected: int64[B, K] (rpm reject mode); iterations: int64[B]."""
 
     steps: np.ndarray
     finished: np.ndarray
@@ -302,10 +335,13 @@ class ClusterResults:
     records: np.ndarray | None
     rows: np.ndarray | None
     iterations: np.ndarray
+    first_token: np.ndarray | None = None
+    finish: np.ndarray | None = None
+    rejected: np.ndarray | None = None
 
     @classmethod
     def collect(cls, host: ClusterState, finished, clusters, cfg: ClusterConfig, rows,
-                host_params: ClusterParams, tenants: Sequence[int]) -> "ClusterResults":
+                host_params: ClusterParams, tenants: Sequence[int], rejected=None) -> "ClusterResults":
         k = cfg.num_clients
         engines = [padded_settings(c.engine, n, k) for c, n in zip(clusters, tenants)]
         scales = [lane_scales(e, k) for e in engines]
@@ -333,7 +369,9 @@ class ClusterResults:
             drift_units=_exact(host.drift), backlogged_steps=np.asarray(host.bsteps, np.int64),
             wait_hist=np.asarray(host.wait_hist, np.int64),
             records=None if host.rec is None else np.asarray(host.rec, np.int64),
-            rows=None if rows is None else np.asarray(rows, np.int64), iterations=np.asarray(host.iterations, np.int64))
+            rows=None if rows is None else np.asarray(rows, np.int64), iterations=np.asarray(host.iterations, np.int64),
+            **_request_times(host, cfg),
+            rejected=np.zeros((len(tenants), k), np.int64) if rejected is None else np.asarray(rejected, np.int64))
 
     # ---- derived measures (float64) ----
 
@@ -384,4 +422,4 @@ class ClusterResults:
 
 
 __all__ = ["ClusterSettings", "ClusterResults", "simulate_traces", "simulate_sources", "source_config", "plan_config",
-           "run_lanes", "encode", "lane_bytes", "check_server"]
+           "run_lanes", "encode", "lane_bytes", "check_server", "expected_events"]

@@ -18,7 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver.cluster_run import ClusterResults, encode, lane_bytes, run_lanes, simulate_sources, source_config
+from vtc_jax.driver.cluster_run import (
+    ClusterResults,
+    encode,
+    expected_events,
+    lane_bytes,
+    run_lanes,
+    simulate_sources,
+    source_config,
+)
 from vtc_jax.driver.results import ServedShares, histogram_quantile, lane_workload_stats
 from vtc_jax.driver.run import lane_keys
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterSettings
@@ -101,7 +109,7 @@ def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
         (list(clusters), [horizon] * b)
     if drain:
         workload = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x]), workload)
-    expected = horizon + int(4 * max(s.expected_requests() for s in uniq))
+    expected = expected_events(uniq, horizon)
     res = run_lanes(workload, lanes, horizons, cfg, shared=False, event_budget=horizon + 4 * cfg.tenant_rows + 2,
                     expected_events=expected, mesh=mesh, progress=progress)
     main = _lanes(res, slice(0, b))

@@ -137,6 +137,20 @@ def _reject(workload: Workload, limit, window, horizon, active, *, shared: bool)
     return fn(workload, limit, window, horizon, active)
 
 
+def reject_at_arrival(workload: Workload, settings: Sequence[Settings], horizons, num_clients: int, shared: bool):
+    """The lanes' workload without the requests an rpm limit in the reject mode rejects at
+    arrival (engines/limits.py), the rejected count per lane and client (int64[B, K]), and
+    whether the workload is still one shared by every lane."""
+    rejecting = np.asarray([s.rpm_rejects for s in settings])
+    if not rejecting.any():
+        return workload, np.zeros((len(settings), num_clients), np.int64), shared
+    limit = jnp.asarray([s.rpm_limit or 1 for s in settings], jnp.int32)
+    window = jnp.asarray([s.rpm_window for s in settings], jnp.int32)
+    out, rejected = _reject(workload, limit, window, jnp.asarray(horizons, jnp.int32), jnp.asarray(rejecting),
+                            shared=shared)
+    return dataclasses.replace(out, timeline=None), np.asarray(rejected, np.int64), False  # rows moved: no timeline
+
+
 def with_timeline(workload: Workload, *, batched: bool) -> Workload:
     """`workload` with its arrival timeline (built on the device when missing; a batched
     workload has a leading lane axis)."""
@@ -160,15 +174,8 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     horizons = np.asarray(horizons, np.int64)
     b = len(settings)
     given_shared = shared
-    lane_workload, rejected = workload, np.zeros((b, config.num_clients), np.int64)
-    rejecting = np.asarray([s.rpm_rejects for s in settings])
-    if rejecting.any():
-        limit = jnp.asarray([s.rpm_limit or 1 for s in settings], jnp.int32)
-        window = jnp.asarray([s.rpm_window for s in settings], jnp.int32)
-        lane_workload, rejected = _reject(workload, limit, window, jnp.asarray(horizons, jnp.int32),
-                                          jnp.asarray(rejecting), shared=shared)
-        rejected, shared = np.asarray(rejected, np.int64), False
-        lane_workload = dataclasses.replace(lane_workload, timeline=None)  # rows moved: rebuild it
+    lane_workload, rejected, shared = reject_at_arrival(workload, settings, horizons, config.num_clients, shared)
+    rejecting = any(s.rpm_rejects for s in settings)
     lane_workload = with_timeline(lane_workload, batched=not shared)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
                         workload=None if shared else lane_workload)
@@ -180,7 +187,7 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     arrived_offered, offered, max_prompt, demand, last_arrival = lane_workload_stats(
         workload, steps, params, given_shared, config.num_clients, buckets, config.record_every)
     arrived_streams = arrived_offered  # without RPM rejection every offered request is in the stream
-    if rejecting.any():
+    if rejecting:
         arrived_streams = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)[0]
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
     if config.drain:  # every request of a drained lane's served stream (RPM rejections removed) arrives
@@ -270,13 +277,13 @@ def workload_pad(arrival_width: int = 4) -> int:
     return arrival_width + 1
 
 
-def drain_horizon(trace: Trace, rpm_window: int) -> int:
-    """A horizon that drains `trace`: last arrival + sum of outputs + requests * rpm_window + 1.
-
-    A request never waits while nothing runs (its prompt fits M) except for an rpm window
-    to end (at most one window per admission; `rpm_window` = 0 without an rpm delay), and
-    at every other step before the last completion some request runs or arrives later."""
-    return int(trace.arrival.max()) + int(trace.output.sum()) + len(trace) * rpm_window + 1
+def server_drain(trace: Trace, settings: Settings, server: str) -> int:
+    """A horizon that drains `trace` under `settings` on `server`: its `drain_steps` (in its
+    time unit; ideal: last arrival + sum of outputs + 1) plus one rpm window per request
+    under an rpm delay (a request waits while nothing runs only for a window to end)."""
+    window = settings.rpm_window if settings.rpm_delays else 0
+    options = dict(settings.server_options)
+    return servers.get(server).drain_steps(options, trace.arrival, trace.prompt, trace.output) + len(trace) * window
 
 
 def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: int | None,
@@ -305,7 +312,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
-    requests events always suffice; drain mode: `drain_horizon` steps suffice."""
+    requests events always suffice; drain mode: `server_drain` steps suffice."""
     if num_clients < 1:
         raise InputError(f"clients must be >= 1, got {num_clients}")
     if len(settings) == 0:
@@ -325,9 +332,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         if never is not None:
             raise InputError(f"server {server}: {never}")
         rpm_window = s.rpm_window if s.rpm_delays else 0
-        drain = chosen.drain_steps(dict(s.server_options), trace.arrival, trace.prompt, trace.output) + (
-            len(trace) * rpm_window)
-        horizons.append(int(steps) if steps is not None else drain)
+        horizons.append(int(steps) if steps is not None else server_drain(trace, s, server))
         expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))
         needs_wide |= check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()),
                                          max_prompt=int(trace.prompt.max()), max_output=int(trace.output.max()),
@@ -582,5 +587,5 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
 
 
 __all__ = ["run_traces", "replay", "replay_lanes", "simulate_traffic", "simulate_sources", "traffic_config",
-           "source_config", "run_workloads", "check_exact_limits", "drain_horizon", "plan_lanes", "lane_keys",
+           "source_config", "run_workloads", "check_exact_limits", "server_drain", "plan_lanes", "lane_keys",
            "generate_workloads", "ESTIMATORS"]

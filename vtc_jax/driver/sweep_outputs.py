@@ -318,7 +318,8 @@ def draw_tenants(result: dict, names: Sequence[str], path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["rows"] if r.get("clients")]
+    # rows with per-tenant values (a row none of whose lanes finished has none to draw)
+    rows = [r for r in result["rows"] if len((r.get("clients") or {}).get("offered_share") or ()) == len(names)]
     demand = rows[0]["clients"]["offered_share"] if rows else [0] * len(names)
     shown = top_tenants(demand) if len(names) > MAX_TENANT_BARS else list(range(len(names)))
     rest = sorted(set(range(len(names))) - set(shown))
@@ -349,7 +350,8 @@ def draw_tenants(result: dict, names: Sequence[str], path) -> None:
     axes[1].set_yscale("symlog", linthresh=1.0)
     axes[1].set_ylim(bottom=0)
     axes[1].set_xticks(x, labels, rotation=45, ha="right", fontsize=7)
-    axes[1].legend(fontsize=7)
+    if rows:
+        axes[1].legend(fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3)
     title = "per tenant: share of service vs demand, and wait p99"

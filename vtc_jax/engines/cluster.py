@@ -85,6 +85,7 @@ from vtc_jax.inputs.workload import Workload
 from vtc_jax.measures.online import LATENCY_BINS, latency_bin
 from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import Admission, Arrivals, Shape, StepEnd, estimated_cost
+from vtc_jax.servers import registry as servers
 
 I32, U32 = jnp.int32, jnp.uint32
 # Router-policy leaves that receive the other routers' charges in the delayed mode:
@@ -142,6 +143,12 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
     into = mask & (jnp.arange(r) == target)
     reps = jax.vmap(functools.partial(replica.rep_receive, cfg=cfg), in_axes=(0, 0, None, None, None, 0, None))(
         state.reps, rheads, t, record.astype(I32), c, into, params.engine)
+    boundary, asleep = state.boundary, state.asleep
+    wake = servers.get(cfg.server).wake
+    if wake is not None:  # a sleeping replica looks at its queue again at its own poll (docs/CLUSTER.md)
+        waking = into & asleep
+        boundary = jnp.where(waking, jax.vmap(wake, in_axes=(None, 0, None))(params.engine, boundary, t), boundary)
+        asleep = asleep & ~waking
     rec = state.rec
     if rec is not None:
         rows = rec.shape[0]
@@ -154,7 +161,7 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         cursor=jnp.where(mask, (j + 1) % g, state.cursor).astype(I32),
         rr=state.rr.at[j].set(jnp.where(mask & (params.choice == ROUND_ROBIN), (target + 1) % params.replicas,
                                         state.rr[j])),
-        dseq=state.dseq + m, ring_c=ring_c, ring_d=ring_d, reps=reps,
+        dseq=state.dseq + m, ring_c=ring_c, ring_d=ring_d, reps=reps, boundary=boundary, asleep=asleep,
         dispatched=state.dispatched.at[j, target, c].add(m), rec=rec)
 
 
@@ -180,12 +187,26 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     horizon = params.horizon
     waiting = (state.rarrived - state.rhead).sum(axis=0) + state.reps.nw.sum(axis=0)  # [K]
     running = jax.vmap(functools.partial(replica.rep_load, cfg=cfg))(state.reps).running
-    idle = (running.sum() == 0) & (waiting.sum() == 0)
-    target = jnp.minimum(next_arrival.min(), horizon)
-    next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + 1), t)
+    # the replicas at a boundary (docs/CLUSTER.md, "Replica clocks"); on ideal: all of them
+    bound = state.boundary <= t
+    stepping = mask & bound & ~state.asleep
+    busy = (running.sum(axis=1) > 0) | (state.reps.nw.sum(axis=1) > 0)
+    server, work = jax.vmap(functools.partial(replica.rep_end_step, cfg=cfg), in_axes=(0, 0, None))(
+        state.reps, stepping, params.engine)
+    stepped = stepping & busy
+    boundary = jnp.where(stepped, t + work.elapsed, jnp.where(stepping, t, state.boundary))
+    asleep = state.asleep
+    if servers.get(cfg.server).wake is not None:
+        asleep = asleep | (stepping & ~busy)
+    ahead = boundary > t
+    soonest = jnp.minimum(jnp.where(ahead, boundary, INT32_MAX).min(), jnp.minimum(next_arrival.min(), horizon))
+    routed = (state.rarrived - state.rhead).sum() > 0
+    next_t = jnp.where(mask, jnp.where(~ahead.any() & routed, t + 1, jnp.maximum(t + 1, soonest)), t)
     elapsed = next_t - t
-    reps = jax.vmap(functools.partial(replica.rep_finish, cfg=cfg), in_axes=(0, 0, None, None, None, None))(
-        state.reps, rheads, t, mask, elapsed, params.engine)
+    reps = jax.vmap(functools.partial(replica.rep_finish, cfg=cfg),
+                    in_axes=(0, 0, None, None, 0, None, 0, 0, 0, None))(
+        state.reps, rheads, t, next_t, mask & bound, mask, server, work,
+        jnp.where(stepped, work.elapsed, elapsed), params.engine)
     # measures over steps in which every tenant is backlogged (after the admissions)
     tenant = jnp.arange(cfg.num_clients) < params.tenants
     flag = mask & ((waiting > 0) | ~tenant).all() & (t >= params.measure_from)
@@ -251,7 +272,7 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     return dataclasses.replace(
         state, step=next_t, reps=reps, bs=bs, bsw=bsw, drift=drift, snap=snap, wsnap=wsnap,
         bsteps=state.bsteps + flag.astype(I32), rpolicy=rpolicy, rcounter=rcounter, ring_c=ring_c, ring_d=ring_d,
-        stamp=stamp, dispatched_all=state.dispatched_all & ~mask)
+        stamp=stamp, dispatched_all=state.dispatched_all & ~mask, boundary=boundary, asleep=asleep)
 
 
 def _complete(state: ClusterState, params: ClusterParams, cfg: ClusterConfig, mask) -> ClusterState:
@@ -321,8 +342,9 @@ def _flags(params: ClusterParams, cfg: ClusterConfig) -> dict:
 
 
 def _due(state: ClusterState, cfg: ClusterConfig):
-    """bool[R]: each replica's server holds a request finished before step `state.step`."""
-    return jax.vmap(functools.partial(replica.rep_due, cfg=cfg), in_axes=(0, None))(state.reps, state.step)
+    """bool[R]: each replica at a boundary holds a request its last step finished."""
+    due = jax.vmap(functools.partial(replica.rep_due, cfg=cfg), in_axes=(0, None))(state.reps, state.step)
+    return due & (state.boundary <= state.step)
 
 
 def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, cfg: ClusterConfig) -> ClusterState:
@@ -354,7 +376,7 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     fits = jax.vmap(functools.partial(replica.rep_fits, cfg=cfg), in_axes=(0, 0, 0, None))(
         state.reps, rheads, clients, params.engine)
     settled = ready & ~dispatching
-    admitting = settled & has & fits
+    admitting = settled & has & fits & (state.boundary <= t) & ~state.asleep
     finishing = settled & ~admitting.any()
 
     state = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued, dispatching)
@@ -395,6 +417,7 @@ def init_state(cfg: ClusterConfig, params: ClusterParams, wl: ClusterWorkload) -
         rcounter=WIDE.zeros((g, k)), rlast=jnp.full(g, -1, I32), rpolicy=rpolicy, cursor=jnp.zeros((), I32),
         dispatched_all=jnp.zeros((), bool),
         rr=jnp.zeros(g, I32), dseq=jnp.zeros((), I32), ring_c=ring_c, ring_d=ring_d, stamp=stamp, reps=reps,
+        boundary=jnp.zeros(r, I32), asleep=jnp.zeros(r, bool),
         dispatched=jnp.zeros((g, r, k), I32), snap=WIDE.zeros((r, k)), wsnap=WIDE.zeros((r, k)),
         bs=WIDE.zeros((k,)), bsw=WIDE.zeros((k,)), drift=WIDE.zeros(), bsteps=jnp.zeros((), I32),
         wait_hist=jnp.zeros((k, LATENCY_BINS), I32), rec=rec)

@@ -1,8 +1,9 @@
 """One cluster replica's functions (docs/CLUSTER.md), vmapped over the replica axis by the
 cluster's events (cluster.py): a per-tenant FIFO of dispatched requests in a slot pool,
 the replica's engine policy, and in front of it any registered server (servers/base.py),
-reached only through its component functions (the cluster knows no server by name). The
-replica charges the server's `Work` with the lane's costs, as engine.py does."""
+reached only through its component functions (the cluster knows no server by name), and
+its admission limits (engines/limits.py, as on one server). The replica charges the
+server's `Work` with the lane's costs, as engine.py does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 
 from vtc_jax.core.rows import ARRIVAL, CACHED, NUM_FIELDS, PROMPT
 from vtc_jax.core.wide import WIDE
+from vtc_jax.engines import limits
 from vtc_jax.engines.cluster_settings import KV, ClusterConfig, ClusterParams
 from vtc_jax.engines.cluster_state import EST, ORIG, POOL_FIELDS, ROW_FIELDS, ROWID, Replica, keep, pick
 from vtc_jax.engines.settings import Params
@@ -40,19 +42,23 @@ def _view(rep: Replica, heads, step, costs, cfg: ClusterConfig) -> View:
 
 
 def rep_select(rep: Replica, heads, step, eparams: Params, cfg: ClusterConfig):
-    """The replica's candidate (client, has, states); `has` only where the policy chose a
-    backlogged tenant (base.admissible): any other choice admits nothing and the step ends."""
+    """The replica's candidate (client, has, states) among the tenants its limits let
+    through; `has` only where the policy chose one of them (base.admissible): any other
+    choice admits nothing and the step ends."""
     view = _view(rep, heads, step, eparams.costs, cfg)
-    choices = [registry.get(n).select(rep.policy[n], view, view.backlogged, eparams.policy[n])
+    eligible = limits.eligible(rep.limits, heads, view.backlogged, eparams, cfg.bands)
+    choices = [registry.get(n).select(rep.policy[n], view, eligible, eparams.policy[n])
                for n in cfg.engine_policies]
     client = pick(eparams.policy_id, [c.client for c in choices]).astype(I32)
-    has = pick(eparams.policy_id, [c.has for c in choices]) & admissible(view.backlogged, client)
+    has = pick(eparams.policy_id, [c.has for c in choices]) & admissible(eligible, client)
     return client, has, {n: c.state for n, c in zip(cfg.engine_policies, choices)}
 
 
 def rep_fits(rep: Replica, heads, client, eparams: Params, cfg: ClusterConfig):
     """bool[]: the server's memory admits `client`'s FIFO head now (its `fits`)."""
-    return servers.get(cfg.server).fits(rep.server, eparams, heads[client, :NUM_FIELDS])
+    server = servers.get(cfg.server)
+    extra = {"client": client} if server.fits_client else {}
+    return server.fits(rep.server, eparams, heads[client, :NUM_FIELDS], **extra)
 
 
 def rep_room(rep: Replica, index, params: ClusterParams, cfg: ClusterConfig):
@@ -127,23 +133,30 @@ def rep_admit(rep: Replica, heads, client, states, mask, step, eparams: Params, 
         waitp=rep.waitp - mask.astype(I32) * prompt, server=server,
         service=WIDE.add(rep.service, charge), counter=WIDE.add(rep.counter, weighted),
         wsvc=WIDE.add(rep.wsvc, weighted), admitted=rep.admitted + take,
-        last_left=jnp.where(mask, client, rep.last_left),
+        last_left=jnp.where(mask, client, rep.last_left), limits=limits.on_admit(rep.limits, take, row),
         overflow=rep.overflow | overflow, policy=keep(rep.policy, new_states, mask))
     return rep, (row[ORIG], row[ROWID])
 
 
-def rep_finish(rep: Replica, heads, step, mask, elapsed, eparams: Params, cfg: ClusterConfig) -> Replica:
-    """MODEL.md phase 3 (the server's step) where `mask`, its work charged with the lane's
-    costs (w_q x decoded + beta x attended), and the policies' step-end hooks."""
+def rep_end_step(rep: Replica, mask, eparams: Params, cfg: ClusterConfig):
+    """The server's step where `mask` (MODEL.md phase 3): (server state, Work)."""
+    return servers.get(cfg.server).end_step(rep.server, eparams, mask)
+
+
+def rep_finish(rep: Replica, heads, step, next_step, mask, moving, server, work, elapsed, eparams: Params,
+               cfg: ClusterConfig) -> Replica:
+    """Where `mask`: the step's work (from rep_end_step) charged with the lane's costs (w_q x
+    decoded + beta x attended) and the policies' step-end hooks (`elapsed`). Where `moving`
+    (the cluster's clock moves from `step` to `next_step`): the limits' rpm window."""
     view = _view(rep, heads, step, eparams.costs, cfg)
     costs = eparams.costs
-    server, work = servers.get(cfg.server).end_step(rep.server, eparams, mask)
     decode = costs.decode * work.decoded + costs.context * work.attended
     weighted = decode * costs.counter_mult
-    step_end = StepEnd(decode=decode, elapsed=elapsed)
+    step_end = StepEnd(decode=decode, elapsed=elapsed, detail=work.detail)
     states = {n: registry.get(n).step(rep.policy[n], view, step_end, eparams.policy[n]) for n in cfg.engine_policies}
     return dataclasses.replace(rep, service=WIDE.add(rep.service, decode), counter=WIDE.add(rep.counter, weighted),
                                wsvc=WIDE.add(rep.wsvc, weighted), server=server,
+                               limits=limits.on_step(rep.limits, step, next_step, moving, eparams),
                                policy=keep(rep.policy, states, mask))
 
 
@@ -161,6 +174,7 @@ def rep_complete(rep: Replica, heads, mask, step, eparams: Params, cfg: ClusterC
     states = {n: registry.get(n).complete(rep.policy[n], view, completion, eparams.policy[n])
               for n in cfg.engine_policies}
     return dataclasses.replace(rep, server=server, completed=rep.completed + take,
+                               limits=limits.on_complete(rep.limits, take, done.prompt, done.output),
                                policy=keep(rep.policy, states, mask))
 
 
@@ -175,4 +189,4 @@ def rep_init(cfg: ClusterConfig, eparams: Params) -> Replica:
                    server=servers.get(cfg.server).init(cfg.server_shape),
                    last_left=jnp.asarray(-1, I32), admitted=zk, completed=zk,
                    policy={n: registry.get(n).init(eparams.policy[n], shape) for n in cfg.engine_policies},
-                   overflow=jnp.zeros((), bool))
+                   limits=limits.init(k, cfg.rpm, cfg.kv_cap), overflow=jnp.zeros((), bool))

@@ -46,7 +46,7 @@ def gateway_problem(policy: str) -> str | None:
         return (f"policy {policy} needs completions, which a gateway router does not see in this model "
                 "(it charges at dispatch)")
     if policy == "rpm":
-        return "policy rpm needs an admission limit, which the cluster does not model"
+        return "policy rpm is an admission limit; it runs at the replicas (their rpm limit), not at a router"
     return None
 
 
@@ -57,7 +57,9 @@ class ClusterSettings:
     Attributes:
       engine: the replicas' Settings: engine policy, M (per replica), prices w_p, w_q,
         beta, weights, estimator (exact, fixed or noisy; the same estimate of a request is
-        used at its router and at its replica), charge_cached. No rpm limit, KV cap or bands.
+        used at its router and at its replica), charge_cached, the replicas' limits (rpm in
+        the delay mode, KV caps and bands act at each replica on its own admissions; rpm in
+        the reject mode rejects at the cluster's arrival) and the server's options.
       gateway_policy, gateway_options: the routers' policy (registry name) and options;
         prices, weights and estimator are the engine's.
       replicas, routers: R and G.
@@ -101,12 +103,8 @@ class ClusterSettings:
         e = self.engine
         if not isinstance(e, Settings):
             raise InputError("engine must be a vtc_jax.Settings")
-        if e.rpm_limit is not None or e.kv_cap is not None or e.bands is not None:
-            raise InputError("the cluster does not model rpm limits, KV caps or priority bands at its replicas")
         if e.estimator == "average":
             raise InputError("the cluster supports the exact, fixed and noisy estimators (not average)")
-        if e.policy == "rpm":
-            raise InputError("engine policy rpm needs an rpm limit, which the cluster does not model")
         problem = gateway_problem(self.gateway_policy)
         if problem:
             raise InputError(problem)
@@ -211,6 +209,9 @@ class ClusterConfig:
       arrival_width: router arrivals per tenant taken per event (any value is exact).
       record: keep per-request records (dispatch step, replica, sequence, admission step).
       server: the replicas' server, a registry name (servers/registry.py).
+      rpm, kv_cap, bands: some lane has an rpm limit that delays admissions, KV caps, bands
+        at its replicas (engines/limits.py).
+      server_static: the server's static options (ServerShape.static).
     """
 
     num_clients: int
@@ -227,6 +228,10 @@ class ClusterConfig:
     arrival_width: int = 4
     record: bool = False
     server: str = "ideal"
+    rpm: bool = False
+    kv_cap: bool = False
+    bands: bool = False
+    server_static: tuple = ()
 
     @property
     def num_rows(self) -> int:
@@ -234,7 +239,9 @@ class ClusterConfig:
 
     @property
     def server_shape(self) -> ServerShape:
-        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots)
+        """A replica's server: its requests are numbered by dispatch sequence (< num_rows)."""
+        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots,
+                           num_rows=self.num_rows, static=self.server_static)
 
 
 @jax.tree_util.register_dataclass

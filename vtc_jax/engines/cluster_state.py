@@ -51,8 +51,9 @@ class Replica:
     waiting requests; waitp: int32[] their prompt tokens; counter, service, wsvc:
     int32[K, 2] the MODEL.md counter, W_k and W_k x counter_mult (wide); server: the
     replica's server state (servers/base.py: what runs, its memory, its completions);
-    admitted, completed: int32[K]; last_left: int32[]; policy; overflow: bool[] (a
-    waiting pool or the server was full: the lane is not finished)."""
+    admitted, completed: int32[K]; last_left: int32[]; policy; limits: the replica's
+    admission limits (engines/limits.py LimitState); overflow: bool[] (a waiting pool or the
+    server was full: the lane is not finished)."""
 
     pool: jax.Array
     nxt: jax.Array
@@ -70,6 +71,7 @@ class Replica:
     admitted: jax.Array
     completed: jax.Array
     policy: dict
+    limits: Any
     overflow: jax.Array
 
 
@@ -88,7 +90,10 @@ class ClusterState:
     dispatched_all: bool[] the step's dispatch phase is over (the replicas' admissions have
     begun); rr: int32[G] round-robin cursors of the replica choice; dseq: int32[]
     dispatches so far; ring_c: int32[D, G, K, 2], ring_d: int32[D, G, K], stamp: int32[D] the
-    charges of the last D steps. reps: Replica (leading axis R). Measures: dispatched
+    charges of the last D steps. reps: Replica (leading axis R); boundary: int32[R] each
+    replica's step boundary (the end of its current step; <= step: at a boundary; the time
+    it fell asleep where `asleep`); asleep: bool[R] an idle timed replica waiting for a
+    dispatch (docs/CLUSTER.md, "Replica clocks"). Measures: dispatched
     int32[G, R, K]; snap, wsnap: int32[R, K, 2] service at the last step end; bs, bsw:
     int32[K, 2] service (and x counter_mult) in steps where every tenant is backlogged;
     drift: int32[2] max over those steps of max_k bsw - min_k bsw; bsteps: int32[];
@@ -111,6 +116,8 @@ class ClusterState:
     ring_d: jax.Array | None
     stamp: jax.Array | None
     reps: Replica
+    boundary: jax.Array
+    asleep: jax.Array
     dispatched: jax.Array
     snap: jax.Array
     wsnap: jax.Array

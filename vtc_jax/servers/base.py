@@ -68,6 +68,10 @@ starts again; default: at the next arrival), `max_horizon` (the longest drain ho
 driver may plan, in the lane's time unit; default 2^30 - 1) and `Work.detail` (facts of a
 step its policies may read, as StepEnd.detail).
 
+Optionally, `request_times(host_state) -> (first, finish)`: host side, the first-token and
+finish times the server keeps per request number (ORDER), int arrays [..., R] (-1: not
+yet); the cluster reports them per request (its replicas number requests by dispatch).
+
 Optionally, `slot_tiers(slots) -> tuple[int, ...]`: smaller slot counts to try first. A
 server whose events cost O(slots) and whose runs hold far fewer requests than its proven
 bound gives them: the driver runs every lane with the first, then reruns with the next
@@ -196,6 +200,7 @@ class Server:
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
-    unit_steps: bool = True  # every step lasts one unit of the lane's clock (the cluster's lockstep replicas need it)
+    # host side: (first token, finish) times per request number (ORDER), arrays [..., R] (-1: not yet), or None
+    request_times: Callable[[Any], tuple] | None = None
     slot_tiers: Callable[[int], tuple] | None = None
     static_options: Callable[[list], tuple] | None = None
