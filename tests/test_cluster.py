@@ -170,11 +170,19 @@ def compare(res, b: int, ref: cref.ClusterRef, cs: ClusterSettings, reqs, k: int
     rows = res.rows[b]
     by_rank = {int(rows[i, ORDER]): i for i in np.flatnonzero(rows[:, ARRIVAL] < INT32_MAX)}
     tenant_rows = rows.shape[0] // big_g
+    none = lambda x: -1 if x is None else x  # noqa: E731
     for n in range(len(reqs)):
+        if ref.router[n] is None:  # rejected at arrival (rpm reject mode): it never reaches a router
+            assert rank[n] not in by_rank, (where, "rejected request has a row", n)
+            continue
         i = by_rank[rank[n]]
         assert i // tenant_rows == ref.router[n], (where, "router of request", n)
         want = [ref.dispatch_step[n], ref.dispatch_replica[n], ref.dispatch_seq[n], ref.admit_step[n]]
-        assert [int(x) for x in res.records[b, i]] == [-1 if x is None else x for x in want], (where, "request", n)
+        assert [int(x) for x in res.records[b, i]] == [none(x) for x in want], (where, "request", n)
+        if res.first_token is not None:
+            assert [int(res.first_token[b, i]), int(res.finish[b, i])] == [none(ref.first_token[n]), none(ref.finish[n])], (
+                where, "first token, finish of request", n)
+    assert res.rejected[b, :k].tolist() == ref.rejected, (where, "rejected")
     assert [_frac(x, q) for x in res.backlogged_units[b, :k]] == ref.backlogged, (where, "backlogged service")
     assert _frac(res.drift_units[b], q * d) == ref.drift, (where, "drift")
     assert res.backlogged_steps[b] == ref.backlogged_steps, (where, "backlogged steps")
@@ -428,3 +436,73 @@ def test_one_router_one_replica_cluster_is_one_server():
                     none(got.finish)) == (W, c, admitted, completed, rejected, first, finish), where
         servers_seen.add(server)
     assert servers_seen == {"ideal", "slora"}
+
+
+def timed_lanes(server: str, count: int, seed: int) -> list:
+    """`count` random clusters of `server` replicas (name, settings, K, requests): every
+    engine policy (the user's own too) at the replicas and every gateway policy the cluster
+    allows at the routers, in turn; G in {1, 2}, R in {1, 2, 3}; random_cluster's counter
+    modes, saturation rules and replica choices; _replica_settings' limits."""
+    engines = _every_engine_policy()
+    gateways = [n for n in engines if gateway_problem(n) is None]
+    rng = random.Random(seed)
+    lanes = []
+    for i in range(count):
+        k = rng.randint(2, 3)
+        base = random_cluster(rng, k)
+        m = base.engine.kv_budget
+        reqs = random_requests(rng, k, m)
+        eng = _replica_settings(rng, engines[i % len(engines)], k, m, server, reqs)
+        if eng.kv_cap is not None:  # a request over its tenant's cap is refused: caps at least the largest
+            most = [max([r.prompt + r.output for r in reqs if r.client == c], default=1) for c in range(k)]
+            eng = dataclasses.replace(eng, kv_cap=tuple(x + rng.randint(0, m) for x in most))
+        gateway = gateways[(i // len(engines) + i) % len(gateways)]
+        spec = registry.get(gateway)
+        options = tuple(spec.fuzz_options(rng).items()) if spec.fuzz_options is not None else ()
+        cs = dataclasses.replace(base, engine=eng, gateway_policy=gateway, gateway_options=options, ingress=None,
+                                 routers=rng.randint(1, 2), replicas=rng.randint(1, 3))
+        lanes.append((f"{server} #{i}", cs, k, reqs))
+    return lanes
+
+
+@pytest.fixture(scope="module", params=["ideal", "slora"])
+def timed_batch(request):
+    """(server, horizon, results, lanes): TIMED_LANES random clusters of the server (and, on
+    slora, the hand-worked lanes) in one engine call."""
+    server = request.param
+    horizon = STEPS if server == "ideal" else SLORA_HORIZON
+    lanes = timed_lanes(server, TIMED_LANES, {"ideal": 41, "slora": 43}[server])
+    if server == "slora":
+        lanes += [(name, cs, k, reqs) for name, (cs, k, reqs) in HAND_SLORA.items()]
+    res = simulate_traces([_trace(r) for _, _, _, r in lanes], [cs for _, cs, _, _ in lanes],
+                          num_clients=[k for _, _, k, _ in lanes], steps=horizon, record=True, server=server)
+    return server, horizon, res, lanes
+
+
+def test_every_policy_and_limit_on_clusters_of_every_server(timed_batch):
+    """Clusters of ideal and of slora replicas (microsecond steps interleaving with the
+    arrivals, per-replica clocks, sleep and wake), every engine and gateway policy, random
+    replica limits (rpm in both modes, KV caps, bands): the engine against the literal
+    reference, exact (compare: per request router, dispatch time, replica, sequence,
+    admission, first token, finish; per replica and tenant W, c, admissions, completions;
+    router counters and state; drift; backlogged events; waits; rejections)."""
+    server, horizon, res, lanes = timed_batch
+    seen = {"engine": set(), "gateway": set(), "gr": set(), "counters": set(), "limits": set()}
+    for b, (_, cs, k, reqs) in enumerate(lanes):
+        compare(res, b, cref.simulate(reqs, k, cs, horizon, server=server), cs, reqs, k)
+        e = cs.engine
+        seen["engine"].add(e.policy)
+        seen["gateway"].add(cs.gateway_policy)
+        seen["gr"].add((cs.routers, cs.replicas))
+        seen["counters"].add(cs.counters)
+        seen["limits"] |= {x for x, on in (("delay", e.rpm_delays), ("reject", e.rpm_rejects), ("cap", e.kv_cap is not None),
+                                           ("bands", e.bands is not None)) if on}
+    engines = _every_engine_policy()
+    assert seen["engine"] == set(engines) and seen["gateway"] == {n for n in engines if gateway_problem(n) is None}
+    assert len(seen["gr"]) == 6 and seen["counters"] == set(COUNTERS)
+    assert seen["limits"] == {"delay", "reject", "cap", "bands"}
+    assert res.rejected.sum() > 0 and res.finished.all()
+    if server == "slora":
+        drained = [all(x is not None for x in cref.simulate(r, k, cs, horizon, server=server).finish)
+                   for _, cs, k, r in lanes]
+        assert 0 < sum(drained) < len(lanes)  # the horizon cuts some lanes, others drain
