@@ -534,7 +534,9 @@ def simulate(requests, num_clients: int, cs: ClusterSettings, steps: int, *, ser
     arrivals_at: dict[int, list[int]] = {}
     for n, r in enumerate(cl.reqs):
         arrivals_at.setdefault(r.arrival, []).append(n)
-    arrival_times = sorted(arrivals_at)
+    arrival_times = sorted({r.arrival for n, r in enumerate(cl.reqs) if n not in cl.rejected})  # router arrivals
+    for n in cl.rejected:  # decided at arrival (before the horizon), counted for the run
+        res.rejected[cl.reqs[n].client] += 1
     t = 0
     while True:
         cl.apply_pending(min(t, steps - 1))  # 0. delayed charges due (a charge due at the horizon is not)
@@ -546,9 +548,6 @@ def simulate(requests, num_clients: int, cs: ClusterSettings, steps: int, *, ser
         if t >= steps:
             break
         # 2. router arrivals: routers in index order, each in trace order (rejected ones never reach one)
-        for n in arrivals_at.get(t, []):
-            if n in cl.rejected:
-                res.rejected[cl.reqs[n].client] += 1
         for j in range(G):
             for n in arrivals_at.get(t, []):
                 if cl.router[n] != j:
