@@ -125,6 +125,7 @@ def batch():
             cs = random_cluster(rng, k)
             lanes.append((f"random K={k} #{i}", cs, k, random_requests(rng, k, cs.engine.kv_budget)))
     lanes += [(name, cs, k, reqs) for name, (cs, k, reqs) in HAND.items()]
+    lanes += timed_lanes("ideal", TIMED_LANES, 41)  # test_every_policy_and_limit_on_clusters_of_ideal
     res = simulate_traces([_trace(r) for _, _, _, r in lanes], [cs for _, cs, _, _ in lanes],
                           num_clients=[k for _, _, k, _ in lanes], steps=STEPS, record=True)
     return res, lanes
@@ -465,30 +466,25 @@ def timed_lanes(server: str, count: int, seed: int) -> list:
     return lanes
 
 
-@pytest.fixture(scope="module", params=["ideal", "slora"])
-def timed_batch(request):
-    """(server, horizon, results, lanes): TIMED_LANES random clusters of the server (and, on
-    slora, the hand-worked lanes) in one engine call."""
-    server = request.param
-    horizon = STEPS if server == "ideal" else SLORA_HORIZON
-    lanes = timed_lanes(server, TIMED_LANES, {"ideal": 41, "slora": 43}[server])
-    if server == "slora":
-        lanes += [(name, cs, k, reqs) for name, (cs, k, reqs) in HAND_SLORA.items()]
+@pytest.fixture(scope="module")
+def slora_batch():
+    """(results, lanes): TIMED_LANES random clusters of slora replicas and the hand-worked
+    slora lanes in one engine call, horizon SLORA_HORIZON microseconds."""
+    lanes = timed_lanes("slora", TIMED_LANES, 43) + [(name, cs, k, reqs) for name, (cs, k, reqs) in HAND_SLORA.items()]
     res = simulate_traces([_trace(r) for _, _, _, r in lanes], [cs for _, cs, _, _ in lanes],
-                          num_clients=[k for _, _, k, _ in lanes], steps=horizon, record=True, server=server)
-    return server, horizon, res, lanes
+                          num_clients=[k for _, _, k, _ in lanes], steps=SLORA_HORIZON, record=True, server="slora")
+    return res, lanes
 
 
-def test_every_policy_and_limit_on_clusters_of_every_server(timed_batch):
-    """Clusters of ideal and of slora replicas (microsecond steps interleaving with the
-    arrivals, per-replica clocks, sleep and wake), every engine and gateway policy, random
-    replica limits (rpm in both modes, KV caps, bands): the engine against the literal
-    reference, exact (compare: per request router, dispatch time, replica, sequence,
-    admission, first token, finish; per replica and tenant W, c, admissions, completions;
-    router counters and state; drift; backlogged events; waits; rejections)."""
-    server, horizon, res, lanes = timed_batch
+def check_timed(server: str, horizon: int, res, lanes) -> None:
+    """Every lane of `server` replicas against the literal reference, exact (compare: per
+    request router, dispatch time, replica, sequence, admission, first token, finish; per
+    replica and tenant W, c, admissions, completions; router counters and state; drift;
+    backlogged events; waits; rejections), and what the lanes covered."""
     seen = {"engine": set(), "gateway": set(), "gr": set(), "counters": set(), "limits": set()}
-    for b, (_, cs, k, reqs) in enumerate(lanes):
+    for b, (name, cs, k, reqs) in enumerate(lanes):
+        if not name.startswith(server):
+            continue
         compare(res, b, cref.simulate(reqs, k, cs, horizon, server=server), cs, reqs, k)
         e = cs.engine
         seen["engine"].add(e.policy)
@@ -502,7 +498,26 @@ def test_every_policy_and_limit_on_clusters_of_every_server(timed_batch):
     assert len(seen["gr"]) == 6 and seen["counters"] == set(COUNTERS)
     assert seen["limits"] == {"delay", "reject", "cap", "bands"}
     assert res.rejected.sum() > 0 and res.finished.all()
-    if server == "slora":
-        drained = [all(x is not None for x in cref.simulate(r, k, cs, horizon, server=server).finish)
-                   for _, cs, k, r in lanes]
-        assert 0 < sum(drained) < len(lanes)  # the horizon cuts some lanes, others drain
+
+
+def test_every_policy_and_limit_on_clusters_of_ideal(batch):
+    """Clusters of ideal replicas (in the module's batch), every engine and gateway policy,
+    random replica limits (rpm in both modes, KV caps, bands): engine = reference."""
+    res, lanes = batch
+    check_timed("ideal", STEPS, res, lanes)
+
+
+def test_every_policy_and_limit_on_clusters_of_slora(slora_batch):
+    """Clusters of slora replicas (microsecond steps interleaving with the arrivals,
+    per-replica clocks, sleep and wake), every engine and gateway policy, random replica
+    limits: engine = reference, first-token and finish times included; the horizon cuts
+    some lanes (their steps running at it are not finished) and others drain; the
+    hand-worked lanes' engine timelines are the reference's."""
+    res, lanes = slora_batch
+    check_timed("slora", SLORA_HORIZON, res, lanes)
+    drained = [all(x is not None for x in cref.simulate(r, k, cs, SLORA_HORIZON, server="slora").finish)
+               for name, cs, k, r in lanes if name.startswith("slora")]
+    assert 0 < sum(drained) < len(drained)
+    for b, (name, cs, k, reqs) in enumerate(lanes):
+        if name.startswith("hand slora"):
+            compare(res, b, cref.simulate(reqs, k, cs, SLORA_HORIZON, server="slora"), cs, reqs, k)
