@@ -213,7 +213,7 @@ def artifact_charges(reqs, num_clients, batch, decoders, gen, value, slot, extra
 
 def literal_slora(requests, settings: Settings, num_clients: int):
     """The engine with the slora server, literally: events in MODEL.md's order (the last
-    step's completions, in request order; arrivals; admissions while the policy's candidate
+    step's completions, in request order, their hooks at t - 1 as on ideal; arrivals; admissions while the policy's candidate
     passes slora's checks; the step: the round's prefill, else a decode step, else a poll,
     or an idle wait to the next whole poll), the policy's own literal reference driven by
     its hooks (vtc_jax.testing.reference's conventions), exact Fractions for W and c.
@@ -241,7 +241,7 @@ def literal_slora(requests, settings: Settings, num_clients: int):
     for n in rejected_set:  # decided at arrival, counted for the run
         rejected[reqs[n].client] += 1
     while True:
-        sim.t = t
+        sim.t = t - 1  # completion hooks see the last unit of the step that finished them (las: view.step - 1)
         for n in server.leave_order(leaving):  # the last step's completions, in request order
             sim.running.remove(n)
             server.leave(n)
@@ -249,6 +249,7 @@ def literal_slora(requests, settings: Settings, num_clients: int):
             call("on_complete", n, value.pop(n))
             sim.observe(n)
         leaving = []
+        sim.t = t
         if sum(completed) == n_req - len(rejected_set):
             break
         while nxt < n_req and reqs[order[nxt]].arrival <= t:  # arrivals
