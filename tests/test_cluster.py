@@ -365,7 +365,8 @@ def test_hand_worked_slora_cluster():
       t=28: n1 leaves, replica 1 sleeps. t=31: n0 decodes again, finished at 36.
     Idle rule jump: replica 1 wakes at the dispatch, 2: n1's first token 18, finish 23.
     Horizon 30: n0's last step (31..36) is not reached; its decode step 26..31, started
-    before the horizon, is charged (service counted at a step's start)."""
+    before the horizon, is charged (service counted at a step's start). Horizon 33: that
+    last step is charged but still running: n0 is not finished (no finish time)."""
     cs, k, reqs = HAND_SLORA["hand slora poll"]
     ref = cref.simulate(reqs, k, cs, 40, server="slora")
     assert (ref.dispatch_step, ref.dispatch_replica, ref.dispatch_seq) == ([0, 2, 9], [0, 1, 0], [0, 1, 2])
@@ -374,6 +375,8 @@ def test_hand_worked_slora_cluster():
     cut = cref.simulate(reqs, k, cs, 30, server="slora")
     assert (cut.first_token, cut.finish) == ([14, 23, 26], [None, 28, 26])
     assert cut.service == [[4 + 2 + 2, 0], [0, 8]] and cut.completed == [[1, 0], [0, 1]]
+    inside = cref.simulate(reqs, k, cs, 33, server="slora")  # n0's last step, 31..36, is running at 33
+    assert inside.finish == [None, 28, 26] and inside.service == [[10, 0], [0, 8]] and inside.completed == cut.completed
     cs, k, reqs = HAND_SLORA["hand slora jump"]
     jump = cref.simulate(reqs, k, cs, 40, server="slora")
     assert (jump.admit_step, jump.first_token, jump.finish) == ([0, 2, 14], [14, 18, 26], [36, 23, 26])
