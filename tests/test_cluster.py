@@ -3,7 +3,11 @@
 1..3, K in 2..4, every saturation rule, replica choice and counter mode, several router
 and engine policies); hand cases with known outcomes (the 1:1 collapse under full skew,
 shared counters restoring 4:1, replica choice rules); the ingress and p2c hashes; input
-refusal; the sweep CLI. Every simulated lane runs in one batch (one compile)."""
+refusal; the sweep CLI. Clusters of any server: every policy at the replicas and routers,
+with replica limits (rpm in both modes, KV caps, bands), on ideal and on slora replicas
+(per-replica microsecond clocks; first-token and finish times); a hand-worked slora
+cluster; one router and one replica against the one-server references. The ideal lanes
+run in one batch (one compile), the slora lanes in one more."""
 
 from __future__ import annotations
 
