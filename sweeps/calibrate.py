@@ -116,21 +116,26 @@ def read_csv(path) -> np.ndarray:
     source = os.fspath(path)
     text = fileio.read_text(path, limit=1 << 28, what="profile")
     header, records = fileio.csv_table(text, source, COLUMNS)
-    index = [header.index(c) for c in COLUMNS]
+    return _parse_rows(records, source, COLUMNS, [header.index(c) for c in COLUMNS], {"step_time_s": 1.0})
+
+
+def _parse_rows(records, source: str, names, index, times: dict) -> np.ndarray:
+    """float64[n, len(names)] of the records' cells `index` (named `names`): a name in
+    `times` is a finite time > 0 (x its factor), any other an integer count in [0,
+    MAX_COUNT]; InputError (file, line, problem) otherwise, or when there are no rows."""
     rows = []
     for line, row in records:
         values = []
-        for name, i in zip(COLUMNS, index):
+        for name, i in zip(names, index):
             cell = row[i]
             shown = cell if len(cell) <= 24 else cell[:24] + "..."
-            if name == "step_time_s":
-                value = float(cell) if _NUMBER.match(cell) else math.nan
+            if name in times:
+                value = float(cell) * times[name] if _NUMBER.match(cell) else math.nan
                 if not (math.isfinite(value) and value > 0):
-                    raise InputError(f"{source}: line {line}: step_time_s must be a finite number > 0, got {shown!r}")
+                    raise InputError(f"{source}: line {line}: {name} must be a finite number > 0, got {shown!r}")
+            elif not _INT.match(cell) or int(cell) > MAX_COUNT:
+                raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], got {shown!r}")
             else:
-                if not _INT.match(cell) or int(cell) > MAX_COUNT:
-                    raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], "
-                                     f"got {shown!r}")
                 value = float(int(cell))
             values.append(value)
         rows.append(values)
@@ -150,26 +155,8 @@ def read_vllm_csv(path) -> np.ndarray:
     if len(times) != 1:
         raise InputError(f"{source}: give exactly one step-time column, step_time_us or step_time_s "
                          f"(header: {','.join(header)[:200]})")
-    index = [header.index(c) for c in VLLM_COLUMNS + (times[0],)]
-    rows = []
-    for line, row in records:
-        values = []
-        for name, i in zip(VLLM_COLUMNS + (times[0],), index):
-            cell = row[i]
-            shown = cell if len(cell) <= 24 else cell[:24] + "..."
-            if name in VLLM_TIMES:
-                value = float(cell) * VLLM_TIMES[name] if _NUMBER.match(cell) else math.nan
-                if not (math.isfinite(value) and value > 0):
-                    raise InputError(f"{source}: line {line}: {name} must be a finite number > 0, got {shown!r}")
-            elif not _INT.match(cell) or int(cell) > MAX_COUNT:
-                raise InputError(f"{source}: line {line}: {name} must be an integer in [0, {MAX_COUNT}], got {shown!r}")
-            else:
-                value = float(int(cell))
-            values.append(value)
-        rows.append(values)
-    if not rows:
-        raise InputError(f"{source}: no rows (only a header)")
-    return np.asarray(rows, np.float64)
+    names = VLLM_COLUMNS + (times[0],)
+    return _parse_rows(records, source, names, [header.index(c) for c in names], VLLM_TIMES)
 
 
 def fit_vllm(rows: np.ndarray) -> dict[str, float]:
