@@ -31,7 +31,7 @@ from vtc_jax.engines.cluster_settings import (
     ClusterSettings,
 )
 from vtc_jax.engines.cluster_state import POOL_FIELDS, ROW_FIELDS, TIMELINE_PAD, ClusterBatch, ClusterState
-from vtc_jax.engines.settings import Settings, encode_settings, lane_scales
+from vtc_jax.engines.settings import MAX_SETTING, Settings, encode_settings, lane_scales
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.workload import Trace, Workload, make_workload, requests_per_client
 from vtc_jax.measures.online import LATENCY_BINS
@@ -49,12 +49,18 @@ def _tenants(num_clients, lanes: int) -> list[int]:
 
 
 def padded_settings(settings: Settings, tenants: int, num_clients: int) -> Settings:
-    """A lane's Settings for K = num_clients tenants when it has `tenants` (weights 1 for
-    the silent ones, which never send a request)."""
-    if settings.weights is None or tenants == num_clients:
+    """A lane's Settings for K = num_clients tenants when it has `tenants`: the silent ones
+    (which never send a request) get weight 1, the largest KV cap and band 0."""
+    if tenants == num_clients:
         return settings
-    return dataclasses.replace(settings, weights=tuple(settings.client_weights(tenants))
-                               + (Fraction(1),) * (num_clients - tenants))
+    extra, changes = num_clients - tenants, {}
+    if settings.weights is not None:
+        changes["weights"] = tuple(settings.client_weights(tenants)) + (Fraction(1),) * extra
+    if isinstance(settings.kv_cap, tuple):
+        changes["kv_cap"] = settings.kv_cap + (MAX_SETTING,) * extra
+    if settings.bands is not None:
+        changes["bands"] = settings.bands + (0,) * extra
+    return dataclasses.replace(settings, **changes) if changes else settings
 
 
 def encode(clusters: Sequence[ClusterSettings], cfg: ClusterConfig, horizons: Sequence[int],
@@ -273,9 +279,10 @@ def lane_bytes(cfg: ClusterConfig) -> int:
 
 # ---- results (host) -------------------------------------------------------------------------
 
-def _request_times(host: ClusterState, cfg: ClusterConfig) -> dict:
-    """first_token, finish per cluster row (-1: not yet), from the replicas' servers' own
-    record (keyed by dispatch sequence) and the dispatch records; None without them."""
+def _request_times(host: ClusterState, cfg: ClusterConfig, horizon) -> dict:
+    """first_token, finish per cluster row (-1: not yet, or in a step still running at the
+    lane's horizon), from the replicas' servers' own record (keyed by dispatch sequence,
+    written when a step starts) and the dispatch records; None without them."""
     times = servers.get(cfg.server).request_times
     if host.rec is None or times is None:
         return {"first_token": None, "finish": None}
@@ -285,7 +292,7 @@ def _request_times(host: ClusterState, cfg: ClusterConfig) -> dict:
     for name, per_seq in zip(("first_token", "finish"), times(host.reps.server)):  # [B, R, rows]
         lanes = np.arange(rec.shape[0])[:, None]
         got = per_seq[lanes, np.maximum(replica, 0), np.clip(seq, 0, per_seq.shape[-1] - 1)]
-        out[name] = np.where(seq >= 0, got, -1)
+        out[name] = np.where((seq >= 0) & (got <= np.asarray(horizon, np.int64)[:, None]), got, -1)
     return out
 
 
@@ -370,7 +377,7 @@ class ClusterResults:
             wait_hist=np.asarray(host.wait_hist, np.int64),
             records=None if host.rec is None else np.asarray(host.rec, np.int64),
             rows=None if rows is None else np.asarray(rows, np.int64), iterations=np.asarray(host.iterations, np.int64),
-            **_request_times(host, cfg),
+            **_request_times(host, cfg, host_params.horizon),
             rejected=np.zeros((len(tenants), k), np.int64) if rejected is None else np.asarray(rejected, np.int64))
 
     # ---- derived measures (float64) ----

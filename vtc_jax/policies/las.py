@@ -35,7 +35,7 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ARRIVAL
-from vtc_jax.policies.base import Choice, Policy, power, reference_power
+from vtc_jax.policies.base import Choice, Policy, flush_subnormal, power, reference_power
 
 F32, I32 = jnp.float32, jnp.int32
 FORGET = ("llmd", "idle")
@@ -151,7 +151,7 @@ class Reference:
         sim, factor = self.sim, reference_power(self.decay, elapsed)
         last = sim.t + elapsed - 1
         for k in range(sim.K):
-            decayed = np.float32(np.float32(self.attained[k] + self.pending[k]) * factor)
+            decayed = flush_subnormal(np.float32(self.attained[k] + self.pending[k]) * factor)
             running = any(sim.reqs[n].client == k for n in sim.running)
             quiet = not running and (not sim.fifo[k] or not self.forget_idle)
             idle = quiet and last - self.last_event[k] > self.ttl
