@@ -7,39 +7,19 @@ from __future__ import annotations
 import csv
 import json
 
-import numpy as np
 import pytest
 
 from vtc_jax.cli.commands import main
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers import step_time
 
+pytestmark = pytest.mark.usefixtures("capacity_once_per_mix")
+
 PRESET = "qwen2.5-7b-h100"  # b0 7051.8, b1 19.54 per prefill token, b2 25.43 per decode token, a0 4680 us
 # The hand-worked cases of two requests hold at most 2 seats, so their schedule is the same on
 # 8 as on the preset's default 1,024 (test_one_request_worked_by_hand runs those defaults);
 # the load line's saturating run is then 256 requests, not 4 x 1,024.
 FEW_SEATS = ("--max-num-seqs", "8")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _capacity_once_per_mix():
-    """capacity.measure is deterministic (every request at time 0, fcfs, no seeds): a
-    compare whose mix and server were measured earlier in this module reuses that number
-    (one saturating run of the preset's 1,024 seats costs minutes on 2 cores)."""
-    from vtc_jax.driver import capacity
-
-    original, seen = capacity.measure, {}
-
-    def measure(prompt, output, settings, server, **kwargs):
-        key = (tuple(np.asarray(prompt).tolist()), tuple(np.asarray(output).tolist()), settings, server,
-               tuple(sorted(kwargs.items())))
-        if key not in seen:
-            seen[key] = original(prompt, output, settings, server, **kwargs)
-        return seen[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(capacity, "measure", measure)
-        yield
 
 
 def _compare(tmp_path, log: str, *flags):
