@@ -12,6 +12,8 @@ import pytest
 from sweeps.calibrate import fit_vllm, main
 from vtc_jax.servers import step_time
 
+pytestmark = pytest.mark.usefixtures("capacity_once_per_mix")
+
 TRUE = (7051.8, 19.54, 25.43)  # the qwen2.5-7b-h100 preset's b0, b1, b2
 
 

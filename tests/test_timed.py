@@ -13,7 +13,13 @@ from vtc_jax.cli.commands import main
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers import step_time
 
+pytestmark = pytest.mark.usefixtures("capacity_once_per_mix")
+
 PRESET = "qwen2.5-7b-h100"  # b0 7051.8, b1 19.54 per prefill token, b2 25.43 per decode token, a0 4680 us
+# The hand-worked cases of two requests hold at most 2 seats, so their schedule is the same on
+# 8 as on the preset's default 1,024 (test_one_request_worked_by_hand runs those defaults);
+# the load line's saturating run is then 256 requests, not 4 x 1,024.
+FEW_SEATS = ("--max-num-seqs", "8")
 
 
 def _compare(tmp_path, log: str, *flags):
@@ -54,12 +60,12 @@ def test_two_requests_share_a_step_and_goodput(tmp_path, capsys):
     Goodput with ttft:14 (ms): neither meets it (14.662 ms); with ttft:15 both do, and b
     has no TPOT (one token), which counts as met."""
     log = "timestamp,tenant,prompt,output\n0,a,100,2\n0,b,50,1\n"
-    rows, report = _compare(tmp_path, log, "--goodput", "ttft:15")
+    rows, report = _compare(tmp_path, log, *FEW_SEATS, "--goodput", "ttft:15")
     assert [(r["tenant"], r["first_token_us"], r["finish_us"], r["tpot_us"]) for r in rows] == [
         ("a", "14662", "21739", "7077"), ("b", "14662", "14662", "")]
     overall = report["policies"]["fcfs"]["overall"]
     assert overall["goodput"] == pytest.approx(2 / 0.021739)
-    _, strict = _compare(tmp_path, log, "--goodput", "ttft:14")
+    _, strict = _compare(tmp_path, log, *FEW_SEATS, "--goodput", "ttft:14")
     assert strict["policies"]["fcfs"]["overall"]["goodput"] == 0.0
 
 
@@ -162,7 +168,7 @@ def test_itl_mean_pools_every_gap(tmp_path):
     tokens, trunc(7051.8 + 25.43 x 2) = 7,102 us, ends b at 21,764 us; one of 1 token
     (7,077 us) ends a at 28,841 us. vLLM's mean ITL pools the gaps 7,102, 7,077 (a) and
     7,102 (b): 7,093.67 us, not the mean of the TPOTs (7,089.5 and 7,102: 7,095.75)."""
-    rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n0,a,100,3\n0,b,50,2\n")
+    rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n0,a,100,3\n0,b,50,2\n", *FEW_SEATS)
     assert [(r["first_token_us"], r["finish_us"]) for r in rows] == [("14662", "28841"), ("14662", "21764")]
     overall = report["policies"]["fcfs"]["overall"]
     assert overall["itl_mean"] == pytest.approx((7102 + 7077 + 7102) / 3 / 1000, rel=1e-12)
