@@ -333,7 +333,7 @@ def test_sweep_cli(tmp_path, capsys):
 
 ROOT = Path(__file__).resolve().parents[1]
 SLORA_HORIZON = 400  # microseconds: about half the random slora lanes drain by it
-TIMED_LANES = 160  # per server
+TIMED_LANES = 240  # per server
 
 
 def _hand_slora_options(idle: str) -> tuple:
