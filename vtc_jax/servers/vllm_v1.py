@@ -237,14 +237,17 @@ class ScheduleLog:
 @dataclasses.dataclass(frozen=True)
 class VllmState:
     """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the
-    running list, in admission order), free blocks, left (budget left this step), cap
-    (the prefill cap this step); bool[]: preempted (this step preempted), just_finished
-    (the last step finished a request), active (the step has something to log);
-    running: int32[K] requests per client in the server (leaving ones included). Per slot, int32[S]: client, value (the policy's),
-    index (workload row), prompt, output, computed, generated, tokens (scheduled this
-    step), row int32[S, 5]. Leaving requests (finished, not yet handed back): ndone and
-    per slot done_client, done_prompt, done_output, done_value. out: Outcome; log; victims
-    int32[S]: the rows this step preempted, in preemption order (-1 none)."""
+    running list, in admission order, with the leaving requests still in their places),
+    ndone (leaving requests: finished, generated == output, not yet handed back; none
+    once the step's completions are settled, so the running phase and admissions see
+    the running list alone), free blocks, left (budget left this step), cap (the prefill
+    cap this step); bool[]: preempted (this step preempted), just_finished (the last step
+    finished a request), active (the step has something to log); running: int32[K]
+    requests per client in the server (leaving ones included). Per slot, int32[S]:
+    client, value (the policy's), index (workload row), prompt, output, computed,
+    generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims
+    int32[S]: the rows this step preempted, in preemption order (-1 none). Slots at or
+    past nrun hold no request (what they hold is never read)."""
 
     t: jax.Array
     nrun: jax.Array
@@ -265,10 +268,6 @@ class VllmState:
     tokens: jax.Array
     row: jax.Array
     ndone: jax.Array
-    done_client: jax.Array
-    done_prompt: jax.Array
-    done_output: jax.Array
-    done_value: jax.Array
     out: Outcome
     log: ScheduleLog
     victims: jax.Array
@@ -276,6 +275,7 @@ class VllmState:
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
+_MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "row")  # by `complete`
 
 
 def init(shape: ServerShape) -> VllmState:
@@ -286,7 +286,7 @@ def init(shape: ServerShape) -> VllmState:
         t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
-        ndone=zero, done_client=empty, done_prompt=empty, done_output=empty, done_value=empty,
+        ndone=zero,
         out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
@@ -350,9 +350,14 @@ def _per_client(values, client, mask, k):
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
 
 
+def _running(state: VllmState):
+    """bool[S]: the slots of running requests (the running list without the leaving ones)."""
+    return (jnp.arange(state.client.shape[0]) < state.nrun) & (state.generated < state.output)
+
+
 def load(state: VllmState) -> Load:
-    """Requests in the server (leaving ones included) and the tokens they hold, per client."""
-    listed = jnp.arange(state.client.shape[0]) < state.nrun
+    """Requests in the server (leaving ones included) and the tokens they hold (running ones), per client."""
+    listed = _running(state)
     return Load(running=state.running, context=_per_client(state.computed, state.client, listed,
                                                            state.running.shape[0]))
 
@@ -479,19 +484,10 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
     return new, mask & (state.nrun >= slots)
 
 
-def _compact(values: dict, keep, slots: int) -> dict:
-    """Slot arrays (int32[S, ...]) with the kept slots moved to the front, in order, zeros
-    after, by gathers: output j takes the (j+1)-th kept slot, the number of slots whose
-    kept count so far is <= j (an S x S compare; scatters are serial loops on CPU)."""
-    count = _scan(keep.astype(I32))
-    pos = jnp.arange(slots, dtype=I32)
-    src = jnp.minimum((count[None, :] <= pos[:, None]).sum(axis=1, dtype=I32), slots - 1)
-    valid = pos < count[-1]
-    return {name: jnp.where(valid.reshape((slots,) + (1,) * (v.ndim - 1)), v[src], 0) for name, v in values.items()}
-
-
 def end_step(state: VllmState, params, mask):
-    """The step's tokens are computed where `mask`: samples, finishes, the log."""
+    """The step's tokens are computed where `mask`: samples, finishes, the log. (No
+    request is leaving: a step ends only once the last one's completions are settled.)
+    A finished request stays in its slot, leaving, until `complete` hands it back."""
     p = params.server
     slots = state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
@@ -512,15 +508,9 @@ def end_step(state: VllmState, params, mask):
     finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
     log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
                jnp.where(listed, state.tokens, 0), finished, state.victims)
-    keep = listed & ~finished
-    moved = _compact({"client": state.client, "value": state.value, "index": state.index, "prompt": state.prompt,
-                      "output": state.output, "computed": computed, "generated": generated, "row": state.row},
-                     keep, slots)
-    leaving = _compact({"done_client": state.client, "done_prompt": state.prompt, "done_output": state.output,
-                        "done_value": state.value}, finished, slots)
     nfin = finished.sum(dtype=I32)
     new = dataclasses.replace(
-        state, **moved, **leaving, tokens=jnp.zeros_like(state.tokens), nrun=state.nrun - nfin, ndone=nfin,
+        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin,
         just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
         out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log,
@@ -548,17 +538,27 @@ def due(state: VllmState, step) -> jax.Array:
 
 
 def complete(state: VllmState, step, mask):
-    """The first leaving request (in scheduling order) is handed back where `mask`."""
-    done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
-                    value=state.done_value[0])
-    # The rest move up one, an empty slot (0) after them: as `init` leaves it (slot tiers).
-    shift = lambda x: jnp.where(mask, jnp.concatenate([x[1:], jnp.zeros(1, x.dtype)]), x)  # noqa: E731
+    """The first leaving request (in scheduling order) is handed back where `mask`: the
+    slots after it move down one (the running list keeps its order), an empty slot (0)
+    after them. Its `tokens` are 0 (the step ended), as every slot's: not moved."""
+    slots = state.client.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    leaving = (pos < state.nrun) & (state.generated == state.output)
+    at = _leading(~leaving)  # the first leaving slot (slots when none)
+    done = Finished(client=_at(state.client, at), prompt=_at(state.prompt, at), output=_at(state.output, at),
+                    value=_at(state.value, at))
     leaves = mask & (state.ndone > 0)
+    moving = leaves & (pos >= at)
+
+    def shift(x):
+        up = jnp.concatenate([x[1:], jnp.zeros((1,) + x.shape[1:], x.dtype)])
+        return jnp.where(moving.reshape((slots,) + (1,) * (x.ndim - 1)), up, x)
+
     k = state.running.shape[0]
-    return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
+    one = leaves.astype(I32)
+    return dataclasses.replace(state, ndone=state.ndone - one, nrun=state.nrun - one,
                                running=state.running - ((jnp.arange(k) == done.client) & leaves).astype(I32),
-                               done_client=shift(state.done_client), done_prompt=shift(state.done_prompt),
-                               done_output=shift(state.done_output), done_value=shift(state.done_value)), done
+                               **{name: shift(getattr(state, name)) for name in _MOVED}), done
 
 
 def busy(state: VllmState) -> jax.Array:
@@ -566,13 +566,11 @@ def busy(state: VllmState) -> jax.Array:
 
 
 def census(host: VllmState, num_clients: int) -> np.ndarray:
-    """int64[B, K]: running and leaving requests per client, counted from the slots."""
+    """int64[B, K]: running and leaving requests per client, counted from the slots [0, nrun)."""
     client, nrun = np.asarray(host.client, np.int64), np.asarray(host.nrun, np.int64)
-    done, ndone = np.asarray(host.done_client, np.int64), np.asarray(host.ndone, np.int64)
     out = np.zeros((client.shape[0], num_clients), np.int64)
     for b in range(client.shape[0]):
         out[b] += np.bincount(client[b, : nrun[b]], minlength=num_clients)[:num_clients]
-        out[b] += np.bincount(done[b, : ndone[b]], minlength=num_clients)[:num_clients]
     return out
 
 
