@@ -246,7 +246,8 @@ class VllmState:
     requests per client in the server (leaving ones included). Per slot, int32[S]:
     client, value (the policy's), index (workload row), prompt, output, computed,
     generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims
-    int32[S]: the rows this step preempted, in preemption order (-1 none). Slots at or
+    int32[S]: the rows this step preempted, in preemption order (-1 none; kept only when
+    there is a log, else always -1). Slots at or
     past nrun hold no request (what they hold is never read)."""
 
     t: jax.Array
@@ -310,7 +311,9 @@ def slot_tiers(slots: int) -> tuple:
 
 
 def _cdiv(a, b):
-    return (a + (b - 1)) // b
+    """ceil(a / b) of non-negative a and positive b: a truncating division (lax.div; `//`
+    adds a sign correction, several ops per element under vmap)."""
+    return jax.lax.div(a + (b - 1), jnp.asarray(b, a.dtype))
 
 
 def _scan(x):
@@ -328,8 +331,9 @@ def _excl_cumsum(x):
 
 
 def _leading(ok):
-    """How many leading entries of bool[S] are True: int32[]."""
-    return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+    """How many leading entries of bool[S] are True: int32[] (the first False's position,
+    a min: fewer ops than an argmin)."""
+    return jnp.where(ok, ok.shape[0], jnp.arange(ok.shape[0], dtype=I32)).min()
 
 
 def _at(x, i):
@@ -373,9 +377,10 @@ def _select(mask, new: VllmState, old: VllmState) -> VllmState:
 
 def _newest(state: VllmState, p: dict, cap, free):
     """The running phase under the newest-victim rule, closed form (module docstring).
-    Returns ((tokens int32[S], nrun, free, budget left, victims `out` newest first (OUT
-    fields over S entries), nvic), the walk's start for the other rules (slot, tokens
-    int32[S] before it, budget and free blocks left there))."""
+    Returns ((tokens int32[S], nrun, free, budget left, victims `out` (OUT fields over S
+    entries), nvic, gone bool[S]: out's entries that are victims, newest first), the
+    walk's start for the other rules (slot, tokens int32[S] before it, budget and free
+    blocks left there))."""
     bs, slots = p["block_size"], state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < state.nrun
@@ -412,11 +417,12 @@ def _newest(state: VllmState, p: dict, cap, free):
     free = free + jnp.where(victim_from < state.nrun, _at(tail, victim_from), 0)
     free = free - want_last
     tokens = jnp.where(pos < done, n, 0)
-    # Newest first: entry j is slot nrun - 1 - j.
-    order = jnp.clip(state.nrun - 1 - pos, 0, slots - 1)
-    out = {name: getattr(state, name)[order] for name in OUT}
-    return (tokens, jnp.minimum(victim_from, state.nrun), free, p["budget"] - tokens.sum(dtype=I32), out,
-            jnp.maximum(state.nrun - victim_from, 0)), start
+    victim_from = jnp.minimum(victim_from, state.nrun)
+    # Newest first, without a gather: the slot arrays reversed (entry j is slot S - 1 - j),
+    # the victims their entries [S - nrun, S - victim_from).
+    out = {name: getattr(state, name)[::-1] for name in OUT}
+    gone = (pos >= slots - state.nrun) & (pos < slots - victim_from)
+    return (tokens, victim_from, free, p["budget"] - tokens.sum(dtype=I32), out, state.nrun - victim_from, gone), start
 
 
 def begin_step(state: VllmState, params, view, step, mask):
@@ -430,8 +436,8 @@ def begin_step(state: VllmState, params, view, step, mask):
     free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
     waiting = view.waiting.sum()
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
-    (tokens, nrun, free, left, out, nvic), (first, pre, budget, unused) = _newest(state, p, cap, free)
-    f = {}
+    (tokens, nrun, free, left, out, nvic, gone), (first, pre, budget, unused) = _newest(state, p, cap, free)
+    f, looping = {}, jnp.zeros((), bool)
     if state.walks:
         # One loop for every lane: it starts from the closed form's result where the rule
         # is `newest` and takes no iteration there (so nothing is selected after it).
@@ -442,15 +448,18 @@ def begin_step(state: VllmState, params, view, step, mask):
                                               on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
                                               view.num, mask & looping)
         tokens = f.pop("tokens")
-    gone = pos < nvic
+        gone = on(pos < nvic, gone)  # the walk's victims: entries [0, nvic), in preemption order
     r = state.out.preemptions.shape[0]
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
     leaving = _per_client(jnp.ones_like(pos), out["client"], gone, state.running.shape[0])
+    logged = {}
+    if state.log.t.shape[0]:  # the log's victims: rows in preemption order, then -1
+        newest = state.index[jnp.clip(state.nrun - 1 - pos, 0, slots - 1)]
+        logged = {"victims": jnp.where(pos < nvic, jnp.where(looping, out["index"], newest), -1)}
     new = dataclasses.replace(
-        state, **f, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0, left=jnp.where(nvic > 0, 0, left),
-        tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
-        victims=jnp.where(gone, out["index"], -1), running=state.running - leaving,
-        active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
+        state, **f, **logged, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0,
+        left=jnp.where(nvic > 0, 0, left), tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
+        running=state.running - leaving, active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
     return _select(mask, new, state), Requeue(mask=mask & gone, **out)
 
 
@@ -513,8 +522,8 @@ def end_step(state: VllmState, params, mask):
         state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin,
         just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
-        out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log,
-        preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
+        out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log, preempted=jnp.zeros((), bool),
+        **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     counted = mask & samples  # a masked-off call computes nothing
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(state.prompt + state.generated, state.client, counted, k),
