@@ -240,7 +240,8 @@ class VllmState:
     running list, in admission order, with the leaving requests still in their places),
     ndone (leaving requests: finished, generated == output, not yet handed back; none
     once the step's completions are settled, so the running phase and admissions see
-    the running list alone), free blocks, left (budget left this step), cap (the prefill
+    the running list alone), ended (the last step's end stamp: the leaving requests'
+    finish, written to `out` as each is handed back), free blocks, left (budget left this step), cap (the prefill
     cap this step); bool[]: preempted (this step preempted), just_finished (the last step
     finished a request), active (the step has something to log); running: int32[K]
     requests per client in the server (leaving ones included). Per slot, int32[S]:
@@ -269,6 +270,7 @@ class VllmState:
     tokens: jax.Array
     row: jax.Array
     ndone: jax.Array
+    ended: jax.Array
     out: Outcome
     log: ScheduleLog
     victims: jax.Array
@@ -287,7 +289,7 @@ def init(shape: ServerShape) -> VllmState:
         t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
-        ndone=zero,
+        ndone=zero, ended=zero,
         out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
@@ -514,15 +516,14 @@ def end_step(state: VllmState, params, mask):
     stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
-    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
     log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
                jnp.where(listed, state.tokens, 0), finished, state.victims)
     nfin = finished.sum(dtype=I32)
     new = dataclasses.replace(
-        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin,
+        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin, ended=stamp,
         just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
-        out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log, preempted=jnp.zeros((), bool),
+        out=dataclasses.replace(state.out, first_token=first), log=log, preempted=jnp.zeros((), bool),
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     counted = mask & samples  # a masked-off call computes nothing
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
@@ -547,9 +548,12 @@ def due(state: VllmState, step) -> jax.Array:
 
 
 def complete(state: VllmState, step, mask):
-    """The first leaving request (in scheduling order) is handed back where `mask`: the
-    slots after it move down one (the running list keeps its order), an empty slot (0)
-    after them. Its `tokens` are 0 (the step ended), as every slot's: not moved."""
+    """The first leaving request (in scheduling order) is handed back where `mask`, its
+    finish (the step that finished it: `ended`) written (one row per event, where
+    `end_step` would write every slot's; a lane is done only once its completions are
+    settled, so every finish is written): the slots after it move down one (the running
+    list keeps its order), an empty slot (0) after them. Its `tokens` are 0 (the step
+    ended), as every slot's: not moved."""
     slots = state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     leaving = (pos < state.nrun) & (state.generated == state.output)
@@ -563,9 +567,11 @@ def complete(state: VllmState, step, mask):
         up = jnp.concatenate([x[1:], jnp.zeros((1,) + x.shape[1:], x.dtype)])
         return jnp.where(moving.reshape((slots,) + (1,) * (x.ndim - 1)), up, x)
 
-    k = state.running.shape[0]
+    k, rows = state.running.shape[0], state.out.finish.shape[0]
     one = leaves.astype(I32)
+    finish = state.out.finish.at[jnp.where(leaves, _at(state.index, at), rows)].set(state.ended, mode="drop")
     return dataclasses.replace(state, ndone=state.ndone - one, nrun=state.nrun - one,
+                               out=dataclasses.replace(state.out, finish=finish),
                                running=state.running - ((jnp.arange(k) == done.client) & leaves).astype(I32),
                                **{name: shift(getattr(state, name)) for name in _MOVED}), done
 
