@@ -53,15 +53,21 @@ def push(stacks: Stacks, mask, client, rows, index, generated):
     """Push entries i (in order) where mask[i]: client int32[S], rows int32[S, 5],
     index, generated int32[S]. Returns (stacks, overflow bool[])."""
     k, d = stacks.index.shape
-    mine = (client[:, None] == jnp.arange(k)[None, :]) & mask[:, None]  # [S, K]
-    rank = (jnp.cumsum(mine, axis=0) - mine)[jnp.arange(client.shape[0]), jnp.clip(client, 0, k - 1)]
-    pos = stacks.depth[jnp.clip(client, 0, k - 1)] + rank
+    mine = (client[None, :] == jnp.arange(k)[:, None]) & mask[None, :]  # [K, S]
+    # Each entry's place on its client's stack: the depth plus the earlier entries of its
+    # client, as one-hot sums (no gather) of a prefix count by shifted adds (jnp.cumsum is
+    # many small ops on XLA CPU).
+    upto, shift = mine.astype(I32), 1
+    while shift < client.shape[0]:
+        upto = upto + jnp.pad(upto[:, :-shift], ((0, 0), (shift, 0)))
+        shift *= 2
+    pos = jnp.where(mine, stacks.depth[:, None] + upto - 1, 0).sum(axis=0, dtype=I32)
     ok = mask & (pos < d)
     c = jnp.where(ok, client, k)  # out of range: dropped
     p = jnp.where(ok, pos, 0)
     return Stacks(rows=stacks.rows.at[c, p].set(rows, mode="drop"), index=stacks.index.at[c, p].set(index, mode="drop"),
                   generated=stacks.generated.at[c, p].set(generated, mode="drop"),
-                  depth=jnp.minimum(stacks.depth + mine.sum(axis=0, dtype=I32), d)), (mask & (pos >= d)).any()
+                  depth=jnp.minimum(stacks.depth + mine.sum(axis=1, dtype=I32), d)), (mask & (pos >= d)).any()
 
 
 def pop(stacks: Stacks, take) -> Stacks:

@@ -237,14 +237,19 @@ class ScheduleLog:
 @dataclasses.dataclass(frozen=True)
 class VllmState:
     """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the
-    running list, in admission order), free blocks, left (budget left this step), cap
-    (the prefill cap this step); bool[]: preempted (this step preempted), just_finished
-    (the last step finished a request), active (the step has something to log);
-    running: int32[K] requests per client in the server (leaving ones included). Per slot, int32[S]: client, value (the policy's),
-    index (workload row), prompt, output, computed, generated, tokens (scheduled this
-    step), row int32[S, 5]. Leaving requests (finished, not yet handed back): ndone and
-    per slot done_client, done_prompt, done_output, done_value. out: Outcome; log; victims
-    int32[S]: the rows this step preempted, in preemption order (-1 none)."""
+    running list, in admission order, with the leaving requests still in their places),
+    ndone (leaving requests: finished, generated == output, not yet handed back; none
+    once the step's completions are settled, so the running phase and admissions see
+    the running list alone), ended (the last step's end stamp: the leaving requests'
+    finish, written to `out` as each is handed back), free blocks, left (budget left this step), cap (the prefill
+    cap this step); bool[]: preempted (this step preempted), just_finished (the last step
+    finished a request), active (the step has something to log); running: int32[K]
+    requests per client in the server (leaving ones included). Per slot, int32[S]:
+    client, value (the policy's), index (workload row), prompt, output, computed,
+    generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims
+    int32[S]: the rows this step preempted, in preemption order (-1 none; kept only when
+    there is a log, else always -1). Slots at or
+    past nrun hold no request (what they hold is never read)."""
 
     t: jax.Array
     nrun: jax.Array
@@ -265,10 +270,7 @@ class VllmState:
     tokens: jax.Array
     row: jax.Array
     ndone: jax.Array
-    done_client: jax.Array
-    done_prompt: jax.Array
-    done_output: jax.Array
-    done_value: jax.Array
+    ended: jax.Array
     out: Outcome
     log: ScheduleLog
     victims: jax.Array
@@ -276,6 +278,7 @@ class VllmState:
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
+_MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "row")  # by `complete`
 
 
 def init(shape: ServerShape) -> VllmState:
@@ -286,7 +289,7 @@ def init(shape: ServerShape) -> VllmState:
         t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
-        ndone=zero, done_client=empty, done_prompt=empty, done_output=empty, done_value=empty,
+        ndone=zero, ended=zero,
         out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
@@ -310,7 +313,9 @@ def slot_tiers(slots: int) -> tuple:
 
 
 def _cdiv(a, b):
-    return (a + (b - 1)) // b
+    """ceil(a / b) of non-negative a and positive b: a truncating division (lax.div; `//`
+    adds a sign correction, several ops per element under vmap)."""
+    return jax.lax.div(a + (b - 1), jnp.asarray(b, a.dtype))
 
 
 def _scan(x):
@@ -328,8 +333,9 @@ def _excl_cumsum(x):
 
 
 def _leading(ok):
-    """How many leading entries of bool[S] are True: int32[]."""
-    return jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+    """How many leading entries of bool[S] are True: int32[] (the first False's position,
+    a min: fewer ops than an argmin)."""
+    return jnp.where(ok, ok.shape[0], jnp.arange(ok.shape[0], dtype=I32)).min()
 
 
 def _at(x, i):
@@ -350,9 +356,14 @@ def _per_client(values, client, mask, k):
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
 
 
+def _running(state: VllmState):
+    """bool[S]: the slots of running requests (the running list without the leaving ones)."""
+    return (jnp.arange(state.client.shape[0]) < state.nrun) & (state.generated < state.output)
+
+
 def load(state: VllmState) -> Load:
-    """Requests in the server (leaving ones included) and the tokens they hold, per client."""
-    listed = jnp.arange(state.client.shape[0]) < state.nrun
+    """Requests in the server (leaving ones included) and the tokens they hold (running ones), per client."""
+    listed = _running(state)
     return Load(running=state.running, context=_per_client(state.computed, state.client, listed,
                                                            state.running.shape[0]))
 
@@ -368,9 +379,10 @@ def _select(mask, new: VllmState, old: VllmState) -> VllmState:
 
 def _newest(state: VllmState, p: dict, cap, free):
     """The running phase under the newest-victim rule, closed form (module docstring).
-    Returns ((tokens int32[S], nrun, free, budget left, victims `out` newest first (OUT
-    fields over S entries), nvic), the walk's start for the other rules (slot, tokens
-    int32[S] before it, budget and free blocks left there))."""
+    Returns ((tokens int32[S], nrun, free, budget left, victims `out` (OUT fields over S
+    entries), nvic, gone bool[S]: out's entries that are victims, newest first), the
+    walk's start for the other rules (slot, tokens int32[S] before it, budget and free
+    blocks left there))."""
     bs, slots = p["block_size"], state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < state.nrun
@@ -407,11 +419,12 @@ def _newest(state: VllmState, p: dict, cap, free):
     free = free + jnp.where(victim_from < state.nrun, _at(tail, victim_from), 0)
     free = free - want_last
     tokens = jnp.where(pos < done, n, 0)
-    # Newest first: entry j is slot nrun - 1 - j.
-    order = jnp.clip(state.nrun - 1 - pos, 0, slots - 1)
-    out = {name: getattr(state, name)[order] for name in OUT}
-    return (tokens, jnp.minimum(victim_from, state.nrun), free, p["budget"] - tokens.sum(dtype=I32), out,
-            jnp.maximum(state.nrun - victim_from, 0)), start
+    victim_from = jnp.minimum(victim_from, state.nrun)
+    # Newest first, without a gather: the slot arrays reversed (entry j is slot S - 1 - j),
+    # the victims their entries [S - nrun, S - victim_from).
+    out = {name: getattr(state, name)[::-1] for name in OUT}
+    gone = (pos >= slots - state.nrun) & (pos < slots - victim_from)
+    return (tokens, victim_from, free, p["budget"] - tokens.sum(dtype=I32), out, state.nrun - victim_from, gone), start
 
 
 def begin_step(state: VllmState, params, view, step, mask):
@@ -425,8 +438,8 @@ def begin_step(state: VllmState, params, view, step, mask):
     free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
     waiting = view.waiting.sum()
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
-    (tokens, nrun, free, left, out, nvic), (first, pre, budget, unused) = _newest(state, p, cap, free)
-    f = {}
+    (tokens, nrun, free, left, out, nvic, gone), (first, pre, budget, unused) = _newest(state, p, cap, free)
+    f, looping = {}, jnp.zeros((), bool)
     if state.walks:
         # One loop for every lane: it starts from the closed form's result where the rule
         # is `newest` and takes no iteration there (so nothing is selected after it).
@@ -437,15 +450,18 @@ def begin_step(state: VllmState, params, view, step, mask):
                                               on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
                                               view.num, mask & looping)
         tokens = f.pop("tokens")
-    gone = pos < nvic
+        gone = on(pos < nvic, gone)  # the walk's victims: entries [0, nvic), in preemption order
     r = state.out.preemptions.shape[0]
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
     leaving = _per_client(jnp.ones_like(pos), out["client"], gone, state.running.shape[0])
+    logged = {}
+    if state.log.t.shape[0]:  # the log's victims: rows in preemption order, then -1
+        newest = state.index[jnp.clip(state.nrun - 1 - pos, 0, slots - 1)]
+        logged = {"victims": jnp.where(pos < nvic, jnp.where(looping, out["index"], newest), -1)}
     new = dataclasses.replace(
-        state, **f, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0, left=jnp.where(nvic > 0, 0, left),
-        tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
-        victims=jnp.where(gone, out["index"], -1), running=state.running - leaving,
-        active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
+        state, **f, **logged, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0,
+        left=jnp.where(nvic > 0, 0, left), tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
+        running=state.running - leaving, active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
     return _select(mask, new, state), Requeue(mask=mask & gone, **out)
 
 
@@ -479,19 +495,10 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
     return new, mask & (state.nrun >= slots)
 
 
-def _compact(values: dict, keep, slots: int) -> dict:
-    """Slot arrays (int32[S, ...]) with the kept slots moved to the front, in order, zeros
-    after, by gathers: output j takes the (j+1)-th kept slot, the number of slots whose
-    kept count so far is <= j (an S x S compare; scatters are serial loops on CPU)."""
-    count = _scan(keep.astype(I32))
-    pos = jnp.arange(slots, dtype=I32)
-    src = jnp.minimum((count[None, :] <= pos[:, None]).sum(axis=1, dtype=I32), slots - 1)
-    valid = pos < count[-1]
-    return {name: jnp.where(valid.reshape((slots,) + (1,) * (v.ndim - 1)), v[src], 0) for name, v in values.items()}
-
-
 def end_step(state: VllmState, params, mask):
-    """The step's tokens are computed where `mask`: samples, finishes, the log."""
+    """The step's tokens are computed where `mask`: samples, finishes, the log. (No
+    request is leaving: a step ends only once the last one's completions are settled.)
+    A finished request stays in its slot, leaving, until `complete` hands it back."""
     p = params.server
     slots = state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
@@ -509,22 +516,15 @@ def end_step(state: VllmState, params, mask):
     stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
-    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
     log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
                jnp.where(listed, state.tokens, 0), finished, state.victims)
-    keep = listed & ~finished
-    moved = _compact({"client": state.client, "value": state.value, "index": state.index, "prompt": state.prompt,
-                      "output": state.output, "computed": computed, "generated": generated, "row": state.row},
-                     keep, slots)
-    leaving = _compact({"done_client": state.client, "done_prompt": state.prompt, "done_output": state.output,
-                        "done_value": state.value}, finished, slots)
     nfin = finished.sum(dtype=I32)
     new = dataclasses.replace(
-        state, **moved, **leaving, tokens=jnp.zeros_like(state.tokens), nrun=state.nrun - nfin, ndone=nfin,
+        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin, ended=stamp,
         just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
-        out=dataclasses.replace(state.out, first_token=first, finish=finish), log=log,
-        preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
+        out=dataclasses.replace(state.out, first_token=first), log=log, preempted=jnp.zeros((), bool),
+        **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     counted = mask & samples  # a masked-off call computes nothing
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(state.prompt + state.generated, state.client, counted, k),
@@ -548,17 +548,32 @@ def due(state: VllmState, step) -> jax.Array:
 
 
 def complete(state: VllmState, step, mask):
-    """The first leaving request (in scheduling order) is handed back where `mask`."""
-    done = Finished(client=state.done_client[0], prompt=state.done_prompt[0], output=state.done_output[0],
-                    value=state.done_value[0])
-    # The rest move up one, an empty slot (0) after them: as `init` leaves it (slot tiers).
-    shift = lambda x: jnp.where(mask, jnp.concatenate([x[1:], jnp.zeros(1, x.dtype)]), x)  # noqa: E731
+    """The first leaving request (in scheduling order) is handed back where `mask`, its
+    finish (the step that finished it: `ended`) written (one row per event, where
+    `end_step` would write every slot's; a lane is done only once its completions are
+    settled, so every finish is written): the slots after it move down one (the running
+    list keeps its order), an empty slot (0) after them. Its `tokens` are 0 (the step
+    ended), as every slot's: not moved."""
+    slots = state.client.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    leaving = (pos < state.nrun) & (state.generated == state.output)
+    at = _leading(~leaving)  # the first leaving slot (slots when none)
+    done = Finished(client=_at(state.client, at), prompt=_at(state.prompt, at), output=_at(state.output, at),
+                    value=_at(state.value, at))
     leaves = mask & (state.ndone > 0)
-    k = state.running.shape[0]
-    return dataclasses.replace(state, ndone=state.ndone - leaves.astype(I32),
+    moving = leaves & (pos >= at)
+
+    def shift(x):
+        up = jnp.concatenate([x[1:], jnp.zeros((1,) + x.shape[1:], x.dtype)])
+        return jnp.where(moving.reshape((slots,) + (1,) * (x.ndim - 1)), up, x)
+
+    k, rows = state.running.shape[0], state.out.finish.shape[0]
+    one = leaves.astype(I32)
+    finish = state.out.finish.at[jnp.where(leaves, _at(state.index, at), rows)].set(state.ended, mode="drop")
+    return dataclasses.replace(state, ndone=state.ndone - one, nrun=state.nrun - one,
+                               out=dataclasses.replace(state.out, finish=finish),
                                running=state.running - ((jnp.arange(k) == done.client) & leaves).astype(I32),
-                               done_client=shift(state.done_client), done_prompt=shift(state.done_prompt),
-                               done_output=shift(state.done_output), done_value=shift(state.done_value)), done
+                               **{name: shift(getattr(state, name)) for name in _MOVED}), done
 
 
 def busy(state: VllmState) -> jax.Array:
@@ -566,13 +581,11 @@ def busy(state: VllmState) -> jax.Array:
 
 
 def census(host: VllmState, num_clients: int) -> np.ndarray:
-    """int64[B, K]: running and leaving requests per client, counted from the slots."""
+    """int64[B, K]: running and leaving requests per client, counted from the slots [0, nrun)."""
     client, nrun = np.asarray(host.client, np.int64), np.asarray(host.nrun, np.int64)
-    done, ndone = np.asarray(host.done_client, np.int64), np.asarray(host.ndone, np.int64)
     out = np.zeros((client.shape[0], num_clients), np.int64)
     for b in range(client.shape[0]):
         out[b] += np.bincount(client[b, : nrun[b]], minlength=num_clients)[:num_clients]
-        out[b] += np.bincount(done[b, : ndone[b]], minlength=num_clients)[:num_clients]
     return out
 
 
