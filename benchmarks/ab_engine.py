@@ -36,13 +36,26 @@ def export(rev: str, into: Path) -> str:
     return full
 
 
-def engine_alone(tree: Path, lanes: int, repeats: int, out: Path) -> float:
-    """M lane-steps/s of the engine alone (bench_engine's number) in `tree`."""
+def bench_number(tree: Path, argv: list, out: Path) -> float:
+    """`python -m ARGV --json out` in `tree` (a fresh process); its rows[0] engine_alone
+    (M lane-steps/s)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--lanes", str(lanes), "--repeats", str(repeats),
-           "--no-reference", "--json", str(out)]
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", *argv, "--json", str(out)], cwd=tree, env=env, check=True,
+                   capture_output=True, text=True)
     return float(json.loads(out.read_text())["rows"][0]["engine_alone"])
+
+
+def alternate(against: str, rounds: int, argv: list, *, other_first: bool = False):
+    """Yield (commit, this tree's number, the other's) per round: `argv` (a benchmark with
+    its flags) run in this tree and in commit `against`'s exported tree, alternately."""
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "other"
+        other.mkdir()
+        full = export(against, other)
+        for r in range(rounds):
+            trees = [(other, "there"), (ROOT, "here")] if other_first else [(ROOT, "here"), (other, "there")]
+            got = {name: bench_number(tree, argv, Path(tmp) / f"{name}{r}.json") for tree, name in trees}
+            yield full, got["here"], got["there"]
 
 
 def main(argv=None) -> int:
@@ -54,15 +67,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine's best-of repeats per run")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        other = Path(tmp) / "other"
-        other.mkdir()
-        full = export(args.against, other)
-        here, there = [], []
-        for r in range(args.rounds):
-            here.append(engine_alone(ROOT, args.lanes, args.repeats, Path(tmp) / f"here{r}.json"))
-            there.append(engine_alone(other, args.lanes, args.repeats, Path(tmp) / f"there{r}.json"))
-            print(f"round {r + 1}: this tree {here[-1]:.3f}, {full[:10]} {there[-1]:.3f} M lane-steps/s", flush=True)
+    argv = ["benchmarks.bench_engine", "--lanes", str(args.lanes), "--repeats", str(args.repeats), "--no-reference"]
+    here, there = [], []
+    for r, (full, x, y) in enumerate(alternate(args.against, args.rounds, argv)):
+        here.append(x)
+        there.append(y)
+        print(f"round {r + 1}: this tree {x:.3f}, {full[:10]} {y:.3f} M lane-steps/s", flush=True)
     a, b = statistics.median(here), statistics.median(there)
     print(f"engine alone at {args.lanes} lanes, median of {args.rounds}: this tree {a:.3f}, {full[:10]} {b:.3f} "
           f"M lane-steps/s ({a / b:.3f}x)")
