@@ -43,13 +43,21 @@ def test_one_request_worked_by_hand(tmp_path, capsys):
     finishes at 13,685 + 2 x 7,077 = 27,839 us (E2EL 27.839 ms), TPOT = (27,839 - 13,685) / 2
     = 7,077 us. Queueing delay: scheduled at 4,680 us."""
     rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n100.5,a,100,3\n")
-    assert rows == [{"policy": "fcfs", "row": "0", "tenant": "a", "arrival_us": "0", "first_token_us": "13685",
-                     "finish_us": "27839", "ttft_us": "13685", "tpot_us": "7077", "e2e_us": "27839", "output": "3",
-                     "preemptions": "0"}]
+    assert rows == [{"policy": "fcfs", "row": "0", "tenant": "a", "arrival_us": "0", "scheduled_us": "4680",
+                     "first_token_us": "13685", "finish_us": "27839", "ttft_us": "13685", "tpot_us": "7077",
+                     "e2e_us": "27839", "prompt": "100", "output": "3", "preemptions": "0"}]
     a = report["policies"]["fcfs"]["tenants"]["a"]
     assert a["ttft"]["p50"] == pytest.approx(13.685) and a["e2el"]["p99"] == pytest.approx(27.839)
     assert a["tpot"]["mean"] == pytest.approx(7.077) and a["queue"]["p50"] == pytest.approx(4.680)
     assert a["output_tokens_per_s"] == pytest.approx(3 / 0.027839)
+    bench = json.loads((tmp_path / "out" / "bench_serve.json").read_text())["fcfs"]
+    assert (bench["completed"], bench["failed"], bench["total_input_tokens"], bench["total_output_tokens"]) == (1, 0, 100, 3)
+    assert bench["mean_ttft_ms"] == bench["median_ttft_ms"] == bench["p99_ttft_ms"] == pytest.approx(13.685)
+    assert bench["std_ttft_ms"] == 0.0 and bench["mean_e2el_ms"] == pytest.approx(27.839)
+    assert bench["mean_tpot_ms"] == bench["mean_itl_ms"] == pytest.approx(7.077)
+    assert bench["median_itl_ms"] is None and bench["request_goodput"] is None  # no per-token times; no --goodput
+    assert bench["output_throughput"] == pytest.approx(3 / 0.027839)
+    assert bench["tenants"]["a"]["p90_tpot_ms"] == pytest.approx(7.077)
 
 
 def test_two_requests_share_a_step_and_goodput(tmp_path, capsys):

@@ -22,14 +22,14 @@ from vtc_jax.cli.server_flags import memory_tokens, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import capacity
-from vtc_jax.driver.latency import PERCENTILES, parse_goodput, request_table, summarize
+from vtc_jax.driver.latency import PERCENTILES, bench_serve, parse_goodput, request_table, summarize
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.servers import step_time
 
 H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
-REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "first_token_us", "finish_us", "ttft_us", "tpot_us", "e2e_us",
-                   "output", "preemptions")
+REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
+                   "e2e_us", "prompt", "output", "preemptions")
 
 
 def read_timed_log(path):
@@ -117,7 +117,7 @@ def command(args) -> int:
     fileio.check_distinct_outputs([args.requests_out])
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
-    fileio.check_writable_dir(args.out, ["results.json"])
+    fileio.check_writable_dir(args.out, ["results.json", "bench_serve.json"])
     try:
         result = run_traces([trace] * len(lanes), lanes, num_clients=k, server=args.server, measures=MeasureConfig(),
                             steps=args.steps)
@@ -127,16 +127,18 @@ def command(args) -> int:
     measured = capacity.measure(prompt, output, lanes[0], args.server)
     report = {"log": str(args.log), "server": args.server, "step_time": model.name, "settings": options,
               "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
-    tables = {}
+    tables, bench = {}, {}
     for lane, policy in enumerate(args.policies):
         table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
         report["policies"][policy] = summarize(table, tenant, names, prompt, slos)
         report["policies"][policy]["finished_all"] = bool(result.finished[lane])
         tables[policy] = table
+        bench[policy] = dict(bench_serve(table, tenant, names, prompt, slos), finished_all=bool(result.finished[lane]))
     print(format_report(report, names))
-    files = [(Path(args.out) / "results.json", lambda p: p.write_text(json.dumps(report, indent=1)))]
+    files = [(Path(args.out) / "results.json", lambda p: p.write_text(json.dumps(report, indent=1))),
+             (Path(args.out) / "bench_serve.json", lambda p: p.write_text(json.dumps(bench, indent=1)))]
     if args.requests_out:
-        files.append((Path(args.requests_out), lambda p: p.write_text(requests_csv(tables, tenant, names, file_row))))
+        files.append((Path(args.requests_out), lambda p: p.write_text(requests_csv(tables, tenant, names, prompt, file_row))))
     fileio.write_outputs_atomically(files)
     print(f"wrote {', '.join(str(p) for p, _ in files)}")
     return 0
@@ -190,17 +192,21 @@ def format_report(report: dict, names) -> str:
     return "\n".join(lines)
 
 
-def requests_csv(tables: dict, tenant: np.ndarray, names, file_row: np.ndarray) -> str:
-    """One row per request and policy, in the file's row order."""
+def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, file_row: np.ndarray) -> str:
+    """One row per request and policy, in the file's row order; times in us from the first
+    arrival (`scheduled_us`: its first admission; empty: never)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(("policy",) + REQUEST_COLUMNS)
+    def us(x):
+        return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
+
+    def stamp(x):
+        return int(x) if x >= 0 else ""
+
     for policy, t in tables.items():
         for i in np.argsort(file_row, kind="stable"):
-            def us(x):
-                return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
-            w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]),
-                        int(t["first_token_us"][i]) if t["first_token_us"][i] >= 0 else "",
-                        int(t["finish_us"][i]) if t["finish_us"][i] >= 0 else "", us(t["ttft_us"][i]),
-                        us(t["tpot_us"][i]), us(t["e2el_us"][i]), int(t["output"][i]), int(t["preemptions"][i])))
+            w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]), stamp(t["scheduled_us"][i]),
+                        stamp(t["first_token_us"][i]), stamp(t["finish_us"][i]), us(t["ttft_us"][i]), us(t["tpot_us"][i]),
+                        us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i])))
     return out.getvalue()

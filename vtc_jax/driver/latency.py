@@ -116,6 +116,52 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
 
 
+
+BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")  # vllm bench serve's --percentile-metrics names
+
+
+def _bench_metric(name: str, values_ms: np.ndarray | None, mean_ms: float | None = None) -> dict:
+    """`mean_/median_/std_/pNN_{name}_ms` as `vllm bench serve` names them (np.std: ddof
+    0, as it uses). `values_ms` None: only the mean is known (ITL), the rest are None."""
+    keys = ["mean", "median", "std"] + [f"p{q}" for q in PERCENTILES]
+    if values_ms is None:
+        return {f"{k}_{name}_ms": (mean_ms if k == "mean" else None) for k in keys}
+    if values_ms.size == 0:
+        return {f"{k}_{name}_ms": None for k in keys}
+    got = [values_ms.mean(), np.median(values_ms), values_ms.std()] + [np.percentile(values_ms, q) for q in PERCENTILES]
+    return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, got)}
+
+
+def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
+    """The summary in `vllm bench serve --save-result`'s names (`completed`,
+    `request_throughput`, `request_goodput`, `output_throughput`, `total_token_throughput`,
+    `mean_ttft_ms`, `median_ttft_ms`, `std_ttft_ms`, `p99_ttft_ms`, ..., for ttft, tpot,
+    itl, e2el), overall and per tenant, over the same finished requests and duration as
+    `summarize`; ITL has its exact mean only (None elsewhere: the server keeps no per-token
+    times). Also `num_prompts`, `failed` (requests that never finished: vLLM's benchmark
+    counts them as unsuccessful too) and `preemptions`."""
+    base = summarize(table, tenant, tenants, prompt, slos)
+    finished = table["finished"]
+
+    def group(mask, summary):
+        done = mask & finished
+        out = {"num_prompts": int(mask.sum()), "completed": int(done.sum()), "failed": int((mask & ~finished).sum()),
+               "duration": base["duration_s"], "total_input_tokens": int(prompt[done].sum()),
+               "total_output_tokens": int(table["output"][done].sum()),
+               "request_throughput": summary["request_throughput"], "request_goodput": summary["goodput"],
+               "output_throughput": summary["output_tokens_per_s"], "total_token_throughput": summary["total_tokens_per_s"],
+               "preemptions": summary["preemptions"]}
+        for name in BENCH_METRICS:
+            if name == "itl":
+                out.update(_bench_metric(name, None, summary["itl_mean"]))
+            else:
+                v = table[f"{name}_us"][done]
+                out.update(_bench_metric(name, v[np.isfinite(v)] / 1000.0))
+        return out
+
+    return {"slos_ms": slos, "percentiles": list(PERCENTILES), **group(np.ones_like(finished), base["overall"]),
+            "tenants": {name: group(tenant == k, base["tenants"][name]) for k, name in enumerate(tenants)}}
+
 # ---- per-tenant TTFT in a sweep of generated workloads ----------------------------------
 
 class RequestTimes:
