@@ -1,0 +1,109 @@
+"""How a command reads its requests: the flags of the one reader layer
+(inputs/request_log.py) that `replay`, `compare`, `gen --from` and every sweep's `--trace`
+share, and `read_input`, which reads the files through it and prints what it read.
+
+The line it prints (requests, tenants, span, rate) goes to stdout before the run, so that a
+refusal later on stays the one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.inputs import request_log
+from vtc_jax.inputs.server_trace import ServerTrace
+
+DEFAULT_STEP_SECONDS = 0.025  # a 25 ms decode step, the steps of a timestamped log by default
+
+
+def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
+    """--format, --time-unit, --tenant-from, --tenants, --split-seed, --servegen-window and
+    (unless the command has its own) --step-seconds."""
+    g = parser.add_argument_group("reading the input (any public format; docs/FORMATS.md)")
+    g.add_argument("--format", choices=request_log.FORMATS, default=None,
+                   help="the input's format (default: detected from the file): " + ", ".join(request_log.FORMATS))
+    g.add_argument("--time-unit", choices=tuple(request_log.TIME_UNITS), default=None,
+                   help="unit of the timestamps (default: the format's own: s for log and burstgpt, ms for mooncake); "
+                        "a span or rate implausible for the default unit is refused")
+    g.add_argument("--tenant-from", default=None, metavar="COLUMN",
+                   help="the column (CSV) or field (JSONL) that names each request's tenant, e.g. BurstGPT's Model")
+    g.add_argument("--tenants", default=None, metavar="NAME:WEIGHT,...", dest="tenant_split",
+                   help="a seeded synthetic split into tenants with these weights (e.g. a:0.6,b:0.3,c:0.1), for a "
+                        "trace with no usable tenant column")
+    g.add_argument("--split-seed", type=int_arg(0, 2**31 - 1), default=0,
+                   help="seed of --tenants' split and of the requests generated from a ServeGen directory (default 0)")
+    g.add_argument("--servegen-window", type=_window, default=None, metavar="START,SECONDS",
+                   help="a ServeGen directory: the span of its traffic to generate (seconds from its start)")
+    if step_seconds:
+        g.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=DEFAULT_STEP_SECONDS,
+                       help=f"seconds per step for timed input (default {DEFAULT_STEP_SECONDS}: a 25 ms decode step)")
+
+
+def _window(text: str) -> tuple[float, float]:
+    try:
+        start, seconds = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START,SECONDS, got {text[:40]!r}") from None
+    if not (np.isfinite(start) and np.isfinite(seconds) and start >= 0 and seconds > 0):
+        raise argparse.ArgumentTypeError(f"need START >= 0 and SECONDS > 0, got {text[:40]!r}")
+    return start, seconds
+
+
+def paths_of(args, name: str) -> list[str]:
+    value = getattr(args, name)
+    return [str(p) for p in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def read_input(args, name: str = "log") -> request_log.RequestLog:
+    """The requests of the file(s) in `args.<name>`, read with the input flags; prints the
+    summary line (stdout) and a unit warning (stderr)."""
+    log = request_log.read_requests(paths_of(args, name), format=args.format, time_unit=args.time_unit,
+                                    tenant_from=args.tenant_from, tenants=args.tenant_split,
+                                    split_seed=args.split_seed, servegen_window=args.servegen_window)
+    print(log.summary(), flush=True)
+    if log.warning:
+        print(f"warning: {log.warning}", file=sys.stderr, flush=True)
+    return log
+
+
+def display_name(log: request_log.RequestLog) -> str:
+    """The input named in messages and results: its file, or its files joined by '+'."""
+    return "+".join(log.sources)
+
+
+def step_seconds_of(args, log: request_log.RequestLog):
+    """The step of a timed input, None for a trace in steps (whose --step-seconds is refused
+    when given on the command line)."""
+    if not log.timed:
+        return None
+    return getattr(args, "step_seconds", DEFAULT_STEP_SECONDS)
+
+
+def steps_per_second(log: request_log.RequestLog, step_seconds) -> int:
+    return 1 if step_seconds is None else max(1, round(1.0 / float(step_seconds)))
+
+
+def file_rows(log: request_log.RequestLog) -> np.ndarray:
+    """int64[N]: each request's data row in its file(s), 0-based over the files in the order given."""
+    order = np.lexsort((log.lines, log.file))
+    rows = np.empty(len(log), np.int64)
+    rows[order] = np.arange(len(log))
+    return rows
+
+
+def server_trace(log: request_log.RequestLog, step_seconds) -> ServerTrace:
+    """The vllm servers' trace (inputs/server_trace.py) of a log: arrivals in steps, tenants
+    renumbered by first appearance in the file's row order (as that reader numbers labels)."""
+    trace = log.steps_trace(step_seconds)
+    order = np.argsort(file_rows(log), kind="stable")
+    first: dict = {}
+    for i in order:
+        first.setdefault(int(log.client[i]), len(first))
+    tenant = np.asarray([first[int(c)] for c in log.client], np.int64)
+    names = tuple(log.tenants[c] for c in sorted(first, key=first.get))
+    return ServerTrace(tenants=names, tenant=tenant, arrival=np.asarray(trace.arrival, np.int64), prompt=log.prompt,
+                       output=log.output, priority=log.priority, prefix_id=tuple(log.prefix_id),
+                       prefix_len=log.prefix_len, lines=log.lines, source=display_name(log))
