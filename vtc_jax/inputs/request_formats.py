@@ -475,3 +475,57 @@ def whole_ns(value: Decimal) -> int | None:
     ns = value * 10**9
     return int(ns) if ns.is_finite() and ns > 0 and ns == ns.to_integral_value() else None
 
+
+
+def servegen_step_ns(rows: int, clients: int) -> int:
+    """The finest step (ns, a divisor of 600 s) the ServeGen generator can place arrivals on
+    for `rows` 600 s rows of `clients` clients (<= 2^24 steps per row, horizon x K < 2^31)."""
+    window_ns = 600 * 10**9
+    steps = sorted(window_ns // (2**a * 3**b * 5**c) for a in range(12) for b in range(2) for c in range(12))
+    for per_row in reversed(steps):
+        if per_row <= 1 << 24 and rows * per_row * clients <= INT32_MAX:
+            return window_ns // per_row
+    raise InputError(f"{rows} rows of {clients} ServeGen clients: too many to place on int32 steps")
+
+
+def servegen_requests(directory: str, *, seed: int = 0, window=None) -> dict:
+    """Requests generated from a ServeGen directory at the data's own rates (no load
+    scaling: the plan's s = 1), over `window` = (start_s, duration_s) from the data's first
+    row, both multiples of 600 s (default (0, 600): the first row), by the existing one-lane
+    generator (servegen.generate, key jax.random.PRNGKey(seed)). Arrivals are whole steps of
+    `servegen_step_ns` (40 us for one row of 87 clients) as ns from the first; lengths are not clipped
+    (caps MAX_LENGTH); `lines` is each request's number in time order (1-based: there is no
+    file line). Returns the columns request_log._assemble takes."""
+    import jax
+
+    from vtc_jax.inputs import servegen
+
+    data = servegen.read_servegen(directory)
+    start, duration = (0, 600) if window is None else window
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v % 600 for v in (start, duration)) \
+            or start < 0 or duration <= 0 or (start + duration) // 600 > data.num_windows:
+        raise InputError(f"{directory}: servegen window {window!r} must be (start_s, duration_s), multiples of "
+                         f"600 s inside the data's {data.num_windows * 600:,} s")
+    rows = (int(start) // 600, int(start + duration) // 600)
+    step_ns = servegen_step_ns(rows[1] - rows[0], data.num_clients)
+    horizon = (rows[1] - rows[0]) * (600 * 10**9 // step_ns)
+    kw = dict(kv_budget=1 << 20, horizon=horizon, windows=rows, max_prompt=MAX_LENGTH, max_output=MAX_LENGTH)
+    native = servegen.plan(data, load=1.0, **kw).native_load
+    plan = servegen.plan(data, load=native, **kw)
+    out, count = jax.jit(lambda key: servegen.generate(key, plan.params, layout=plan.layout))(
+        jax.random.PRNGKey(int(seed)))
+    out = np.asarray(out, np.int64)
+    block = np.repeat(np.arange(data.num_clients), np.asarray(plan.layout.sizes))
+    real = out[:, 0] < INT32_MAX
+    if int(real.sum()) != int(count):
+        raise InputError(f"{directory}: the generator placed {int(real.sum())} of {int(count)} requests")
+    if not real.any():
+        raise InputError(f"{directory}: rows {rows[0]}..{rows[1] - 1} generate no requests")
+    out, block = out[real], block[real]
+    order = np.lexsort((out[:, 1], out[:, 0]))  # (arrival, ORDER): the generator's FCFS order
+    out, block = out[order], block[order]
+    n = len(out)
+    labels = [str(c) for c in data.client_ids[block].tolist()]
+    return {"arrival": (out[:, 0] - out[0, 0]) * step_ns, "labels": labels, "prompt": out[:, 2], "output": out[:, 3],
+            "cached": _zeros(n), "priority": _zeros(n), "prefix_len": _zeros(n), "prefix_id": [None] * n,
+            "lines": np.arange(1, n + 1, dtype=np.int64), "file": _zeros(n), "columns": set(), "skipped": []}
