@@ -46,10 +46,10 @@ TRACE_COLUMNS = ("arrival", "client", "prompt", "output")
 LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Log Type")
-_DIGITS = re.compile(r"(?:\+?\d{1,10}\n)*")
-_SIGNED = re.compile(r"[+-]?\d{1,10}")
-_PLAIN_DECIMALS = re.compile(r"(?:\+?(?:\d+\.?\d*|\.\d+)\n)*")
-_AZURE_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?")
+_DIGITS = re.compile(r"(?:\+?\d{1,10}\n)*", re.ASCII)
+_SIGNED = re.compile(r"[+-]?\d{1,10}", re.ASCII)
+_PLAIN_DECIMALS = re.compile(r"(?:\+?(?:\d+\.?\d*|\.\d+)\n)*", re.ASCII)
+_AZURE_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?", re.ASCII)
 _MAX_FRACTION = 40
 
 

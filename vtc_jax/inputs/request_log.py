@@ -216,7 +216,7 @@ def _ns(parts: list, ns_per_unit: int) -> np.ndarray:
         scaled.extend([v * factor for v in p.times] if factor != 1 else p.times)
     low = min(scaled)
     div = 10**top
-    if max(scaled) - low > _NS_LIMIT:
+    if (max(scaled) - low) // div > _NS_LIMIT:
         raise InputError(f"{parts[0].source}: the log spans over 292 years")
     try:
         diff = np.asarray(scaled, np.int64) - np.int64(low)
@@ -253,6 +253,8 @@ def _plausibility(name: str, ns: np.ndarray, unit: str, given: bool) -> str | No
     said = f"{name}: read as {UNIT_NAMES[unit]} the log spans {shown} at {rate:,.4g} requests/s, implausible"
     if given:
         return f"{said}; running it as read (--time-unit {unit})"
+    if guess == unit:
+        return f"{said}: give --time-unit {unit} to run it as read"
     return f"{said} (timestamps in {guess}?): give --time-unit {guess}, or --time-unit {unit} to run it as read"
 
 
