@@ -51,6 +51,7 @@ _SIGNED = re.compile(r"[+-]?\d{1,10}", re.ASCII)
 _PLAIN_DECIMALS = re.compile(r"(?:\+?(?:\d+\.?\d*|\.\d+)\n)*", re.ASCII)
 _AZURE_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?", re.ASCII)
 _MAX_FRACTION = 40
+_INT_TYPE = frozenset({int})  # bool is not int here: type(), not isinstance
 
 
 @dataclasses.dataclass
@@ -141,16 +142,12 @@ def _table(text: str, source: str, required, optional, tenant_from: str | None, 
             _require_column(text, source, tenant_from)
             required.append(tenant_from)
     header, records = csv_table(text, source, required, optional)
-    cells = {name: [] for name in header}
-    lines = []
-    columns = [cells[name] for name in header]
-    for line, row in records:
-        lines.append(line)
-        for col, cell in zip(columns, row):
-            col.append(cell)
-    if not lines:
+    records = list(records)
+    if not records:
         raise InputError(f"{source}: no requests (header only)")
-    return header, cells, np.asarray(lines, np.int64)
+    columns = zip(*(row for _, row in records))  # one transposition, no per-cell appends
+    cells = {name: list(col) for name, col in zip(header, columns)}
+    return header, cells, np.fromiter((line for line, _ in records), np.int64, len(records))
 
 
 def _require_column(text: str, source: str, column: str) -> None:
@@ -338,7 +335,7 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
         hashes = obj.get("hash_ids")
         if hashes is not None:
             any_ids = True
-            if not isinstance(hashes, list) or not all(type(h) is int and h >= 0 for h in hashes):
+            if type(hashes) is not list or (hashes and (not _INT_TYPE.issuperset(map(type, hashes)) or min(hashes) < 0)):
                 raise InputError(f"{where}: hash_ids must be a list of integers >= 0")
             if len(hashes) > -(-p // BLOCK_TOKENS):
                 raise InputError(f"{where}: hash_ids has {len(hashes)} blocks of {BLOCK_TOKENS} tokens, more than "
