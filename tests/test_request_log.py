@@ -118,7 +118,10 @@ def test_trace_format_equals_read_trace_csv(path):
     assert log.span_seconds() is None
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "tests" / "data" / "vllm_golden").glob("g00*.csv")), ids=lambda p: p.name)
+GOLDEN = sorted((ROOT / "tests" / "data").glob("vllm_golden*/[gm]0[01]*.csv"))
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
 def test_trace_format_equals_read_server_trace(path):
     log, old = read_requests([path]), read_server_trace(path)
     assert log.tenants == old.tenants and (log.client == old.tenant).all() and (log.arrival == old.arrival).all()
@@ -171,6 +174,14 @@ def test_log_priority_prefix_columns_and_tenant_from(tmp_path):
     refused(no_user, "line 3: prefix_id is empty", tenant_from="prefix_id")
 
 
+def test_several_traces_merge_on_steps(tmp_path):
+    a = write(tmp_path, "a.csv", "arrival,client,prompt,output\n3,0,1,1\n1,1,1,1\n")
+    b = write(tmp_path, "b.csv", "arrival,client,prompt,output\n1,2,5,5\n0,0,5,5\n")
+    log = read_requests([a, b])
+    assert log.arrival.tolist() == [0, 1, 1, 3] and log.file.tolist() == [1, 0, 1, 0]
+    assert log.client.tolist() == [0, 1, 2, 0] and log.tenants == ("0", "1", "2")
+
+
 def test_trace_labels_and_integer_clients(tmp_path):
     path = write(tmp_path, "t.csv", "arrival,client,prompt,output\n5,3,1,1\n0,1,2,2\n")
     log = read_requests([path])
@@ -220,6 +231,18 @@ def test_mooncake_hash_ids_hand_worked(tmp_path):
     assert prefix_fidelity(log) == pytest.approx((1024 + 1023 + 100) / (1024 + 1023 + 512 + 299))
     seconds = read_requests([path], time_unit="s", tenant_from=None)
     assert seconds.arrival.tolist()[1] == 1000 * 10**9 and seconds.warning is None
+
+
+def test_mooncake_tenant_field_and_line_numbers(tmp_path):
+    rows = ['{"timestamp": 5, "input_length": 3, "output_length": 1, "user": "u\u2028x", "hash_ids": [4]}', "",
+            '{"timestamp": 2.5, "input_length": 3, "output_length": 2, "user": 7, "hash_ids": [4]}']
+    path = write(tmp_path, "t.jsonl", "\r\n".join(rows))
+    log = read_requests([path], tenant_from="user")
+    assert log.tenants == ("7", "u\u2028x") and log.lines.tolist() == [3, 1] and log.arrival.tolist() == [0, 2_500_000]
+    assert log.cached.tolist() == [0, 2] and log.prefix_len.tolist() == [3, 3]
+    refused(path, "line 1: --tenant-from team: no such field", tenant_from="team")
+    two = read_requests([path, write(tmp_path, "u.jsonl", rows[0])])
+    assert two.prefix_id == ("0:4", "0:4", "1:4") and two.cached.tolist() == [0, 2, 0]
 
 
 def test_chained_tables_equal_the_tries():

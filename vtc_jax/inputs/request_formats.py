@@ -317,7 +317,7 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
     stamps, prompt, output, ids, labels, lines = [], [], [], [], [], []
     any_ids = False
     decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit in a JSON string
         if not raw.strip():
             continue
         where = f"{source}: line {number}"

@@ -19,6 +19,7 @@ a trace's integer clients keep their ids.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 from decimal import Decimal, InvalidOperation
@@ -152,7 +153,7 @@ def detect_format(path) -> str:
     if stripped[0] == "{":
         return "mooncake"
     first = stripped.splitlines()[0]
-    header = {h.strip() for h in first.split(",")}
+    header = {h.strip() for h in next(csv.reader([first]), [])}
     if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
         return "azure"
     if {"Request tokens", "Response tokens"} <= header:
@@ -311,7 +312,7 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
         "cached": np.concatenate([p.cached for p in parts]),
         "priority": np.concatenate([p.priority for p in parts]),
         "prefix_len": np.concatenate([p.prefix_len for p in parts]),
-        "prefix_id": [g if g is None or len(parts) == 1 else f"{i}:{g}" for i, p in enumerate(parts) for g in p.prefix_id],
+        "prefix_id": _prefix_ids(parts, fmt),
         "lines": np.concatenate([p.lines for p in parts]),
         "file": np.concatenate([np.full(len(p.lines), i, np.int64) for i, p in enumerate(parts)]),
         "columns": set().union(*(p.columns for p in parts)),
@@ -319,6 +320,13 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
         "integer_clients": fmt == "trace" and tenant_from in (None, "client") and _integer_clients(labels),
     }
     return _assemble(fmt, paths, cols, split, split_seed, unit, time_unit)
+
+
+def _prefix_ids(parts, fmt: str) -> list:
+    """The files' prefix ids; Mooncake's hash ids are file-local, so several files' groups
+    are told apart by the file's index ("1:0/14")."""
+    local = fmt == "mooncake" and len(parts) > 1
+    return [g if g is None or not local else f"{i}:{g}" for i, p in enumerate(parts) for g in p.prefix_id]
 
 
 def _merge_skipped(parts) -> tuple:
