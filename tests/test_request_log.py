@@ -434,6 +434,26 @@ def test_hostile_files(tmp_path, fmt, text, match):
     assert message.startswith(str(path))
 
 
+ONE_ROW = {
+    "trace": TRACE_HEADER + "0,a,1,1\n",
+    "log": LOG_HEADER + "0,a,1,1\n",
+    "azure": AZURE_HEADER + "2023-11-16 18:15:46.6805900,1,1\n",
+    "mooncake": '{"timestamp": 0, "input_length": 1, "output_length": 1}\n',
+    "burstgpt": BURST_HEADER + "0,ChatGPT,1,1,2,API log\n",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(ONE_ROW))
+def test_bom_non_utf8_and_empty_every_format(tmp_path, fmt):
+    text = ONE_ROW[fmt].encode()
+    bom = write(tmp_path, "bom.txt", b"\xef\xbb\xbf" + text)
+    assert detect_format(bom) == fmt and len(read_requests([bom])) == 1
+    latin = write(tmp_path, "latin.txt", text.replace(b"1", b"\xe9", 1))
+    assert refused(latin, "not a UTF-8 text", format=fmt).startswith(str(latin))
+    refused(write(tmp_path, "empty.txt", b""), "empty file", format=fmt)
+    refused(write(tmp_path, "nul.txt", text + b"\x00"), "NUL", format=fmt)
+
+
 def test_steps_trace_limits(tmp_path):
     log = read_requests([write(tmp_path, "s.csv", LOG_HEADER + "0,a,1,1\n100000000,a,1,1\n")], time_unit="s")
     assert "1,157.4 days" in log.warning
