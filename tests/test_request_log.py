@@ -410,6 +410,10 @@ HOSTILE = [
     ("mooncake", '{"timestamp": 0, "input_length": 1, "output_length": 0}\n', "line 1: output_length 0 outside"),
     ("mooncake", '{"timestamp": 0, "input_length": 1}\n', "line 1: missing field 'output_length'"),
     ("mooncake", '[1, 2]\n', "line 1: expected a JSON object"),
+    ("mooncake", '{"timestamp": 0, "input_length": 1, "output_length": 1} {"timestamp": 1}\n',
+     "line 1: invalid JSON \\(extra data after the object at column 56\\)"),
+    ("mooncake", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"timestamp": 1, "input_length": 1, '
+                 '"output_length": 1, "hash_ids": [0, 1]}\n', "line 2: hash_ids has 2 blocks"),
     ("mooncake", '{"timestamp": 0, "input_length": 513, "output_length": 1, "hash_ids": [1, 2, 3]}\n',
      "line 1: hash_ids has 3 blocks"),
     ("mooncake", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [-1]}\n',

@@ -322,7 +322,10 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
             continue
         where = f"{source}: line {number}"
         try:
-            obj = decoder.decode(raw)
+            body = raw.strip()
+            obj, end = decoder.raw_decode(body)
+            if end != len(body):
+                raise ValueError(f"extra data after the object at column {end + 1}")
         except (ValueError, RecursionError) as err:
             reason = str(err) if "not a number" in str(err) else f"invalid JSON ({str(err)[:80]})"
             raise InputError(f"{where}: {reason}") from None
@@ -367,7 +370,7 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
         seen, shared = chained if chained is not None else (trie_cached(ranked), group_prefix_blocks(ranked))
         back = np.argsort(order)
         cached = np.minimum(seen[back] * BLOCK_TOKENS, prompt - 1)
-        prefix_id = ["/".join(map(str, h[:2])) if h else None for h in ids]
+        prefix_id = [(f"{h[0]}/{h[1]}" if len(h) > 1 else str(h[0])) if h else None for h in ids]
         prefix_len = np.minimum(shared[back] * BLOCK_TOKENS, prompt)
     present = {"cached", "prefix_id", "prefix_len"} if any_ids else set()
     return FileRows(source, times, scale, labels if tenant_from is not None else None, prompt,
