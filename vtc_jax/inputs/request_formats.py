@@ -142,12 +142,16 @@ def _table(text: str, source: str, required, optional, tenant_from: str | None, 
             _require_column(text, source, tenant_from)
             required.append(tenant_from)
     header, records = csv_table(text, source, required, optional)
-    records = list(records)
-    if not records:
+    cells = {name: [] for name in header}
+    lines = []
+    columns = [cells[name] for name in header]
+    for line, row in records:
+        lines.append(line)
+        for col, cell in zip(columns, row):
+            col.append(cell)
+    if not lines:
         raise InputError(f"{source}: no requests (header only)")
-    columns = zip(*(row for _, row in records))  # one transposition, no per-cell appends
-    cells = {name: list(col) for name, col in zip(header, columns)}
-    return header, cells, np.fromiter((line for line, _ in records), np.int64, len(records))
+    return header, cells, np.asarray(lines, np.int64)
 
 
 def _require_column(text: str, source: str, column: str) -> None:
