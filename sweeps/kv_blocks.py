@@ -94,8 +94,7 @@ def add_arguments(parser):
     parser.add_argument("--preset", default=None, help="timed: a step-time model by name (" + ", ".join(
         step_time.presets()) + "); TTFT in ms")
     parser.add_argument("--step-time", type=Path, default=None, help="timed: your step-time model (JSON)")
-    parser.add_argument("--step-seconds", type=float_arg(1e-6, 60.0, open_min=True), default=None,
-                        help="timed: seconds one step of --rates and --steps lasts (default 0.025)")
+    # --step-seconds (timed: seconds one step of --rates and --steps lasts) is the input flags' (sweep_command)
 
 
 def check_flags(args) -> None:

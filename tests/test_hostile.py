@@ -465,17 +465,19 @@ def _env():
 
 
 def test_closed_pipe_is_one_line_not_a_traceback(tmp_path):
-    """`replay ... | head -1` on 1,000 clients (a line each): the reader leaves after one."""
+    """`replay ... | head -2` on 1,000 clients (a line each): the reader leaves after the
+    input's summary and the first line."""
     trace = tmp_path / "wide.csv"
     trace.write_text("arrival,client,prompt,output\n" + "".join(f"0,{k},10,2\n" for k in range(1000)))
     proc = subprocess.Popen([sys.executable, "-m", "vtc_jax", "replay", str(trace), "--policy", "vtc",
                              "--kv-budget", "100000", "--no-cache"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    read = proc.stdout.readline().decode()  # the input's summary line, then the run's
     first = proc.stdout.readline().decode()
-    proc.stdout.close()  # like `head -1`
+    proc.stdout.close()  # like `head -2`
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 2
-    assert first.startswith("vtc: 2 steps, 1000 clients")
+    assert read.startswith("read ") and first.startswith("vtc: 2 steps, 1000 clients")
     assert err.strip().splitlines() == ["vtc_jax: error: output pipe closed; stopped"], err
 
 

@@ -42,13 +42,13 @@ def test_timestamped_log_with_cached_column_and_any_order(tmp_path):
 
 @pytest.mark.parametrize("text, words", [
     ("timestamp,tenant,prompt\n1,a,3\n", "missing column 'output'"),
-    ("timestamp,tenant,prompt,output\n1,a,3,4\nx,a,3,4\n", "line 3: timestamp must be a number"),
+    ("timestamp,tenant,prompt,output\n1,a,3,4\nx,a,3,4\n", "line 3: timestamp must be a finite number of seconds"),
     ("timestamp,tenant,prompt,output\n1,a,3,4\n\n-1,a,3,4\n", "line 4: timestamp must be a finite number of seconds"),
-    ("timestamp,tenant,prompt,output\n1,,3,4\n", "line 2: empty tenant name"),
+    ("timestamp,tenant,prompt,output\n1,,3,4\n", "line 2: tenant is empty"),
     ("timestamp,tenant,prompt,output\n1,a,3.5,4\n", "line 2: prompt must be a non-negative integer"),
     ("timestamp,tenant,prompt,output\n1,a,3\n", "line 2: 3 fields, header has 4"),
     ("timestamp,tenant,prompt,output\n", "no requests"),
-    ("timestamp,tenant,prompt,output\n0,a,3,4\n1e9,a,3,4\n", "over the limit"),
+    ("timestamp,tenant,prompt,output\n0,a,3,4\n1e9,a,3,4\n", "spans 11,574.1 days at 1e-09 requests/s, implausible"),
 ])
 def test_bad_logs_name_the_line(tmp_path, text, words):
     log = _write(tmp_path / "log.csv", text)

@@ -89,18 +89,46 @@ def test_mooncake_shipped_files():
 
 # ---- the old readers' results, reproduced ------------------------------------------------
 
-def test_steps_and_microseconds_equal_the_old_readers():
-    from vtc_jax.cli.compare import read_log
-    from vtc_jax.cli.timed_compare import read_timed_log
+def _random_log(rng, path) -> None:
+    """A timestamped log with decimals of 0-9 fractional digits, ties, unsorted rows and
+    tenants in any order."""
+    rows = []
+    for _ in range(rng.randint(1, 40)):
+        t = f"{rng.randint(0, 5000)}" + (f".{rng.randint(0, 10**9 - 1):09d}"[:rng.randint(1, 10)] if rng.random() < 0.7
+                                         else "")
+        rows.append(f"{t},{rng.choice('abcde')},{rng.randint(1, 900)},{rng.randint(1, 300)}")
+    if rng.random() < 0.3:
+        rows += rows[: rng.randint(1, len(rows))]  # equal timestamps: the file's order decides
+    path.write_text("timestamp,tenant,prompt,output\n" + "\n".join(rows) + "\n")
 
-    log = read_requests([TENANT_LOG])
-    old, names, _ = read_log(TENANT_LOG, 0.025)
-    new = log.steps_trace(0.025)
-    assert same_trace(new, old) and list(log.tenants) == names
-    assert (log.steps_trace("0.025").arrival == old.arrival).all()
-    us, tenant, names2, prompt, output, _ = read_timed_log(TENANT_LOG)
-    assert (log.arrival_us() == us).all() and (log.client == tenant).all() and list(log.tenants) == names2
-    assert (log.prompt == prompt).all() and (log.output == output).all()
+
+def test_steps_and_microseconds_equal_the_old_readers(tmp_path):
+    """The layer reads what the commands' own readers read (tests/legacy_readers.py, kept
+    verbatim), to the same integers: steps for every step length, microseconds, tenants."""
+    import random
+
+    from tests.legacy_readers import read_log, read_timed_log
+
+    rng = random.Random(23)
+    paths = [TENANT_LOG]
+    for i in range(60):
+        paths.append(tmp_path / f"r{i}.csv")
+        _random_log(rng, paths[-1])
+    for i, path in enumerate(paths):
+        log = read_requests([path], time_unit="s")
+        for step in (0.025, 0.001, 0.5, 1e-06, 3.0)[: 5 if i < 3 else 2]:
+            try:
+                old, names, _ = read_log(path, step)
+            except InputError as err:  # both refuse a span past 2^30 steps
+                assert "use a larger --step-seconds" in str(err)
+                with pytest.raises(InputError, match="use a larger --step-seconds"):
+                    log.steps_trace(step)
+                continue
+            assert same_trace(log.steps_trace(step), old) and list(log.tenants) == names, (path, step)
+        us, tenant, names2, prompt, output, rows = read_timed_log(path)
+        assert (log.arrival_us() == us).all() and (log.client == tenant).all() and list(log.tenants) == names2
+        assert (log.prompt == prompt).all() and (log.output == output).all()
+    assert (read_requests([TENANT_LOG]).steps_trace("0.025").arrival == read_log(TENANT_LOG, 0.025)[0].arrival).all()
 
 
 def _trace_files():
@@ -193,7 +221,7 @@ def test_trace_labels_and_integer_clients(tmp_path):
     refused(path, "a trace is in steps", time_unit="s")
     with pytest.raises(InputError, match="a trace is in steps already"):
         log.steps_trace(0.025)
-    refused(write(tmp_path, "big.csv", "arrival,client,prompt,output\n0,4096,1,1\n"), "client id 4096 over the limit")
+    refused(write(tmp_path, "big.csv", "arrival,client,prompt,output\n0,100000,1,1\n"), "client id 100000 over the limit")
 
 
 def test_azure_hand_worked(tmp_path):
@@ -334,7 +362,7 @@ def test_tenant_split(tmp_path):
         with pytest.raises(InputError, match="--tenants"):
             parse_split(bad)
     refused(TENANT_LOG, "not both", tenants="a:1", tenant_from="tenant")
-    assert MAX_TENANTS == 4096
+    assert MAX_TENANTS == 100_000
 
 
 def test_plausibility_ms_read_as_seconds(tmp_path):

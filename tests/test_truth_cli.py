@@ -77,7 +77,9 @@ def test_compare_reports_2u_and_both_ratios_by_explicit_names(tmp_path, capsys):
     code = cli.main(["compare", str(trace), "--policies", "fcfs,vtc", "--kv-budget", "300", "--out",
                      str(tmp_path / "out"), "--no-plots", "--no-cache"])
     out = capsys.readouterr().out
-    assert code == 0 and "bound_2u" in out.splitlines()[0] and "backlogged_drift_over_2u" in out
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith(f"read {trace} (trace): 12 requests, 2 tenants")
+    assert "bound_2u" in lines[1] and "backlogged_drift_over_2u" in out
     result = json.loads((tmp_path / "out" / "results.json").read_text())
     for row in result["rows"]:
         m = {k: v["mean"] for k, v in row["metrics"].items()}

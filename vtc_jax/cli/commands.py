@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vtc_jax.cli import compare, gen, replay
+from vtc_jax.cli import compare, gen, input_flags, replay
 from vtc_jax.cli.cluster_flags import add_cluster_flags
 from vtc_jax.cli.common import EXIT_BAD_INPUT, Parser, float_arg, guarded, int_arg, list_arg
 from vtc_jax.cli.compare import DEFAULT_STEP_SECONDS
@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Replay TRACE.csv under one scheduler (header arrival,client,prompt,output"
                                     "[,cached]; with --server vllm arrival,client,prompt,output[,priority][,prefix_id]"
                                     "[,prefix_len], any client labels; arrival in steps).")
-    rp.add_argument("trace", help="trace CSV file")
+    rp.add_argument("trace_paths", nargs="+", metavar="TRACE",
+                    help="the input: a trace CSV in steps, or any format of --format (several files: one tenant each "
+                         "when the format has no tenant column), timed ones converted with --step-seconds")
     rp.add_argument("--policy", required=True, choices=names, help="scheduler: " + ", ".join(names))
     add_scheduler_flags(rp, kv_budget_required=False)
     add_server_flags(rp)
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the per-client report as JSON: shares, waits, load, backlogged drift")
     rp.add_argument("--check", action="store_true",
                     help="verify conservation (requests and charges) and fail with exit 1 if it does not hold")
+    input_flags.add(rp)
     add_cluster_flags(rp, replay=True)
     _cache_flags(rp)
 
@@ -91,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(arrival,client,prompt,output[,cached]) or a timestamped log "
                                     "(timestamp,tenant,prompt,output: seconds, any tenant names), converted "
                                     "with --step-seconds.")
-    cp.add_argument("log", help="trace CSV (steps) or timestamped log (seconds, tenant names)")
+    cp.add_argument("log_paths", nargs="+", metavar="LOG",
+                    help="the input: a trace CSV (steps), a timestamped log (seconds, tenant names), or any format of "
+                         "--format; several files are merged on their timestamps (one tenant each when the format "
+                         "has no tenant column)")
     cp.add_argument("--policies", type=list_arg(str, name="policies", max_items=64), default=["fcfs", "vtc"],
                     help="comma-separated policies (default fcfs,vtc): " + ", ".join(names))
     add_scheduler_flags(cp, kv_budget_required=False)
@@ -119,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--out", type=Path, default=Path("results") / "compare",
                     help="output directory for results.json, results.csv and plots (default results/compare)")
     cp.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    input_flags.add(cp, step_seconds=False)
     add_cluster_flags(cp)
     _cache_flags(cp)
 
@@ -172,6 +179,9 @@ def _main(argv) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     policy_modules.preload_policy_modules(argv)
     args = build_parser().parse_args(argv)
+    for name in ("trace", "log"):  # several input files: named in messages and results by their joined paths
+        if hasattr(args, name + "_paths"):
+            setattr(args, name, "+".join(getattr(args, name + "_paths")))
     if args.command in ("replay", "compare"):
         try:
             enable_compilation_cache(None if args.no_cache else args.cache_dir)

@@ -4,22 +4,19 @@ the backlogged drift and the load line, written as results.json/csv and plots.""
 
 from __future__ import annotations
 
-import csv
-import io
-import re
+import argparse
 import sys
-from decimal import Decimal, InvalidOperation
 
-import numpy as np
 
-from vtc_jax.cli import cluster_flags
+from vtc_jax.cli import cluster_flags, input_flags
 from vtc_jax.cli.common import in_file
-from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, ignored_flags, settings_from_args
+from vtc_jax.cli.scheduler_flags import ignored_flags, settings_from_args
 from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import enable_compilation_cache
-from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.inputs import request_log
+from vtc_jax.inputs.workload import Trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
@@ -29,63 +26,15 @@ DEFAULT_STEP_SECONDS = 0.025
 LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
 
 
-def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
-    """A trace CSV in steps, or a timestamped log (timestamp,tenant,prompt,output[,cached];
-    seconds, any tenant names) converted to steps: step = floor((t - t0) / step_seconds),
-    tenants numbered by first appearance. Returns (trace, tenant names, steps per second)."""
-    text = fileio.read_text(path, what="log")
-    first_line = next((line for line in text.splitlines() if line.strip()), "")
-    header = [h.strip() for h in next(csv.reader([first_line]), [])]
-    if "timestamp" not in header:
-        trace = read_trace_csv(io.StringIO(text), source=str(path))
-        return trace, [str(k) for k in range(trace.num_clients)], 1
-    # one table reader for every CSV: an unknown column (a typo such as `cachd`, whose
-    # values would silently read as 0) or a repeated one is refused, naming it and the file
-    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS, ("cached",))
-    rows, lines, names = [], [], {}
-    for line_no, cells in records:
-        cell = dict(zip(header, cells))
-        try:  # exact decimals: 100.05 - 100.0 is 2 steps of 0.025 s, not 1.99999
-            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
-        except InvalidOperation:
-            raise InputError(f"{path}: line {line_no}: timestamp must be a number of seconds, "
-                             f"got {cell['timestamp'][:24]!r}") from None
-        if not t.is_finite() or t < 0 or t.adjusted() > 12:
-            raise InputError(f"{path}: line {line_no}: timestamp must be a finite number of seconds in "
-                             f"[0, 1e13), got {cell['timestamp'][:24]!r}")
-        tenant = cell["tenant"]
-        if not tenant:
-            raise InputError(f"{path}: line {line_no}: empty tenant name")
-        if tenant not in names and len(names) >= MAX_CLIENTS:
-            raise InputError(f"{path}: line {line_no}: more than {MAX_CLIENTS} tenants")
-        names.setdefault(tenant, len(names))
-        ints = []
-        for col in ("prompt", "output") + (("cached",) if "cached" in header else ()):
-            if not re.fullmatch(r"\+?\d{1,10}", cell[col]):
-                raise InputError(f"{path}: line {line_no}: {col} must be a non-negative integer, "
-                                 f"got {cell[col][:24]!r}")
-            ints.append(int(cell[col]))
-        rows.append((t, tenant, *ints))
-        lines.append(line_no)
-    if not rows:
-        raise InputError(f"{path}: no requests (header only)")
-    # Time order (stable: equal timestamps keep the file's order) and tenants numbered by
-    # first appearance in time: the order of the file's rows is no input.
-    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
-    rows, lines = [rows[i] for i in order], [lines[i] for i in order]
-    names = {}
-    for r in rows:
-        names.setdefault(r[1], len(names))
-    t0, step = rows[0][0], Decimal(repr(step_seconds))
-    steps = np.asarray([min(int((r[0] - t0) // step), 1 << 31) for r in rows], np.int64)
-    if steps.max() > (1 << 30):
-        raise InputError(f"{path}: the log spans {steps.max():,} steps of {step_seconds} s, over the limit of "
-                         f"{1 << 30:,}: use a larger --step-seconds")
-    cached = [r[4] if len(r) > 4 else 0 for r in rows]
-    trace = Trace(steps, np.asarray([names[r[1]] for r in rows]), np.asarray([r[2] for r in rows]),
-                  np.asarray([r[3] for r in rows]), np.asarray(cached), lines=np.asarray(lines), source=str(path))
-    trace.validate()  # names the file: the trace knows its source
-    return trace, list(names), max(1, round(1.0 / step_seconds))
+def read_log(path, step_seconds: float, args=None) -> tuple[Trace, list[str], int]:
+    """Any input the reader layer reads (a trace CSV in steps, a timestamped log, Azure,
+    Mooncake, BurstGPT, a ServeGen directory; `args`: the command's input flags), a timed
+    one converted to steps: step = floor((t - t0) / step_seconds), exact. Returns (trace,
+    tenant names, steps per second)."""
+    log = input_flags.read_input(args, "log") if args is not None else request_log.read_requests(
+        input_flags.paths_of(argparse.Namespace(log=path), "log"))
+    step = step_seconds if log.timed else None
+    return log.steps_trace(step), list(log.tenants), input_flags.steps_per_second(log, step)
 
 
 def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
@@ -136,7 +85,7 @@ def command(args) -> int:
     if cluster:
         cluster_flags.check_flags(args)
         gateway = cluster_flags.gateway_policy(args)
-    trace, names, per_second = read_log(args.log, args.step_seconds)
+    trace, names, per_second = read_log(args.log, args.step_seconds, args)
     k = trace.num_clients
     if args.weights and len(args.weights) != k:
         raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "

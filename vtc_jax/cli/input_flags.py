@@ -35,11 +35,15 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
                         "trace with no usable tenant column")
     g.add_argument("--split-seed", type=int_arg(0, 2**31 - 1), default=0,
                    help="seed of --tenants' split and of the requests generated from a ServeGen directory (default 0)")
-    g.add_argument("--servegen-window", type=_window, default=None, metavar="START,SECONDS",
-                   help="a ServeGen directory: the span of its traffic to generate (seconds from its start)")
+    g.add_argument("--time-window", type=_window, default=None, metavar="START,SECONDS",
+                   help="timed input: only the requests that arrive in [START, START + SECONDS) s after its first "
+                        "(re-based to 0); a ServeGen directory: the span of its traffic to generate (default its "
+                        "first 600 s)")
     if step_seconds:
-        g.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=DEFAULT_STEP_SECONDS,
-                       help=f"seconds per step for timed input (default {DEFAULT_STEP_SECONDS}: a 25 ms decode step)")
+        g.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=None,
+                       help=f"seconds one step lasts: timed input is converted to steps of it, and a sweep's timed "
+                            f"run (--preset) reads --rates and --steps in it (default {DEFAULT_STEP_SECONDS}: a 25 ms "
+                            "decode step)")
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -53,7 +57,8 @@ def _window(text: str) -> tuple[float, float]:
 
 
 def paths_of(args, name: str) -> list[str]:
-    value = getattr(args, name)
+    """The input path(s) of `args.<name>_paths` (several positional files) or `args.<name>`."""
+    value = getattr(args, name + "_paths", None) or getattr(args, name)
     return [str(p) for p in (value if isinstance(value, (list, tuple)) else [value])]
 
 
@@ -62,7 +67,9 @@ def read_input(args, name: str = "log") -> request_log.RequestLog:
     summary line (stdout) and a unit warning (stderr)."""
     log = request_log.read_requests(paths_of(args, name), format=args.format, time_unit=args.time_unit,
                                     tenant_from=args.tenant_from, tenants=args.tenant_split,
-                                    split_seed=args.split_seed, servegen_window=args.servegen_window)
+                                    split_seed=args.split_seed, servegen_window=args.time_window)
+    if args.time_window is not None and log.format != "servegen":
+        log = request_log.windowed(log, *args.time_window)
     print(log.summary(), flush=True)
     if log.warning:
         print(f"warning: {log.warning}", file=sys.stderr, flush=True)
@@ -79,7 +86,8 @@ def step_seconds_of(args, log: request_log.RequestLog):
     when given on the command line)."""
     if not log.timed:
         return None
-    return getattr(args, "step_seconds", DEFAULT_STEP_SECONDS)
+    given = getattr(args, "step_seconds", None)
+    return DEFAULT_STEP_SECONDS if given is None else given
 
 
 def steps_per_second(log: request_log.RequestLog, step_seconds) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax.cli import cluster_flags
+from vtc_jax.cli import cluster_flags, input_flags
 from vtc_jax.cli.common import CheckFailed, in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, settings_from_args
 from vtc_jax.cli.server_flags import server_options
@@ -18,7 +18,7 @@ from vtc_jax.cli.server_replay import replay_on_server
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.results import load_values, overloaded
-from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.inputs.workload import Trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.servers import registry as servers
 
@@ -37,7 +37,10 @@ def _plain(value: float):
 
 
 def load_for_replay(args) -> tuple[Trace, int]:
-    trace = read_trace_csv(args.trace)
+    """The engine's trace of the input (the reader layer; a timed input in steps of
+    --step-seconds) and its number of clients (--clients, else the largest id + 1)."""
+    log = input_flags.read_input(args, "trace")
+    trace = log.steps_trace(input_flags.step_seconds_of(args, log))
     num_clients = args.clients if args.clients is not None else trace.num_clients
     if num_clients > MAX_CLIENTS:
         row = int(trace.client.argmax())

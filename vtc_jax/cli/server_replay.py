@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.server_flags import memory_tokens, server_options
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_report
-from vtc_jax.inputs.server_trace import read_server_trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.servers import registry as servers
 from vtc_jax.servers.vllm_prefix import prefix_options
@@ -41,7 +41,8 @@ def replay_on_server(args, settings_from_args):
     """(result, trace, num_clients, queues): the run, with the schedule logged when asked."""
     from vtc_jax.driver.run import run_traces, workload_pad
 
-    source = read_server_trace(args.trace)
+    log = input_flags.read_input(args, "trace")
+    source = input_flags.server_trace(log, input_flags.step_seconds_of(args, log))
     by_priority = getattr(args, "scheduling_policy", None) == "priority"
     queue, bands, tenant_of = source.queues(by_priority)
     trace = source.engine_trace(queue)

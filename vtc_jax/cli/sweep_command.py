@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 
+from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
 from vtc_jax.cli.server_flags import add_server_flags, memory_tokens, server_options
 from vtc_jax.core import fileio
@@ -226,8 +227,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0
     parser.add_argument("--weights", type=list_arg(number_text, name="weights"), default=None,
                         help="client weights w0,w1,... (default all 1; policies that ignore weights refuse it)")
     parser.add_argument("--trace", type=Path, default=None,
-                        help="replay this trace CSV (arrival,client,prompt,output[,cached], arrivals in steps) "
-                             "instead of the synthetic traffic; --steps is then the horizon")
+                        help="replay this input (a trace CSV in steps, or any format of --format, timed ones in "
+                             "steps of --step-seconds) instead of the synthetic traffic; --steps is then the horizon")
+    input_flags.add(parser)
     parser.add_argument("--phase-unit", type=int_arg(1, 1 << 20), default=1,
                         help="with --trace: each seed > 0 redraws every arrival uniformly inside its own block of "
                              "this many steps (default 1: every seed replays the trace as is)")
@@ -244,9 +246,8 @@ def workload_source(args, traffic):
     """The sweep's workload: the synthetic `traffic`, or the user's --trace."""
     if args.trace is None:
         return sources_mod.TrafficSource(traffic)
-    from vtc_jax.inputs.workload import read_trace_csv
-
-    trace = read_trace_csv(args.trace)
+    log = input_flags.read_input(args, "trace")
+    trace = log.steps_trace(input_flags.step_seconds_of(args, log))
     k = max(trace.num_clients, len(args.weights or ()))
     return sources_mod.TraceSource(trace, num_clients=k, horizon=args.steps, phase_unit=args.phase_unit)
 

@@ -10,13 +10,13 @@ import csv
 import dataclasses
 import io
 import json
-from decimal import Decimal, InvalidOperation
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
-from vtc_jax.cli.compare import LOG_COLUMNS
 from vtc_jax.cli.scheduler_flags import settings_from_args
 from vtc_jax.cli.server_flags import memory_tokens, server_options
 from vtc_jax.core import fileio
@@ -26,46 +26,35 @@ from vtc_jax.driver.latency import PERCENTILES, bench_serve, parse_goodput, requ
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.servers import step_time
+from vtc_jax.servers.vllm_prefix import prefix_options
 
 H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
 
 
-def read_timed_log(path):
-    """(arrival_us int64[N] from the first timestamp, tenant int64[N], names, prompt, output,
-    row int64[N] each request's data row in the file, 0-based), in time order (stable). A
-    timestamped log: timestamp (seconds, exact decimals),tenant,prompt,output."""
-    text = fileio.read_text(path, what="log")
-    header, records = fileio.csv_table(text, str(path), LOG_COLUMNS)
-    rows = []
-    for number, (line, cells) in enumerate(records):
-        cell = dict(zip(header, cells))
-        try:
-            t = Decimal(cell["timestamp"]) if len(cell["timestamp"]) <= 40 else Decimal("nan")
-        except InvalidOperation:
-            t = Decimal("nan")
-        if not t.is_finite() or t < 0:
-            raise InputError(f"{path}: line {line}: timestamp must be a number of seconds >= 0, "
-                             f"got {cell['timestamp'][:24]!r}")
-        if not cell["tenant"]:
-            raise InputError(f"{path}: line {line}: empty tenant name")
-        lengths = []
-        for col in ("prompt", "output"):
-            if not cell[col].isdigit() or len(cell[col]) > 9 or int(cell[col]) < 1:
-                raise InputError(f"{path}: line {line}: {col} must be an integer >= 1, got {cell[col][:24]!r}")
-            lengths.append(int(cell[col]))
-        rows.append((t, cell["tenant"], *lengths, number))
-    if not rows:
-        raise InputError(f"{path}: no requests (header only)")
-    rows.sort(key=lambda r: r[0])
-    t0 = rows[0][0]
-    us = [int((r[0] - t0) * 1_000_000) for r in rows]  # exact: truncated to the microsecond
-    names: dict = {}
-    tenant = [names.setdefault(r[1], len(names)) for r in rows]
-    return (np.asarray(us, np.int64), np.asarray(tenant, np.int64), list(names),
-            np.asarray([r[2] for r in rows], np.int64), np.asarray([r[3] for r in rows], np.int64),
-            np.asarray([r[4] for r in rows], np.int64))
+def read_timed_log(args):
+    """The requests of any timed input of the reader layer (a trace in steps is refused:
+    a timed server needs times)."""
+    log = input_flags.read_input(args, "log")
+    if not log.timed:
+        raise InputError(f"{args.log}: a trace in steps has no times; a timed server (--server {args.server}) "
+                         "needs timestamps (a timestamped log or a public trace format: --format)")
+    return log
+
+
+def _prefix_tables(args, log) -> dict:
+    """vllm_prefix's shared-prefix tables from the log's prefix_id/prefix_len columns (for
+    Mooncake: its hash_ids); a note when the log has columns the run does not use."""
+    unused = sorted(log.columns & {"cached"} | (log.columns & {"prefix_id", "prefix_len"}
+                                                  if args.server != "vllm_prefix" else set()))
+    if unused:
+        print(f"note: the log's {', '.join(unused)} column(s) are not used by --server {args.server} (vLLM computes "
+              "prefix hits itself" + ("; give --enable-prefix-caching to share the logged prefixes)" if
+                                      args.server != "vllm_prefix" else ")"), file=sys.stderr)
+    if args.server != "vllm_prefix":
+        return {}
+    return prefix_options(log.arrival, [log.tenants[c] for c in log.client], log.prefix_id, log.prefix_len)
 
 
 def model_of(args) -> step_time.StepTime:
@@ -102,7 +91,10 @@ def command(args) -> int:
     slos = parse_goodput(args.goodput)
     model = model_of(args)
     options = server_settings(args, model)
-    arrival_us, tenant, names, prompt, output, file_row = read_timed_log(args.log)
+    log = read_timed_log(args)
+    arrival_us, tenant, names, prompt, output = log.arrival_us(), log.client, list(log.tenants), log.prompt, log.output
+    file_row = input_flags.file_rows(log)
+    shared = _prefix_tables(args, log)  # in the run only: tables of 1 entry per request stay out of the report
     if int(arrival_us.max()) + model.a0 > MAX_ARRIVAL:
         raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
                          f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): split the log")
@@ -113,7 +105,7 @@ def command(args) -> int:
     lanes = []
     for policy in args.policies:
         s = settings_from_args(_with_budget(args, memory_tokens(options)), policy, lenient=True)
-        lanes.append(dataclasses.replace(s, server_options=run_options))
+        lanes.append(dataclasses.replace(s, server_options=tuple(sorted({**dict(run_options), **shared}.items()))))
     fileio.check_distinct_outputs([args.requests_out])
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
@@ -124,7 +116,7 @@ def command(args) -> int:
     except InputError as err:
         raise in_file(args.log, err) from None
     # a run of its own: in the policies' batch its seats would size every lane (measured: 2x the time)
-    measured = capacity.measure(prompt, output, lanes[0], args.server)
+    measured = capacity.measure(prompt, output, dataclasses.replace(lanes[0], server_options=run_options), args.server)
     report = {"log": str(args.log), "server": args.server, "step_time": model.name, "settings": options,
               "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
     tables, bench = {}, {}
@@ -169,8 +161,8 @@ def _ms(x) -> str:
 
 
 def format_report(report: dict, names) -> str:
-    head = (f"server vllm, step time {report['step_time']}; " + ", ".join(f"{k} {v}" for k, v in report["settings"].items()
-                                                                      if not k.startswith("time_")))
+    head = (f"server {report['server']}, step time {report['step_time']}; "
+            + ", ".join(f"{k} {v}" for k, v in report["settings"].items() if not k.startswith("time_")))
     lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
              f"{'TPOT p99':>9} {'E2EL p99':>9} {'queue p99':>9} {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]
     for policy, summary in report["policies"].items():

@@ -25,7 +25,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gc
+import glob
 import os
+import stat
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -40,7 +42,7 @@ FORMATS = ("trace", "log", "azure", "mooncake", "burstgpt", "servegen")
 TIME_UNITS = {"s": 10**9, "ms": 10**6, "us": 10**3}
 UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
 DEFAULT_UNITS = {"log": "s", "burstgpt": "s", "mooncake": "ms"}
-MAX_TENANTS = 4096
+MAX_TENANTS = 100_000  # the CLI's MAX_CLIENTS (cli/scheduler_flags.py): one limit on tenants per lane
 MAX_STEPS = 1 << 30
 _NS_LIMIT = (1 << 63) - 1
 _SNIFF_BYTES = 1 << 16
@@ -69,6 +71,7 @@ class RequestLog:
     unit: str | None
     skipped: tuple = ()
     warning: str | None = None
+    window: tuple | None = None  # (start, seconds) of `windowed`, for the summary
 
     def __len__(self) -> int:
         return int(self.arrival.shape[0])
@@ -98,6 +101,8 @@ class RequestLog:
         else:
             span = int(self.arrival.max() - self.arrival.min())
             parts.append(f"span {span:,} steps" + (f", {(n - 1) / span:,.2f} requests/step" if span > 0 else ""))
+        if self.window is not None:
+            parts.append(f"window [{self.window[0]:g}, {self.window[0] + self.window[1]:g}) s of the input")
         parts.append(f"prompt mean {self.prompt.mean():,.0f}, output mean {self.output.mean():,.0f}")
         parts += [f"skipped {count:,} {reason}" for count, reason in self.skipped]
         return ", ".join(parts)
@@ -144,12 +149,27 @@ def detect_format(path) -> str:
     """The format of `path` from its first bytes (module docstring; a directory is servegen)."""
     path = os.fspath(path)
     if os.path.isdir(path):
+        if not glob.glob(os.path.join(glob.escape(path), "chunk-*-trace.csv")):
+            raise InputError(f"{path}: is a directory, not a ServeGen directory (no chunk-<id>-trace.csv files)")
         return "servegen"
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read file ({err.strerror or err})") from None
+    if not regular:  # a FIFO or device is never opened to sniff it: the reader refuses it
+        return "trace"
     try:
         with open(path, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
     except OSError as err:
         raise InputError(f"{path}: cannot read file ({err.strerror or err})") from None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 4:  # not a character cut by the sniff's end
+            raise InputError(f"{path}: not a UTF-8 text file") from None
+    if b"\x00" in head:
+        raise InputError(f"{path}: not a text file (contains NUL bytes)")
     text = head.decode("utf-8-sig", errors="replace").lstrip("\ufeff")
     stripped = text.lstrip()
     if not stripped:
@@ -399,3 +419,25 @@ def prefix_fidelity(log: RequestLog) -> float:
     order = np.argsort(log.arrival, kind="stable")
     group = rf.group_cached([log.prefix_id[i] for i in order], log.prefix_len[order], log.prompt[order])
     return int(group.sum()) / exact
+
+
+def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
+    """A timed log's requests that arrive in [start, start + seconds) s after its first
+    arrival, re-based (the earliest kept arrives at 0), tenants renumbered by first
+    appearance. Columns derived from the whole log stay as read (Mooncake's `cached`: the
+    cache had seen the earlier requests; `prefix_len`: shared with any request of the log)."""
+    if not log.timed:
+        raise InputError(f"{log._name()}: --window is in seconds, and a trace is in steps (use --steps)")
+    lo = int(round(start_s * 1e9))
+    hi = lo + int(round(seconds * 1e9))
+    keep = np.flatnonzero((log.arrival >= lo) & (log.arrival < hi))
+    if keep.size == 0:
+        raise InputError(f"{log._name()}: no request arrives in the window [{start_s:g}, {start_s + seconds:g}) s "
+                         f"(the input spans {log.span_seconds():,.1f} s)")
+    ids: dict = {}
+    client = np.asarray([ids.setdefault(int(c), len(ids)) for c in log.client[keep]], np.int64)
+    arrival = log.arrival[keep] - log.arrival[keep].min()
+    pick = {name: getattr(log, name)[keep] for name in ("prompt", "output", "cached", "priority", "prefix_len", "lines",
+                                                         "file")}
+    return dataclasses.replace(log, arrival=arrival, client=client, tenants=tuple(log.tenants[c] for c in ids),
+                               prefix_id=tuple(log.prefix_id[i] for i in keep), window=(start_s, seconds), **pick)
