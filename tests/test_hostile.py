@@ -58,6 +58,24 @@ FILES = {
     "profile_header.csv": "batch_size,context_tokens,prompt_tokens,step_time_s\n",
     "profile_extra.csv": "batch_size,context_tokens,prompt_tokens,step_time_s,gpu\n1,10,0,0.01,a\n",
     "profile_missing.csv": "batch_size,context_tokens,step_time_s\n1,10,0.01\n",
+    # public formats (the reader layer): each one's hostile files
+    "az_ok.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n",
+    "az_date.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-16 18:15:46.68,374,44\n",
+    "az_zero.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,0\n",
+    "az_neg.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,-3,4\n",
+    "az_missing.csv": "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,374\n",
+    "mc_cut.jsonl": '{"timestamp": 0, "input_length": 10, "output_length": 5}\n{"timestamp": 3000, "input_len',
+    "mc_field.jsonl": '{"timestamp": 0, "input_length": 10}\n',
+    "mc_nan.jsonl": '{"timestamp": NaN, "input_length": 10, "output_length": 5}\n',
+    "mc_neg.jsonl": '{"timestamp": -5, "input_length": 10, "output_length": 5}\n',
+    "mc_zero.jsonl": '{"timestamp": 0, "input_length": 10, "output_length": 0}\n',
+    "mc_float.jsonl": '{"timestamp": 0, "input_length": 10.5, "output_length": 5}\n',
+    "bg_ok.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,300,20,320,Conversation log\n",
+    "bg_zero.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,0,20,20,API log\n",
+    "bg_nan.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\nnan,ChatGPT,3,20,23,API log\n",
+    "bg_neg.csv": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n-1,ChatGPT,3,20,23,API log\n",
+    "log_bom_bad.csv": "\ufefftimestamp,tenant,prompt,output\n0,a,10,x\n",
+    "log_ms.csv": "timestamp,tenant,prompt,output\n" + "".join(f"{1764460800000 + 6000 * i},a,10,5\n" for i in range(150)),
 }
 BINARY = {"junk.bin": bytes(range(256)) * 8, "nul.csv": b"arrival,client,prompt,output\n0,0,\x00,5\n",
           "nul.json": b'{"decode_base": \x00}'}
@@ -244,6 +262,36 @@ CASES += [
 
 HUGE = str(10**30)
 P, CAL, CLU, ADV = "sweeps.paper", "sweeps.calibrate", "sweeps.cluster", "sweeps.adversary"
+_CMP = ["compare", "--kv-budget", "100000", "--out", "{d}/out", "--no-plots"]
+CASES += [
+    # ---- the public formats through compare and replay (the reader layer) ------------
+    ("format-azure-date", CLI, _CMP + ["{d}/az_date.csv"], 2, "az_date.csv: line 2"),
+    ("format-azure-zero-output", CLI, _CMP + ["{d}/az_zero.csv"], 2, "GeneratedTokens"),
+    ("format-azure-negative", CLI, _CMP + ["{d}/az_neg.csv"], 2, "ContextTokens"),
+    ("format-azure-missing-column", CLI, _CMP + ["{d}/az_missing.csv", "--format", "azure"], 2, "GeneratedTokens"),
+    ("format-azure-time-unit", CLI, _CMP + ["{d}/az_ok.csv", "--time-unit", "ms"], 2, "wall-clock"),
+    ("format-mooncake-truncated", CLI, _CMP + ["{d}/mc_cut.jsonl"], 2, "mc_cut.jsonl: line 2"),
+    ("format-mooncake-missing-field", CLI, _CMP + ["{d}/mc_field.jsonl"], 2, "output_length"),
+    ("format-mooncake-nan", CLI, _CMP + ["{d}/mc_nan.jsonl"], 2, "line 1: NaN is not a number"),
+    ("format-mooncake-negative", CLI, _CMP + ["{d}/mc_neg.jsonl"], 2, "timestamp"),
+    ("format-mooncake-zero-output", CLI, _CMP + ["{d}/mc_zero.jsonl"], 2, "output_length"),
+    ("format-mooncake-float-length", CLI, _CMP + ["{d}/mc_float.jsonl"], 2, "input_length"),
+    ("format-burstgpt-zero-request", CLI, _CMP + ["{d}/bg_zero.csv"], 2, "Request tokens"),
+    ("format-burstgpt-nan", CLI, _CMP + ["{d}/bg_nan.csv"], 2, "Timestamp"),
+    ("format-burstgpt-negative", CLI, _CMP + ["{d}/bg_neg.csv"], 2, "Timestamp"),
+    ("format-burstgpt-tenant-column", CLI, _CMP + ["{d}/bg_ok.csv", "--tenant-from", "Region"], 2, "Region"),
+    ("format-log-bom-bad-output", CLI, _CMP + ["{d}/log_bom_bad.csv"], 2, "line 2: output"),
+    ("format-ms-read-as-seconds", CLI, _CMP + ["{d}/log_ms.csv"], 2, "--time-unit ms"),
+    ("format-mixed-formats", CLI, _CMP + ["{d}/az_ok.csv", "{d}/bg_ok.csv"], 2, "give files of one format"),
+    ("format-unknown-format", CLI, _CMP + ["{d}/az_ok.csv", "--format", "parquet"], 2, "invalid choice"),
+    ("format-tenants-bad-split", CLI, _CMP + ["{d}/az_ok.csv", "--tenants", "a:0"], 2, "--tenants"),
+    ("format-window-empty", CLI, _CMP + ["{d}/az_ok.csv", "--time-window", "100,5"], 2, "no request arrives"),
+    ("format-window-trace", CLI, _CMP + ["{d}/ok.csv", "--time-window", "0,5"], 2, "a trace is in steps"),
+    ("format-replay-mooncake-truncated", CLI, ["replay", "{d}/mc_cut.jsonl", "--policy", "vtc", "--kv-budget", "100"],
+     2, "mc_cut.jsonl: line 2"),
+    ("format-replay-vllm-trace-timed", CLI, ["compare", "{d}/ok.csv", "--server", "vllm", "--preset",
+                                             "qwen2.5-7b-h100", "--out", "{d}/out"], 2, "has no times"),
+]
 CASES += [
     # ---- sweeps.paper (the artifact profile) -------------------------------------------------
     ("paper-parts-unknown", P, ["--parts", "real,bogus", "--out", "{d}/out"], 2, "unknown 'bogus'"),

@@ -33,8 +33,10 @@ def read_log(path, step_seconds: float, args=None) -> tuple[Trace, list[str], in
     tenant names, steps per second)."""
     log = input_flags.read_input(args, "log") if args is not None else request_log.read_requests(
         input_flags.paths_of(argparse.Namespace(log=path), "log"))
-    step = step_seconds if log.timed else None
-    return log.steps_trace(step), list(log.tenants), input_flags.steps_per_second(log, step)
+    if args is None:
+        args = argparse.Namespace(step_seconds=step_seconds)
+    step = input_flags.step_seconds_of(args, log)
+    return input_flags.engine_trace(args, log), list(log.tenants), input_flags.steps_per_second(log, step)
 
 
 def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
@@ -121,6 +123,7 @@ def command(args) -> int:
                                      "throughput"), plots=plots, clients=True)
     draw = not args.no_plots
     fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_outputs.format_table(sweep, result))
     print(sweep_outputs.format_load(result))
@@ -163,6 +166,7 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
                             plots=plots, engine=ClusterEngine(per_tenant=True), clients=True)
     draw = not args.no_plots
     fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     c = config["cluster"]
     print(f"cluster: {c['routers']} router(s) running {c['gateway_policy']} ({c['counters']} counters) in front of "

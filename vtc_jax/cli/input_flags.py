@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from vtc_jax.cli.common import float_arg, int_arg
+from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import request_log
 from vtc_jax.inputs.server_trace import ServerTrace
 
@@ -63,17 +64,47 @@ def paths_of(args, name: str) -> list[str]:
 
 
 def read_input(args, name: str = "log") -> request_log.RequestLog:
-    """The requests of the file(s) in `args.<name>`, read with the input flags; prints the
-    summary line (stdout) and a unit warning (stderr)."""
+    """The requests of the file(s) in `args.<name>`, read with the input flags."""
     log = request_log.read_requests(paths_of(args, name), format=args.format, time_unit=args.time_unit,
                                     tenant_from=args.tenant_from, tenants=args.tenant_split,
                                     split_seed=args.split_seed, servegen_window=args.time_window)
     if args.time_window is not None and log.format != "servegen":
         log = request_log.windowed(log, *args.time_window)
+    args.input_log = log  # announced when the run starts (`announce`), after every flag is checked
+    return log
+
+
+def announce(args) -> None:
+    """Print what the command read (the summary line, stdout; a unit warning, stderr), once,
+    just before its run: a refusal before then stays the only line."""
+    log = getattr(args, "input_log", None)
+    if log is None or getattr(args, "input_announced", False):
+        return
+    args.input_announced = True
     print(log.summary(), flush=True)
     if log.warning:
         print(f"warning: {log.warning}", file=sys.stderr, flush=True)
-    return log
+
+
+ENGINE_TRACE_COLUMNS = "arrival,client,prompt,output[,cached]"
+
+
+def engine_trace(args, log: request_log.RequestLog):
+    """The engine's Trace of an input for the servers without settings of their own (ideal,
+    slora): a trace in steps takes integer client ids 0..K-1 and the cached column only (the
+    priority and prefix columns are the vllm servers'), a timed input is converted with
+    --step-seconds."""
+    if log.format == "trace":
+        extra = sorted(log.columns - {"cached"})
+        if extra:
+            raise InputError(f"{display_name(log)}: unexpected column {extra[0]!r} (expected {ENGINE_TRACE_COLUMNS}; "
+                             "priority and prefix columns are read by --server vllm)")
+        bad = [k for k, name in enumerate(log.tenants) if not (name.isascii() and name.lstrip("+").isdigit())]
+        if bad:
+            i = int(np.argmax(np.isin(log.client, bad) * (len(log) - np.arange(len(log)))))  # the first such row
+            raise InputError(f"{log.sources[log.file[i]]}: line {log.lines[i]}: client must be a non-negative "
+                             f"integer id, got {log.tenants[log.client[i]][:24]!r}")
+    return log.steps_trace(step_seconds_of(args, log))
 
 
 def display_name(log: request_log.RequestLog) -> str:

@@ -40,7 +40,7 @@ def load_for_replay(args) -> tuple[Trace, int]:
     """The engine's trace of the input (the reader layer; a timed input in steps of
     --step-seconds) and its number of clients (--clients, else the largest id + 1)."""
     log = input_flags.read_input(args, "trace")
-    trace = log.steps_trace(input_flags.step_seconds_of(args, log))
+    trace = input_flags.engine_trace(args, log)
     num_clients = args.clients if args.clients is not None else trace.num_clients
     if num_clients > MAX_CLIENTS:
         row = int(trace.client.argmax())
@@ -72,6 +72,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
                          "use a larger --record-every")
     pairs = ["pair_drift"] if num_clients <= PAIR_DRIFT_MAX_CLIENTS else []
     measures = pairs + ["latency"] + (["share"] if args.share_window else []) + (["ledger"] if args.check else [])
+    input_flags.announce(args)
     try:
         result = replay(trace, settings, num_clients=num_clients, steps=args.steps, record_every=args.record_every,
                         measures=MeasureConfig.of(measures), server=args.server)
@@ -176,6 +177,7 @@ def _cluster_replay(args):
         source = TraceSource(trace, num_clients=num_clients, horizon=horizon, drain=args.steps is None)
         cs = cluster_flags.cluster_settings(args, settings, settings_from_args(args, gateway, lenient=True),
                                             [str(k) for k in range(num_clients)])
+        input_flags.announce(args)
         result = simulate_tenants([source], [lane_settings(cs, 0, 0)], [0], server=args.server)
     except InputError as err:
         raise in_file(args.trace, err) from None

@@ -65,6 +65,7 @@ def replay_on_server(args, settings_from_args):
         except InputError as err:
             raise in_file(args.trace, err) from None
 
+    input_flags.announce(args)
     result = run(log_steps)
     if args.schedule_out and keeps_schedule(result.server_state) and logged_steps(result) > log_steps:
         need = logged_steps(result)

@@ -154,6 +154,7 @@ def _main(name, description, add_arguments, build, argv) -> int:
         fileio.check_writable_dir(args.out, output_names(sweep, plots=not args.no_plots))
     for note in list(getattr(args, "notes", [])) + list(sweep.notes):
         print(note, file=sys.stderr)
+    input_flags.announce(args)
     result = run_sweep(sweep, args.seeds, base_seed=args.base_seed, chunk=args.chunk, devices=args.devices,
                        measures=measures)
     if jax.process_index() != 0:  # process 0 reports and writes
@@ -247,7 +248,7 @@ def workload_source(args, traffic):
     if args.trace is None:
         return sources_mod.TrafficSource(traffic)
     log = input_flags.read_input(args, "trace")
-    trace = log.steps_trace(input_flags.step_seconds_of(args, log))
+    trace = input_flags.engine_trace(args, log)
     k = max(trace.num_clients, len(args.weights or ()))
     return sources_mod.TraceSource(trace, num_clients=k, horizon=args.steps, phase_unit=args.phase_unit)
 

@@ -110,6 +110,7 @@ def command(args) -> int:
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
     fileio.check_writable_dir(args.out, ["results.json", "bench_serve.json"])
+    input_flags.announce(args)
     try:
         result = run_traces([trace] * len(lanes), lanes, num_clients=k, server=args.server, measures=MeasureConfig(),
                             steps=args.steps)

@@ -26,6 +26,7 @@ import csv
 import dataclasses
 import gc
 import glob
+import io
 import os
 import stat
 from decimal import Decimal, InvalidOperation
@@ -176,16 +177,22 @@ def detect_format(path) -> str:
         raise InputError(f"{path}: empty file (no header to tell its format from)")
     if stripped[0] == "{":
         return "mooncake"
-    first = stripped.splitlines()[0]
-    header = {h.strip() for h in next(csv.reader([first]), [])}
+    try:  # the first record (a quoted newline stays inside its cell)
+        cells = next(csv.reader(io.StringIO(stripped, newline="")), [])
+    except csv.Error:
+        cells = stripped.splitlines()[:1]
+    first = ",".join(cells)
+    header = {h.strip() for h in cells}
     if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
         return "azure"
     if {"Request tokens", "Response tokens"} <= header:
         return "burstgpt"
     if "timestamp" in header:
         return "log"
-    if "arrival" in header:
+    if "arrival" in header or "client" in header:  # the trace reader names a missing column
         return "trace"
+    if "tenant" in header:
+        return "log"
     raise InputError(f"{path}: cannot tell the format from the header {first[:80]!r}: give --format "
                      f"(one of {', '.join(FORMATS)})")
 
