@@ -139,7 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "in steps [FROM, TO)); PERIOD, FROM and TO are whole steps (a fraction is "
                                     "refused). Arrivals are Poisson per step.")
     gp.add_argument("--out", required=True, type=Path, help="trace CSV to write")
-    gp.add_argument("--tenant", required=True, action="append", default=[], metavar="SPEC",
+    gp.add_argument("--from", dest="from_paths", nargs="+", default=None, metavar="INPUT",
+                    help="convert this input (any format of --format; several files merge as tenants) to a trace "
+                         "CSV in steps of --step-seconds instead of generating one (no --tenant)")
+    input_flags.add(gp)
+    gp.add_argument("--tenant", action="append", default=[], metavar="SPEC",
                     help="one tenant: rate=R[,prompt=LO:HI][,output=LO:HI][,cached=F][,pattern=constant|on_off:PERIOD|"
                          "ramp:END_RATE|silence:FROM:TO] (PERIOD, FROM, TO: whole steps)")
     gp.add_argument("--steps", type=int_arg(1, 1 << 26), default=6000, help="horizon in steps (default 6000)")

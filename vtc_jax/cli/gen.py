@@ -113,6 +113,10 @@ def command(args) -> int:
     from vtc_jax.inputs.traffic import phased
     from vtc_jax.inputs.workload import client_rows
 
+    if args.from_paths:
+        return convert(args)
+    if not args.tenant:
+        raise InputError("give --tenant SPEC (one per tenant), or --from INPUT to convert a log")
     specs = [parse_tenant(t, args.steps) for t in args.tenant]
     if len(specs) > 4096:
         raise InputError(f"{len(specs)} tenants, over the limit of 4096")
@@ -138,5 +142,32 @@ def command(args) -> int:
     fileio.write_text_atomically(args.out, text)
     print(f"wrote {args.out}: {len(out)} requests from {len(specs)} tenants over {args.steps} steps "
           f"(expected {expected:.0f})")
+    return 0
+
+
+def convert(args) -> int:
+    """gen --from: the reader layer's requests as a trace CSV in steps (arrival,client,
+    prompt,output,cached, plus priority,prefix_id,prefix_len when the input has them),
+    clients numbered as the input's tenants (printed), rows in (arrival, input) order."""
+    from vtc_jax.cli import input_flags
+
+    if args.tenant:
+        raise InputError("--from converts a log; --tenant generates one: give one of them")
+    fileio.check_writable_file(args.out)
+    log = input_flags.read_input(args, "from")
+    trace = log.steps_trace(input_flags.step_seconds_of(args, log))
+    extra = [c for c in ("priority", "prefix_id", "prefix_len") if c in log.columns]
+    order = np.lexsort((np.arange(len(log)), trace.arrival))
+    cols = {"priority": log.priority, "prefix_len": log.prefix_len}
+    lines = ["arrival,client,prompt,output,cached" + "".join("," + c for c in extra)]
+    for i in order:
+        row = [trace.arrival[i], trace.client[i], trace.prompt[i], trace.output[i], trace.cached[i]]
+        row += [(log.prefix_id[i] or "") if c == "prefix_id" else cols[c][i] for c in extra]
+        lines.append(",".join(str(x) for x in row))
+    input_flags.announce(args)
+    fileio.write_text_atomically(args.out, "\n".join(lines) + "\n")
+    names = ", ".join(f"{k}={name}" for k, name in enumerate(log.tenants[:12])) + (" ..." if len(log.tenants) > 12 else "")
+    print(f"wrote {args.out}: {len(log)} requests from {len(log.tenants)} tenants over {int(trace.arrival.max()) + 1} "
+          f"steps" + (f" of {input_flags.step_seconds_of(args, log)} s" if log.timed else "") + f"; clients {names}")
     return 0
 

@@ -54,7 +54,7 @@ def _window(text: str) -> tuple[float, float]:
         raise argparse.ArgumentTypeError(f"expected START,SECONDS, got {text[:40]!r}") from None
     if not (np.isfinite(start) and np.isfinite(seconds) and start >= 0 and seconds > 0):
         raise argparse.ArgumentTypeError(f"need START >= 0 and SECONDS > 0, got {text[:40]!r}")
-    return start, seconds
+    return tuple(int(x) if x.is_integer() else x for x in (start, seconds))  # whole seconds stay exact
 
 
 def paths_of(args, name: str) -> list[str]:

@@ -234,7 +234,16 @@ def load_line(load: dict) -> str:
     return line
 
 
-def _summary(out: dict, details: dict, policy: str) -> str:
+def _labels(args, count: int) -> list[str]:
+    """Each client as the summary names it: its tenant name for a timed input (its id is its
+    rank of first appearance), else its id."""
+    log = getattr(args, "input_log", None)
+    if log is not None and log.timed and len(log.tenants) == count:
+        return [name[:14] for name in log.tenants]
+    return [str(k) for k in range(count)]
+
+
+def _summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
     lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
              f"throughput {out['throughput']:.2f} weighted tokens/step, "
              f"max drift {out['max_drift']} at step {out['max_drift_step']}, "
@@ -246,7 +255,7 @@ def _summary(out: dict, details: dict, policy: str) -> str:
              f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
              f"{'demand':>7} {'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
-        lines.append(f"{k:>6} {out['service'][k]:>14} {out['counters'][k]:>14} "
+        lines.append(f"{labels[k]:>6} {out['service'][k]:>14} {out['counters'][k]:>14} "
                      f"{out['admitted'][k]:>9} {out['completed'][k]:>9} {_fmt(details['share_of_service'][k]):>7} "
                      f"{_fmt(details['share_of_demand'][k]):>7} {_fmt(details['wait_p50'][k]):>9} "
                      f"{_fmt(details['wait_p99'][k]):>9}")
@@ -258,7 +267,7 @@ def _summary(out: dict, details: dict, policy: str) -> str:
     return "\n".join(lines)
 
 
-def _cluster_summary(out: dict, details: dict, policy: str) -> str:
+def _cluster_summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
     c = out["cluster"]
     lines = [f"{policy} at {c['replicas']} replica(s) behind {c['routers']} router(s) running {c['gateway_policy']} "
              f"({c['counters']} counters): {out['steps']} steps, {out['clients']} clients, drift while every tenant "
@@ -267,7 +276,7 @@ def _cluster_summary(out: dict, details: dict, policy: str) -> str:
              f"{'client':>6} {'service':>14} {'admitted':>9} {'completed':>9} {'share':>7} {'demand':>7} "
              f"{'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
-        lines.append(f"{k:>6} {out['service'][k]:>14} {out['admitted'][k]:>9} {out['completed'][k]:>9} "
+        lines.append(f"{labels[k]:>6} {out['service'][k]:>14} {out['admitted'][k]:>9} {out['completed'][k]:>9} "
                      f"{_fmt(details['share_of_service'][k]):>7} {_fmt(details['share_of_demand'][k]):>7} "
                      f"{_fmt(details['wait_p50'][k]):>9} {_fmt(details['wait_p99'][k]):>9}")
     lines.append(load_line(details["load"]))
@@ -290,7 +299,7 @@ def command(args) -> int:
         files.append((Path(args.details), lambda p: p.write_text(json.dumps(details, indent=1))))
     if files:
         fileio.write_outputs_atomically(files)
-    print((_cluster_summary if "cluster" in out else _summary)(out, details, args.policy))
+    print((_cluster_summary if "cluster" in out else _summary)(out, details, args.policy, _labels(args, out["clients"])))
     if args.check:
         print("check: conservation holds (requests arrived = waiting + running + completed; "
               "service = charges of processed tokens)")

@@ -7,7 +7,7 @@ exact microseconds for a timed server (`arrival_us`).
 Formats (FORMATS): `trace` (integer steps, vtc-jax's own), `log` (timestamped CSV, any
 tenant names), `azure` (Azure LLM inference 2023), `mooncake` (Mooncake FAST'25 JSONL),
 `burstgpt` (BurstGPT CSV), `servegen` (a ServeGen directory, requests generated at the
-data's own rates: servegen_log.py).
+data's own rates: request_formats.servegen_requests).
 
 Times are exact: ns = floor((t - t_min) * ns_per_unit) over every file's timestamps, with
 integer arithmetic (no float rounds an arrival). Tenants: a file's tenant column (trace
