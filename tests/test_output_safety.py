@@ -286,7 +286,9 @@ def test_no_compiled_call_runs_for_long():
     marks.append(time.perf_counter())
     gaps = [b - a for a, b in itertools.pairwise(marks)]
     assert int(host["n"][0]) == 8192 and not done.any()
-    assert max(gaps) < 2.0, gaps  # a few seconds of work in all on this CPU (one call before)
+    # a few seconds of work in all on this CPU (one call before); the first gap also holds
+    # the compile, which a second test worker on the same cores can slow past any bound
+    assert max(gaps[1:]) < 2.0, gaps
     assert len(gaps) > 4, gaps  # split in several calls, however fast the machine
 
 
