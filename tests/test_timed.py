@@ -182,3 +182,25 @@ def test_itl_mean_pools_every_gap(tmp_path):
     assert overall["itl_mean"] == pytest.approx((7102 + 7077 + 7102) / 3 / 1000, rel=1e-12)
     assert overall["tpot"]["mean"] == pytest.approx((7089.5 + 7102) / 2 / 1000, rel=1e-12)
     assert report["policies"]["fcfs"]["tenants"]["b"]["itl_mean"] == pytest.approx(7.102, rel=1e-12)
+
+
+def test_mooncake_hash_ids_share_blocks_by_hand(tmp_path):
+    """Mooncake's hash_ids drive vLLM's prefix caching. Two requests of 1,100 tokens (3
+    Mooncake blocks of 512 tokens), output 2, share their first two ids (group "0/1",
+    prefix_len 1,024). r1 at t = 0: prefill 1,100 tokens, trunc(7051.8 + 19.54 x 1100) =
+    28,545 us, first token at 4,680 + 28,545 = 33,225 us. r2 at t = 1 s finds r1's 64 hashed
+    blocks of 16 tokens (1,024 tokens) cached: its prefill computes 76 tokens,
+    trunc(7051.8 + 19.54 x 76) = 8,536 us, first token 4,680 + 8,536 = 13,216 us after it
+    arrives. Without --enable-prefix-caching both take 33,225 us."""
+    path = tmp_path / "moon.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 2, "hash_ids": [0, 1, 5]}\n'
+                    '{"timestamp": 1000, "input_length": 1100, "output_length": 2, "hash_ids": [0, 1, 3]}\n')
+    got = {}
+    for flags in ((), ("--enable-prefix-caching",)):
+        out, requests = tmp_path / f"out{len(flags)}", tmp_path / f"requests{len(flags)}.csv"
+        argv = ["compare", str(path), "--server", "vllm", "--preset", PRESET, "--policies", "fcfs", "--out", str(out),
+                "--requests-out", str(requests), "--num-gpu-blocks", "256", "--no-cache", *FEW_SEATS, *flags]
+        assert main(argv) == 0
+        got[bool(flags)] = [(r["arrival_us"], r["ttft_us"]) for r in csv.DictReader(requests.open())]
+    assert got[False] == [("0", "33225"), ("1000000", "33225")]
+    assert got[True] == [("0", "33225"), ("1000000", "13216")]
