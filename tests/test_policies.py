@@ -52,7 +52,8 @@ def test_user_policy_file_runs_in_replay_and_in_a_sweep(tmp_path):
     done = subprocess.run([sys.executable, "-m", "vtc_jax", "replay", str(ROOT / "examples" / "small_trace.csv"),
                            "--policy-module", str(MY_POLICY), "--policy", "round_robin", "--kv-budget", "4096",
                            "--steps", "500", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.startswith("round_robin: "), done.stderr[-2000:]
+    read, run = done.stdout.split("\n", 1)  # what it read, then the run
+    assert done.returncode == 0 and read.startswith("read ") and run.startswith("round_robin: "), done.stderr[-2000:]
 
 
 def test_user_policy_is_exact_against_its_own_reference():
