@@ -286,6 +286,8 @@ CASES += [
     ("format-unknown-format", CLI, _CMP + ["{d}/az_ok.csv", "--format", "parquet"], 2, "invalid choice"),
     ("format-tenants-bad-split", CLI, _CMP + ["{d}/az_ok.csv", "--tenants", "a:0"], 2, "--tenants"),
     ("format-window-empty", CLI, _CMP + ["{d}/az_ok.csv", "--time-window", "100,5"], 2, "no request arrives"),
+    ("format-window-huge", CLI, _CMP + ["{d}/az_ok.csv", "--time-window", "1e300,5"], 2, "--time-window"),
+    ("format-window-long", CLI, _CMP + ["{d}/az_ok.csv", "--time-window", "0,1e300"], 2, "--time-window"),
     ("format-window-trace", CLI, _CMP + ["{d}/ok.csv", "--time-window", "0,5"], 2, "a trace is in steps"),
     ("format-replay-mooncake-truncated", CLI, ["replay", "{d}/mc_cut.jsonl", "--policy", "vtc", "--kv-budget", "100"],
      2, "mc_cut.jsonl: line 2"),

@@ -358,6 +358,7 @@ def test_tenant_split(tmp_path):
     again = read_requests([TENANT_LOG], tenants="a:6,b:3,c:1", split_seed=5)
     assert (again.client == log.client).all()
     assert not (read_requests([TENANT_LOG], tenants="a:0.6,b:0.3,c:0.1", split_seed=6).client == log.client).all()
+    assert parse_split("a:1e308,b:1e308")[1].tolist() == [0.5, 0.5]  # no overflow in the sum
     for bad in ("a:0.5,a:0.5", "a:0", "a:-1", "a:nan", "a:inf", ":1", "a", "a:1,b:"):
         with pytest.raises(InputError, match="--tenants"):
             parse_split(bad)

@@ -17,6 +17,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import request_log
 from vtc_jax.inputs.server_trace import ServerTrace
 
+MAX_WINDOW_S = 1e10  # seconds (317 years): a window's bounds stay exact in int64 ns
 DEFAULT_STEP_SECONDS = 0.025  # a 25 ms decode step, the steps of a timestamped log by default
 
 
@@ -52,8 +53,9 @@ def _window(text: str) -> tuple[float, float]:
         start, seconds = (float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected START,SECONDS, got {text[:40]!r}") from None
-    if not (np.isfinite(start) and np.isfinite(seconds) and start >= 0 and seconds > 0):
-        raise argparse.ArgumentTypeError(f"need START >= 0 and SECONDS > 0, got {text[:40]!r}")
+    if not (np.isfinite(start) and np.isfinite(seconds) and 0 <= start <= MAX_WINDOW_S and 0 < seconds <= MAX_WINDOW_S):
+        raise argparse.ArgumentTypeError(f"need 0 <= START <= {MAX_WINDOW_S:.0e} and 0 < SECONDS <= {MAX_WINDOW_S:.0e} "
+                                         f"(seconds), got {text[:40]!r}")
     return tuple(int(x) if x.is_integer() else x for x in (start, seconds))  # whole seconds stay exact
 
 

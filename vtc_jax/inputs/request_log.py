@@ -226,6 +226,7 @@ def parse_split(text: str) -> tuple[tuple, np.ndarray]:
     if len(names) > MAX_TENANTS:
         raise InputError(f"--tenants: {len(names):,} tenants, over the limit of {MAX_TENANTS:,}")
     weights = np.asarray(weights, np.float64)
+    weights = weights / weights.max()  # relative: weights near the float limit do not overflow the sum
     return tuple(names), weights / weights.sum()
 
 
