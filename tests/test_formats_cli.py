@@ -65,3 +65,19 @@ def test_gen_from_burstgpt_replays_as_the_file(tmp_path, capsys):
         assert main(argv + ["--policy", "vtc", "--kv-budget", "16384", "--json", str(out), "--no-cache"]) == 0
         results.append(json.loads(out.read_text()))
     assert results[0] == results[1]
+
+
+def test_a_timed_input_goes_on_the_servers_own_clock():
+    """slora's step is 1 us: a timed log's arrivals go on that clock unless --step-seconds
+    is given; other servers take steps of 0.025 s by default."""
+    import argparse
+
+    from vtc_jax.cli.input_flags import resolved_step_seconds
+
+    def step(**kw):
+        return resolved_step_seconds(argparse.Namespace(**kw))
+
+    assert step(server="slora", step_seconds=None) == 1e-6 and step(server="ideal", step_seconds=None) == 0.025
+    assert step(server="slora", step_seconds=0.5) == 0.5 and step(step_seconds=None) == 0.025
+    log = read_requests([BURSTGPT])
+    assert (log.steps_trace(1e-6).arrival == log.arrival // 1000).all()  # whole microseconds

@@ -111,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--requests-out", default=None, metavar="FILE.csv",
                     help="server vllm: one row per request and policy (arrival, first token, finish, TTFT, TPOT, "
                          "E2E in us, output, preemptions)")
-    cp.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=DEFAULT_STEP_SECONDS,
+    cp.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=None,
                     help=f"seconds per step for a timestamped log (default {DEFAULT_STEP_SECONDS}: a 25 ms decode "
-                         "step; use your engine's mean decode iteration time)")
+                         "step; use your engine's mean decode iteration time; --server slora: its own clock, 1 us)")
     cp.add_argument("--steps", type=int_arg(1, (1 << 30) - 1), default=None,
                     help="horizon in steps (default: the last arrival + the sum of outputs, enough to drain)")
     cp.add_argument("--seeds", type=int_arg(1, 1 << 16), default=1,

@@ -21,7 +21,7 @@ from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
 
-DEFAULT_STEP_SECONDS = 0.025
+DEFAULT_STEP_SECONDS = input_flags.DEFAULT_STEP_SECONDS
 
 LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
 
@@ -76,6 +76,7 @@ def command(args) -> int:
     if args.kv_budget is None:
         raise InputError("--kv-budget M is required (the ideal server's memory)")
     server_options(args)  # refuses another server's flags
+    args.step_seconds = input_flags.resolved_step_seconds(args)  # slora: its own clock (1 us) unless given
     for flag in ("preset", "step_time", "goodput", "requests_out"):
         if getattr(args, flag):
             raise InputError(f"--{flag.replace('_', '-')} applies to a timed server (--server vllm)")

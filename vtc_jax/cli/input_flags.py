@@ -16,6 +16,7 @@ from vtc_jax.cli.common import float_arg, int_arg
 from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import request_log
 from vtc_jax.inputs.server_trace import ServerTrace
+from vtc_jax.servers import registry as servers
 
 MAX_WINDOW_S = 1e10  # seconds (317 years): a window's bounds stay exact in int64 ns
 DEFAULT_STEP_SECONDS = 0.025  # a 25 ms decode step, the steps of a timestamped log by default
@@ -119,8 +120,16 @@ def step_seconds_of(args, log: request_log.RequestLog):
     when given on the command line)."""
     if not log.timed:
         return None
+    return resolved_step_seconds(args)
+
+
+def resolved_step_seconds(args) -> float:
+    """--step-seconds as given, else the server's own clock (slora: 1 us), else 0.025 s."""
     given = getattr(args, "step_seconds", None)
-    return DEFAULT_STEP_SECONDS if given is None else given
+    if given is not None:
+        return given
+    clock = servers.get(getattr(args, "server", "ideal")).clock_seconds
+    return DEFAULT_STEP_SECONDS if clock is None else clock
 
 
 def steps_per_second(log: request_log.RequestLog, step_seconds) -> int:

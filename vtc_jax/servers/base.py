@@ -202,5 +202,8 @@ class Server:
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
     # host side: (first token, finish) times per request number (ORDER), arrays [..., R] (-1: not yet), or None
     request_times: Callable[[Any], tuple] | None = None
+    # a server whose step is a unit of time (slora: 1 us): a timed input's arrivals go on that clock unless
+    # --step-seconds says otherwise; None: steps of the command's default (0.025 s)
+    clock_seconds: float | None = None
     slot_tiers: Callable[[int], tuple] | None = None
     static_options: Callable[[list], tuple] | None = None

@@ -437,5 +437,5 @@ SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on Ligh
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
-               wake=wake, max_horizon=MAX_HORIZON,
+               wake=wake, max_horizon=MAX_HORIZON, clock_seconds=1e-6,
                request_times=lambda host: (np.asarray(host.first, np.int64), np.asarray(host.finish, np.int64)))
