@@ -511,3 +511,19 @@ def test_int_column_fast_and_slow_paths():
         rf.int_column(["1", "2", "11"], lines, "f", "x", 0, 10)
     with pytest.raises(InputError, match="line 2: x must be a non-negative integer, got '\u0661'"):
         rf.int_column(["\u0661"], lines, "f", "x", 0, 10)  # an Arabic-Indic digit is not a decimal cell
+
+
+def test_a_pipe_is_read_once_and_detected(tmp_path):
+    """`compare <(zcat log.csv.gz)`: a FIFO is read whole once, its format detected from
+    what was read (a regular file is sniffed, then parsed)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    text = TENANT_LOG.read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text))
+    writer.start()
+    log = read_requests([fifo])
+    writer.join()
+    assert log.format == "log" and same_trace(log.steps_trace(0.025), read_requests([TENANT_LOG]).steps_trace(0.025))

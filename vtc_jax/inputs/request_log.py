@@ -146,9 +146,21 @@ def _step_ns(step_seconds) -> int:
     return ns
 
 
-def detect_format(path) -> str:
-    """The format of `path` from its first bytes (module docstring; a directory is servegen)."""
+def is_stream(path) -> bool:
+    """A pipe, FIFO or device (not a regular file nor a directory): it can be read once only."""
+    try:
+        mode = os.stat(os.fspath(path)).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def detect_format(path, text: str | None = None) -> str:
+    """The format of `path` from its first bytes (module docstring; a directory is servegen),
+    or of `text`, a stream's whole content already read."""
     path = os.fspath(path)
+    if text is not None:
+        return _format_of_head(path, text.encode("utf-8")[:_SNIFF_BYTES])
     if os.path.isdir(path):
         if not glob.glob(os.path.join(glob.escape(path), "chunk-*-trace.csv")):
             raise InputError(f"{path}: is a directory, not a ServeGen directory (no chunk-<id>-trace.csv files)")
@@ -157,13 +169,17 @@ def detect_format(path) -> str:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except OSError as err:
         raise InputError(f"{path}: cannot read file ({err.strerror or err})") from None
-    if not regular:  # a FIFO or device is never opened to sniff it: the reader refuses it
-        return "trace"
+    if not regular:  # a stream is read whole once (read_requests), never sniffed
+        raise InputError(f"{path}: a pipe or device: read it with read_requests (or give --format)")
     try:
         with open(path, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
     except OSError as err:
         raise InputError(f"{path}: cannot read file ({err.strerror or err})") from None
+    return _format_of_head(path, head)
+
+
+def _format_of_head(path: str, head: bytes) -> str:
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -230,20 +246,21 @@ def parse_split(text: str) -> tuple[tuple, np.ndarray]:
     return tuple(names), weights / weights.sum()
 
 
-def _parse_file(path: str, fmt: str, unit: str | None, tenant_from: str | None) -> rf.FileRows:
+def _parse_file(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None) -> rf.FileRows:
     """One file parsed with the cyclic garbage collector paused: a million rows make
     millions of small lists and dicts, no cycles, and each collection pass would walk them all."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse_text(path, fmt, unit, tenant_from)
+        return _parse_text(path, fmt, unit, tenant_from, text)
     finally:
         if enabled:
             gc.enable()
 
 
-def _parse_text(path: str, fmt: str, unit: str | None, tenant_from: str | None) -> rf.FileRows:
-    text = fileio.read_text(path, what="log" if fmt != "trace" else "trace")
+def _parse_text(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None) -> rf.FileRows:
+    if text is None:
+        text = fileio.read_text(path, what="log" if fmt != "trace" else "trace")
     if fmt == "trace":
         return rf.parse_trace(text, path, tenant_from)
     if fmt == "azure":
@@ -317,7 +334,8 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
     if tenant_from is not None and tenants is not None:
         raise InputError("give --tenant-from or --tenants, not both")
     split = parse_split(tenants) if tenants is not None else None
-    formats = [format or detect_format(p) for p in paths]
+    streams = {p: fileio.read_text(p, what="input") for p in paths if is_stream(p)}  # a pipe is read once
+    formats = [format or detect_format(p, streams.get(p)) for p in paths]
     for p, f in zip(paths, formats):
         if f != formats[0]:
             raise InputError(f"{paths[0]} is {formats[0]} but {p} is {f}: give files of one format")
@@ -336,7 +354,7 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
     if fmt == "azure" and time_unit is not None:
         raise InputError(f"--time-unit {time_unit}: {paths[0]}: azure timestamps are wall-clock times")
     unit = time_unit or DEFAULT_UNITS.get(fmt)
-    parts = [_parse_file(p, fmt, unit, tenant_from) for p in paths]
+    parts = [_parse_file(p, fmt, unit, tenant_from, streams.get(p)) for p in paths]
     labels = []
     for p, path in zip(parts, paths):
         labels.extend(p.labels if p.labels is not None else [default_tenant(path, fmt)] * len(p.lines))
