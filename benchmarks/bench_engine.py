@@ -27,6 +27,7 @@ that dispatches on each lane's policy id).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -111,9 +112,13 @@ def one_lane_rows(seed: int = 0):
 
 def sequential_rate(flat) -> float:
     cols = [list(map(int, flat[:, f])) for f in (ARRIVAL, -1, PROMPT, OUTPUT, CACHED)]
-    start = time.perf_counter()
-    simulate_vtc(*cols, num_clients=2, kv_budget=KV_BUDGET, w_p=1, w_q=2, steps=STEPS)
-    return STEPS / (time.perf_counter() - start)
+    gc.disable()  # one call varied ~7x with when a collection ran (helper H2's measurement)
+    try:
+        start = time.perf_counter()
+        simulate_vtc(*cols, num_clients=2, kv_budget=KV_BUDGET, w_p=1, w_q=2, steps=STEPS)
+        return STEPS / (time.perf_counter() - start)
+    finally:
+        gc.enable()
 
 
 def reference_rate(flat, steps: int) -> float:
