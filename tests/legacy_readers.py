@@ -13,10 +13,16 @@ import numpy as np
 
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
-from vtc_jax.inputs.workload import Trace, read_trace_csv
+from vtc_jax.core.fileio import csv_table
+from vtc_jax.inputs.server_trace import ServerTrace
+from vtc_jax.inputs.workload import MAX_ARRIVAL, MAX_LENGTH, Trace, read_trace_csv, trace_text
 
 MAX_CLIENTS = 100_000
 LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
+COLUMNS = ("arrival", "client", "prompt", "output")
+OPTIONAL = ("priority", "prefix_id", "prefix_len")
+MAX_PRIORITY = 1 << 30
+_INT = re.compile(r"^[+-]?\d{1,10}$")
 
 
 def read_log(path, step_seconds: float) -> tuple[Trace, list[str], int]:
@@ -113,3 +119,44 @@ def read_timed_log(path):
     return (np.asarray(us, np.int64), np.asarray(tenant, np.int64), list(names),
             np.asarray([r[2] for r in rows], np.int64), np.asarray([r[3] for r in rows], np.int64),
             np.asarray([r[4] for r in rows], np.int64))
+
+
+def _int(cell: str, name: str, where: str, low: int, high: int) -> int:
+    if not _INT.match(cell):
+        raise InputError(f"{where}: {name} must be an integer, got {cell[:24]!r}")
+    value = int(cell)
+    if not low <= value <= high:
+        raise InputError(f"{where}: {name} {value} outside [{low}, {high}]")
+    return value
+
+
+def read_server_trace(path_or_text, *, source: str | None = None) -> ServerTrace:
+    """Read the CSV (module docstring); every problem is one InputError naming the file
+    and line."""
+    text, source = trace_text(path_or_text, source)
+    header, records = csv_table(text, source, COLUMNS, OPTIONAL)
+    tenants: dict = {}
+    cols = {name: [] for name in ("tenant", "arrival", "prompt", "output", "priority", "prefix_id", "prefix_len", "line")}
+    for line, row in records:
+        cell = dict(zip(header, row))
+        where = f"{source}: line {line}"
+        label = cell["client"]
+        if not label:
+            raise InputError(f"{where}: client is empty")
+        prompt = _int(cell["prompt"], "prompt", where, 1, MAX_LENGTH)
+        cols["tenant"].append(tenants.setdefault(label, len(tenants)))
+        cols["arrival"].append(_int(cell["arrival"], "arrival", where, 0, MAX_ARRIVAL))
+        cols["prompt"].append(prompt)
+        cols["output"].append(_int(cell["output"], "output", where, 1, MAX_LENGTH))
+        cols["priority"].append(_int(cell.get("priority") or "0", "priority", where, -MAX_PRIORITY, MAX_PRIORITY))
+        prefix = cell.get("prefix_id") or None
+        length = _int(cell.get("prefix_len") or "0", "prefix_len", where, 0, prompt)
+        cols["prefix_id"].append(prefix)
+        cols["prefix_len"].append(length)
+        cols["line"].append(line)
+    if not cols["arrival"]:
+        raise InputError(f"{source}: no requests (header only)")
+    arr = {k: np.asarray(v, np.int64) for k, v in cols.items() if k != "prefix_id"}
+    return ServerTrace(tenants=tuple(tenants), tenant=arr["tenant"], arrival=arr["arrival"], prompt=arr["prompt"],
+                       output=arr["output"], priority=arr["priority"], prefix_id=tuple(cols["prefix_id"]),
+                       prefix_len=arr["prefix_len"], lines=arr["line"], source=source)

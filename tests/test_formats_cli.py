@@ -81,3 +81,14 @@ def test_a_timed_input_goes_on_the_servers_own_clock():
     assert step(server="slora", step_seconds=0.5) == 0.5 and step(step_seconds=None) == 0.025
     log = read_requests([BURSTGPT])
     assert (log.steps_trace(1e-6).arrival == log.arrival // 1000).all()  # whole microseconds
+
+
+def test_the_readers_defaults_are_the_flags_defaults():
+    """compare.read_log without a command line reads as the flags' defaults would."""
+    import argparse
+
+    from vtc_jax.cli import input_flags
+
+    parser = argparse.ArgumentParser()
+    input_flags.add(parser, step_seconds=False)
+    assert vars(parser.parse_args([])) == input_flags.DEFAULTS

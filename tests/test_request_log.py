@@ -14,7 +14,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import request_formats as rf
 from vtc_jax.inputs.request_log import (FORMATS, MAX_TENANTS, TIME_UNITS, detect_format, parse_split, prefix_fidelity,
                                         read_requests)
-from vtc_jax.inputs.server_trace import read_server_trace
+from tests.legacy_readers import read_server_trace
 from vtc_jax.inputs.workload import read_trace_csv
 
 ROOT = Path(__file__).resolve().parents[1]

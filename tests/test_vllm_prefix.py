@@ -14,7 +14,8 @@ import pytest
 
 from tests.test_vllm_server import assert_same, engine_schedules, random_lane
 from vtc_jax import InputError
-from vtc_jax.inputs.server_trace import read_server_trace
+from vtc_jax.cli.input_flags import server_trace
+from vtc_jax.inputs.request_log import read_requests
 from vtc_jax.servers import registry, vllm_prefix
 from vtc_jax.testing.vllm_reference import WaitingOrder, simulate
 
@@ -147,12 +148,13 @@ def test_slots_hold_the_pool_and_tables_of_one_batch_share_a_size():
 
 
 def test_a_prefix_len_without_an_id_is_shared_within_its_client(tmp_path):
-    """The server trace reads a prefix_len without a prefix_id (as the goldens' harness
-    made them: the client's own prefix); prefix_options gives each client its group."""
+    """The server trace (as `replay --server vllm` reads it) takes a prefix_len without a
+    prefix_id (as the goldens' harness made them: the client's own prefix); prefix_options
+    gives each client its group."""
     path = tmp_path / "t.csv"
     path.write_text("arrival,client,prompt,output,prefix_id,prefix_len\n0,a,40,2,,32\n0,b,40,2,,32\n1,a,40,2,,16\n"
                     "1,b,40,2,sys,8\n")
-    source = read_server_trace(str(path))
+    source = server_trace(read_requests([path]), None)
     assert source.prefix_id == (None, None, None, "sys") and source.prefix_len.tolist() == [32, 32, 16, 8]
     got = vllm_prefix.prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
                                      source.prefix_len)

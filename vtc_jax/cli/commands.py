@@ -20,7 +20,7 @@ from pathlib import Path
 from vtc_jax.cli import compare, gen, input_flags, replay
 from vtc_jax.cli.cluster_flags import add_cluster_flags
 from vtc_jax.cli.common import EXIT_BAD_INPUT, Parser, float_arg, guarded, int_arg, list_arg
-from vtc_jax.cli.compare import DEFAULT_STEP_SECONDS
+from vtc_jax.cli.input_flags import DEFAULT_STEP_SECONDS
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, add_policy_module_flag, add_scheduler_flags
 from vtc_jax.cli.server_flags import add_server_flags
 from vtc_jax.core.errors import InputError

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from vtc_jax.cli import cluster_flags, input_flags
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.scheduler_flags import ignored_flags, settings_from_args
@@ -15,15 +14,10 @@ from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import enable_compilation_cache
-from vtc_jax.inputs import request_log
 from vtc_jax.inputs.workload import Trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
-
-DEFAULT_STEP_SECONDS = input_flags.DEFAULT_STEP_SECONDS
-
-LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
 
 
 def read_log(path, step_seconds: float, args=None) -> tuple[Trace, list[str], int]:
@@ -31,10 +25,9 @@ def read_log(path, step_seconds: float, args=None) -> tuple[Trace, list[str], in
     Mooncake, BurstGPT, a ServeGen directory; `args`: the command's input flags), a timed
     one converted to steps: step = floor((t - t0) / step_seconds), exact. Returns (trace,
     tenant names, steps per second)."""
-    log = input_flags.read_input(args, "log") if args is not None else request_log.read_requests(
-        input_flags.paths_of(argparse.Namespace(log=path), "log"))
-    if args is None:
-        args = argparse.Namespace(step_seconds=step_seconds)
+    if args is None:  # the reader's defaults
+        args = argparse.Namespace(log=path, step_seconds=step_seconds, **input_flags.DEFAULTS)
+    log = input_flags.read_input(args, "log")
     step = input_flags.step_seconds_of(args, log)
     return input_flags.engine_trace(args, log), list(log.tenants), input_flags.steps_per_second(log, step)
 

@@ -23,8 +23,8 @@ DEFAULT_STEP_SECONDS = 0.025  # a 25 ms decode step, the steps of a timestamped 
 
 
 def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
-    """--format, --time-unit, --tenant-from, --tenants, --split-seed, --servegen-window and
-    (unless the command has its own) --step-seconds."""
+    """--format, --time-unit, --tenant-from, --tenants, --split-seed, --time-window and
+    (unless the command has its own) --step-seconds; their defaults are DEFAULTS."""
     g = parser.add_argument_group("reading the input (any public format; docs/FORMATS.md)")
     g.add_argument("--format", choices=request_log.FORMATS, default=None,
                    help="the input's format (default: detected from the file): " + ", ".join(request_log.FORMATS))
@@ -47,6 +47,10 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
                        help=f"seconds one step lasts: timed input is converted to steps of it, and a sweep's timed "
                             f"run (--preset) reads --rates and --steps in it (default {DEFAULT_STEP_SECONDS}: a 25 ms "
                             "decode step)")
+
+
+DEFAULTS = {"format": None, "time_unit": None, "tenant_from": None, "tenant_split": None, "split_seed": 0,
+            "time_window": None}  # `add`'s flags as the reader's defaults, for callers without a command line
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -104,7 +108,7 @@ def engine_trace(args, log: request_log.RequestLog):
                              "priority and prefix columns are read by --server vllm)")
         bad = [k for k, name in enumerate(log.tenants) if not (name.isascii() and name.lstrip("+").isdigit())]
         if bad:
-            i = int(np.argmax(np.isin(log.client, bad) * (len(log) - np.arange(len(log)))))  # the first such row
+            i = int(np.flatnonzero(np.isin(log.client, bad))[0])  # the first such row
             raise InputError(f"{log.sources[log.file[i]]}: line {log.lines[i]}: client must be a non-negative "
                              f"integer id, got {log.tenants[log.client[i]][:24]!r}")
     return log.steps_trace(step_seconds_of(args, log))
@@ -116,8 +120,8 @@ def display_name(log: request_log.RequestLog) -> str:
 
 
 def step_seconds_of(args, log: request_log.RequestLog):
-    """The step of a timed input, None for a trace in steps (whose --step-seconds is refused
-    when given on the command line)."""
+    """The step of a timed input, None for a trace in steps (it is in steps already: a
+    --step-seconds given is not read)."""
     if not log.timed:
         return None
     return resolved_step_seconds(args)

@@ -97,7 +97,8 @@ def command(args) -> int:
     shared = _prefix_tables(args, log)  # in the run only: tables of 1 entry per request stay out of the report
     if int(arrival_us.max()) + model.a0 > MAX_ARRIVAL:
         raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
-                         f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): split the log")
+                         f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): take a window of it "
+                         "(--time-window START,SECONDS)")
     trace = Trace(arrival_us + model.a0, tenant, prompt, output, np.zeros_like(prompt), source=str(args.log))
     trace.validate()
     k = len(names)

@@ -1,5 +1,7 @@
 """A trace for a real engine's scheduler: tenant labels, per-request priority and shared
-prefixes (the columns vLLM's scheduler reads beside the request's lengths).
+prefixes (the columns vLLM's scheduler reads beside the request's lengths). The reader
+layer (inputs/request_log.py, format `trace`) reads it; `ServerTrace` is its form for the
+vllm servers (cli/input_flags.server_trace).
 
 CSV header `arrival,client,prompt,output[,priority][,prefix_id][,prefix_len]`: arrival a
 step (int >= 0), client any label (a tenant's name or number; ids are given by first
@@ -17,18 +19,10 @@ policy inside one, exactly the order (priority, arrival, row) of vLLM's waiting 
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
-from vtc_jax.core.errors import InputError
-from vtc_jax.core.fileio import csv_table
-from vtc_jax.inputs.workload import MAX_ARRIVAL, MAX_LENGTH, Trace, trace_text
-
-COLUMNS = ("arrival", "client", "prompt", "output")
-OPTIONAL = ("priority", "prefix_id", "prefix_len")
-MAX_PRIORITY = 1 << 30
-_INT = re.compile(r"^[+-]?\d{1,10}$")
+from vtc_jax.inputs.workload import Trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,44 +63,3 @@ class ServerTrace:
         """The engine's Trace with `queue` as client ids (file lines kept for messages)."""
         return Trace(self.arrival, queue, self.prompt, self.output, np.zeros(len(self), np.int64), lines=self.lines,
                      source=self.source)
-
-
-def _int(cell: str, name: str, where: str, low: int, high: int) -> int:
-    if not _INT.match(cell):
-        raise InputError(f"{where}: {name} must be an integer, got {cell[:24]!r}")
-    value = int(cell)
-    if not low <= value <= high:
-        raise InputError(f"{where}: {name} {value} outside [{low}, {high}]")
-    return value
-
-
-def read_server_trace(path_or_text, *, source: str | None = None) -> ServerTrace:
-    """Read the CSV (module docstring); every problem is one InputError naming the file
-    and line."""
-    text, source = trace_text(path_or_text, source)
-    header, records = csv_table(text, source, COLUMNS, OPTIONAL)
-    tenants: dict = {}
-    cols = {name: [] for name in ("tenant", "arrival", "prompt", "output", "priority", "prefix_id", "prefix_len", "line")}
-    for line, row in records:
-        cell = dict(zip(header, row))
-        where = f"{source}: line {line}"
-        label = cell["client"]
-        if not label:
-            raise InputError(f"{where}: client is empty")
-        prompt = _int(cell["prompt"], "prompt", where, 1, MAX_LENGTH)
-        cols["tenant"].append(tenants.setdefault(label, len(tenants)))
-        cols["arrival"].append(_int(cell["arrival"], "arrival", where, 0, MAX_ARRIVAL))
-        cols["prompt"].append(prompt)
-        cols["output"].append(_int(cell["output"], "output", where, 1, MAX_LENGTH))
-        cols["priority"].append(_int(cell.get("priority") or "0", "priority", where, -MAX_PRIORITY, MAX_PRIORITY))
-        prefix = cell.get("prefix_id") or None
-        length = _int(cell.get("prefix_len") or "0", "prefix_len", where, 0, prompt)
-        cols["prefix_id"].append(prefix)
-        cols["prefix_len"].append(length)
-        cols["line"].append(line)
-    if not cols["arrival"]:
-        raise InputError(f"{source}: no requests (header only)")
-    arr = {k: np.asarray(v, np.int64) for k, v in cols.items() if k != "prefix_id"}
-    return ServerTrace(tenants=tuple(tenants), tenant=arr["tenant"], arrival=arr["arrival"], prompt=arr["prompt"],
-                       output=arr["output"], priority=arr["priority"], prefix_id=tuple(cols["prefix_id"]),
-                       prefix_len=arr["prefix_len"], lines=arr["line"], source=source)
