@@ -41,7 +41,7 @@ def test_one_request_worked_by_hand(tmp_path, capsys):
     trunc(9005.8) = 9,005 us, so its first token is at 4,680 + 9,005 = 13,685 us (TTFT
     13.685 ms). Two decode steps of one token, trunc(7051.8 + 25.43) = 7,077 us each: it
     finishes at 13,685 + 2 x 7,077 = 27,839 us (E2EL 27.839 ms), TPOT = (27,839 - 13,685) / 2
-    = 7,077 us. Queueing delay: scheduled at 4,680 us."""
+    = 7,077 us, and ITL's two gaps are 7,077 us each. Queueing delay: scheduled at 4,680 us."""
     rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n100.5,a,100,3\n")
     assert rows == [{"policy": "fcfs", "row": "0", "tenant": "a", "arrival_us": "0", "scheduled_us": "4680",
                      "first_token_us": "13685", "finish_us": "27839", "ttft_us": "13685", "tpot_us": "7077",
@@ -55,7 +55,7 @@ def test_one_request_worked_by_hand(tmp_path, capsys):
     assert bench["mean_ttft_ms"] == bench["median_ttft_ms"] == bench["p99_ttft_ms"] == pytest.approx(13.685)
     assert bench["std_ttft_ms"] == 0.0 and bench["mean_e2el_ms"] == pytest.approx(27.839)
     assert bench["mean_tpot_ms"] == bench["mean_itl_ms"] == pytest.approx(7.077)
-    assert bench["median_itl_ms"] is None and bench["request_goodput"] is None  # no per-token times; no --goodput
+    assert bench["median_itl_ms"] == pytest.approx(7.077) and bench["request_goodput"] is None  # no --goodput
     assert bench["output_throughput"] == pytest.approx(3 / 0.027839)
     assert bench["tenants"]["a"]["p90_tpot_ms"] == pytest.approx(7.077)
 

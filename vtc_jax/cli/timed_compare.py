@@ -1,8 +1,10 @@
 """`compare LOG --server vllm [--preset NAME | --step-time FILE]`: every policy on the
 user's own log on a timed vLLM server, and per tenant what `vllm bench serve` reports:
-TTFT, TPOT, E2EL and queueing delay in ms (mean, p50, p90, p99), throughput, goodput
+TTFT, TPOT, ITL, E2EL and queueing delay in ms (mean, p50, p90, p99), throughput, goodput
 (`--goodput ttft:500 tpot:50`), preemptions; `--requests-out FILE.csv` one row per
-request. Arrivals are the log's timestamps in exact microseconds (no --step-seconds)."""
+request. Arrivals are the log's timestamps in exact microseconds (no --step-seconds).
+ITL's percentiles come from each token's time, which the server keeps for this run
+(`token_times_option`)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.servers import step_time
 from vtc_jax.servers.vllm_prefix import prefix_options
 
+RECORD_BYTES = 1 << 30  # the most memory the per-token record (ITL percentiles) may take, every lane together
 H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
@@ -103,10 +106,12 @@ def command(args) -> int:
     trace.validate()
     k = len(names)
     run_options = tuple(sorted({**options, **dict(model.options())}.items()))
+    record = token_times_option(output, len(args.policies))
     lanes = []
     for policy in args.policies:
         s = settings_from_args(_with_budget(args, memory_tokens(options)), policy, lenient=True)
-        lanes.append(dataclasses.replace(s, server_options=tuple(sorted({**dict(run_options), **shared}.items()))))
+        lanes.append(dataclasses.replace(s, server_options=tuple(sorted({**dict(run_options), **shared,
+                                                                         **record}.items()))))
     fileio.check_distinct_outputs([args.requests_out])
     for path in ([args.requests_out] if args.requests_out else []):
         fileio.check_writable_file(path)
@@ -152,6 +157,19 @@ def load_report(cap: capacity.Capacity, arrival_us: np.ndarray) -> dict:
                                              f"server's measured capacity on this mix is {cap.describe()}")
 
 
+def token_times_option(output: np.ndarray, lanes: int) -> dict:
+    """{"token_times": T}, T the log's output tokens: each lane keeps every token's time
+    (int32, 4 T bytes a lane, servers/base.py TokenTimes), for ITL's exact percentiles.
+    Past RECORD_BYTES over the lanes: {} and a note (ITL then has its exact mean only)."""
+    tokens = int(np.asarray(output, np.int64).sum())
+    if 4 * tokens * lanes <= RECORD_BYTES:
+        return {"token_times": tokens}
+    print(f"note: ITL percentiles need every token's time: {tokens} output tokens x {lanes} policies take "
+          f"{4 * tokens * lanes / 2**30:.1f} GiB, past {RECORD_BYTES / 2**30:g} GiB; only ITL's mean is reported",
+          file=sys.stderr)
+    return {}
+
+
 def _with_budget(args, memory: int):
     import argparse
 
@@ -162,25 +180,30 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
+COLUMNS = (("TTFT p50", "ttft", "p50"), ("TTFT p99", "ttft", "p99"), ("TPOT p50", "tpot", "p50"),
+           ("TPOT p99", "tpot", "p99"), ("ITL p50", "itl", "p50"), ("ITL p99", "itl", "p99"), ("E2EL p99", "e2el", "p99"),
+           ("queue p99", "queue", "p99"))  # the table's columns in ms: (label, metric, percentile)
+
+
 def format_report(report: dict, names) -> str:
     head = (f"server {report['server']}, step time {report['step_time']}; "
             + ", ".join(f"{k} {v}" for k, v in report["settings"].items() if not k.startswith("time_")))
-    lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
-             f"{'TPOT p99':>9} {'E2EL p99':>9} {'queue p99':>9} {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]
+    lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} " + " ".join(f"{label:>9}" for label, _, _ in COLUMNS)
+             + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]
     for policy, summary in report["policies"].items():
         groups = [(name, summary["tenants"][name]) for name in names] + [("all", summary["overall"])]
         for name, g in groups:
             goodput = "n/a" if g["goodput"] is None else f"{g['goodput']:.2f}"
-            lines.append(f"{policy:10} {name[:14]:14} {g['finished']:>5} {_ms(g['ttft']['p50']):>9} "
-                         f"{_ms(g['ttft']['p99']):>9} {_ms(g['tpot']['p50']):>9} {_ms(g['tpot']['p99']):>9} "
-                         f"{_ms(g['e2el']['p99']):>9} {_ms(g['queue']['p99']):>9} "
-                         f"{g['output_tokens_per_s']:>8.1f} {goodput:>8} {g['preemptions']:>7}")
+            lines.append(f"{policy:10} {name[:14]:14} {g['finished']:>5} "
+                         + " ".join(f"{_ms(g[metric][q]):>9}" for _, metric, q in COLUMNS)
+                         + f" {g['output_tokens_per_s']:>8.1f} {goodput:>8} {g['preemptions']:>7}")
         if not summary["finished_all"]:
             lines.append(f"{policy}: NOT FINISHED: some requests did not finish within the horizon (not averaged in)")
     if report["policies"] and next(iter(report["policies"].values()))["slos_ms"]:
         slos = next(iter(report["policies"].values()))["slos_ms"]
         lines.append("goodput: requests/s meeting " + " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items()))
-    lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests")
+    lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests (ITL: over "
+                 "every gap between two of their tokens)")
     if "load" in report:
         lines.append(report["load"]["line"])
     return "\n".join(lines)

@@ -9,8 +9,10 @@ p90, p99 (numpy's linear interpolation, as vLLM's benchmark), in ms; throughput 
 over the run (first arrival to last finish); goodput in vLLM's form: requests per second
 that meet every SLO given (`ttft:500 tpot:50`, ms). All exact from the per-request record:
 no histogram, no error bound needed. A request that did not finish is counted as such and
-never averaged in. ITL (inter-token latency): only its mean, which the per-request record
-gives exactly (`_itl_mean`); its percentiles would need each token's time.
+never averaged in. ITL (inter-token latency, vLLM's): every gap between successive output
+tokens of a finished request, pooled; its mean is exact from the per-request record
+(`_itl_mean`), its percentiles from the server's per-token record (`out.times`, kept when
+the run's server options ask for `token_times`: `token_record`), else None.
 """
 
 from __future__ import annotations
@@ -42,10 +44,42 @@ def parse_goodput(items) -> dict[str, float]:
     return slos
 
 
+def token_record(result, trace: Trace, num_clients: int, pad: int, lane: int = 0) -> tuple | None:
+    """The server's per-token record of one lane (servers/base.py TokenTimes) per trace row:
+    (at int64[T]: token times, first int64[N]: where each row's tokens start in `at`, -1 for
+    a row without a whole record: never admitted, or past the record's T entries), or None
+    when the run kept none (its server options asked for no `token_times`)."""
+    times = getattr(result.server_state.out, "times", None)
+    if times is None or np.asarray(times.at).shape[-1] == 0:
+        return None
+    at = np.asarray(times.at, np.int64)[lane]
+    rows = trace_rows(trace, num_clients, pad)
+    offset = np.asarray(times.offset, np.int64)[lane][:len(rows)]
+    first = np.full(len(trace), -1, np.int64)
+    live = rows >= 0
+    first[rows[live]] = offset[live]
+    whole = (first >= 0) & (first + np.asarray(trace.output, np.int64) <= at.shape[0])
+    return at, np.where(whole, first, -1)
+
+
+def _itl_gaps(record: tuple, output: np.ndarray, finished: np.ndarray) -> tuple:
+    """(gaps int64[G]: token g+1's time - token g's, us, row int64[G]: whose) over every
+    finished request, in row order; (None, None) without a whole record of each."""
+    at, first = record
+    if (finished & (first < 0)).any():
+        return None, None
+    rows = np.flatnonzero(finished & (output > 1))
+    counts = output[rows] - 1
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # g per gap
+    pos = np.repeat(first[rows], counts) + within + 1
+    return at[pos] - at[pos - 1], np.repeat(rows, counts)
+
+
 def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: np.ndarray, lane: int = 0) -> dict:
     """Per trace row (int64 / float64 arrays of N): arrival_us, first_token_us, finish_us,
     scheduled_us (-1: never), ttft_us, tpot_us, e2el_us, queue_us (NaN where undefined),
-    output, preemptions, finished (bool)."""
+    output, preemptions, finished (bool); and the pooled ITL gaps of finished requests,
+    itl_us int64[G] and itl_row int64[G] (`_itl_gaps`; None without a per-token record)."""
     out = result.server_state.out
     rows = trace_rows(trace, num_clients, pad)
     n = len(trace)
@@ -69,6 +103,8 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
     tpot = np.where(finished & (output > 1), (e2el - ttft) / np.maximum(output - 1, 1), np.nan)
     table.update(arrival_us=arrival, ttft_us=ttft, tpot_us=tpot, e2el_us=e2el, queue_us=since(table["scheduled_us"]),
                  output=output, finished=finished)
+    record = token_record(result, trace, num_clients, pad, lane)
+    table["itl_us"], table["itl_row"] = (None, None) if record is None else _itl_gaps(record, output, finished)
     return table
 
 
@@ -81,11 +117,26 @@ def _stats(values_us: np.ndarray) -> dict:
 
 def _itl_mean(table: dict, done: np.ndarray) -> float | None:
     """vLLM's mean ITL (ms): the gaps between successive output tokens pooled over every
-    finished request, sum(E2EL - TTFT) / sum(output - 1); None without a second token. Its
-    percentiles need each token's time, which the server does not record."""
+    finished request, sum(E2EL - TTFT) / sum(output - 1) (each request's gaps add up to
+    its E2EL - TTFT); None without a second token."""
     many = done & (table["output"] > 1)
     gaps = int((table["output"][many] - 1).sum())
     return float((table["e2el_us"][many] - table["ttft_us"][many]).sum() / gaps / 1000.0) if gaps else None
+
+
+def _itl_ms(table: dict, done: np.ndarray) -> np.ndarray | None:
+    """float64[G]: the pooled ITL gaps (ms) of the requests `done`; None without a per-token record."""
+    if table.get("itl_us") is None:
+        return None
+    return table["itl_us"][done[table["itl_row"]]] / 1000.0
+
+
+def _itl_stats(table: dict, done: np.ndarray) -> dict:
+    """ITL's mean (exact, `_itl_mean`) and p50/p90/p99 (numpy's linear interpolation over
+    the pooled gaps, as `_stats`; None without a per-token record or a second token)."""
+    gaps, mean = _itl_ms(table, done), _itl_mean(table, done)
+    known = gaps is not None and gaps.size > 0
+    return {"mean": mean, **{f"p{q}": float(np.percentile(gaps, q)) if known else None for q in PERCENTILES}}
 
 
 def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
@@ -110,7 +161,8 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
                 "total_tokens_per_s": float((table["output"][done] + prompt[done]).sum() / seconds),
                 "request_throughput": float(done.sum() / seconds),
                 "goodput": float((good & mask).sum() / seconds) if slos else None,
-                "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done)}
+                "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done),
+                "itl": _itl_stats(table, done)}
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
@@ -122,13 +174,17 @@ BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")  # vllm bench serve's --percenti
 
 def _bench_metric(name: str, values_ms: np.ndarray | None, mean_ms: float | None = None) -> dict:
     """`mean_/median_/std_/pNN_{name}_ms` as `vllm bench serve` names them (np.std: ddof
-    0, as it uses). `values_ms` None: only the mean is known (ITL), the rest are None."""
+    0, as it uses). `mean_ms`: the exact mean where known (ITL's `_itl_mean`: the integer
+    gaps' sum over their count, rounded once, where np.mean of the ms values may differ in
+    the last bit); `values_ms` None: only the mean is known (ITL without a per-token
+    record), the rest are None."""
     keys = ["mean", "median", "std"] + [f"p{q}" for q in PERCENTILES]
     if values_ms is None:
         return {f"{k}_{name}_ms": (mean_ms if k == "mean" else None) for k in keys}
     if values_ms.size == 0:
         return {f"{k}_{name}_ms": None for k in keys}
-    got = [values_ms.mean(), np.median(values_ms), values_ms.std()] + [np.percentile(values_ms, q) for q in PERCENTILES]
+    got = [values_ms.mean() if mean_ms is None else mean_ms, np.median(values_ms), values_ms.std()] + [
+        np.percentile(values_ms, q) for q in PERCENTILES]
     return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, got)}
 
 
@@ -137,9 +193,9 @@ def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, sl
     `request_throughput`, `request_goodput`, `output_throughput`, `total_token_throughput`,
     `mean_ttft_ms`, `median_ttft_ms`, `std_ttft_ms`, `p99_ttft_ms`, ..., for ttft, tpot,
     itl, e2el), overall and per tenant, over the same finished requests and duration as
-    `summarize`; ITL has its exact mean only (None elsewhere: the server keeps no per-token
-    times). Also `num_prompts`, `failed` (requests that never finished: vLLM's benchmark
-    counts them as unsuccessful too) and `preemptions`."""
+    `summarize`; ITL over the pooled gaps between tokens (its mean only, the rest None,
+    where the run kept no per-token record). Also `num_prompts`, `failed` (requests that
+    never finished: vLLM's benchmark counts them as unsuccessful too) and `preemptions`."""
     base = summarize(table, tenant, tenants, prompt, slos)
     finished = table["finished"]
 
@@ -153,7 +209,7 @@ def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, sl
                "preemptions": summary["preemptions"]}
         for name in BENCH_METRICS:
             if name == "itl":
-                out.update(_bench_metric(name, None, summary["itl_mean"]))
+                out.update(_bench_metric(name, _itl_ms(table, done), summary["itl_mean"]))
             else:
                 v = table[f"{name}_us"][done]
                 out.update(_bench_metric(name, v[np.isfinite(v)] / 1000.0))

@@ -98,6 +98,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,8 @@ class ServerShape:
       num_rows: R, rows of the workload (a server may keep a table per request).
       log_steps: steps of schedule a server keeps a log of (0: none).
       static: the server's static settings, (name, value) pairs from its `static_options`
-        of every lane's options (empty: none given, the server assumes any lane).
+        of every lane's options (empty: none given, the server assumes any lane); a server
+        that keeps each token's time (`TokenTimes`) reads its size T there, `token_times`.
     """
 
     num_clients: int
@@ -171,6 +173,52 @@ class Finished:
     prompt: jax.Array
     output: jax.Array
     value: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenTimes:
+    """Each output token's time, a per-token record a server may keep (the vLLM servers
+    do) when its shape asks for it: ("token_times", T) in ServerShape.static, T > 0; else
+    its arrays are empty and nothing is written, so a run without it pays nothing.
+    at: int32[T], workload row r's token g (0-based) at at[offset[r] + g], the server's
+    stamp of the step that sampled it (-1: not yet); offset: int32[R] each row's first
+    entry, handed out at its first admission (-1: not yet); used: int32[] entries handed
+    out, saturating at T (a row whose offset + output passes T keeps only the tokens that
+    fit: the host reads only whole records, and nothing wraps)."""
+
+    at: jax.Array
+    offset: jax.Array
+    used: jax.Array
+
+
+def token_times(shape: ServerShape) -> TokenTimes:
+    """An empty record of T = shape.static's `token_times` entries (0: none) for R rows."""
+    size = int(dict(shape.static).get("token_times", 0))
+    return TokenTimes(at=jnp.full(size, -1, jnp.int32), offset=jnp.full(shape.num_rows if size else 0, -1, jnp.int32),
+                      used=jnp.zeros((), jnp.int32))
+
+
+def token_rows(times: TokenTimes, index, output, mask) -> TokenTimes:
+    """Where `mask` and row `index` (int32[]) has no entries yet: its `output` entries,
+    the next ones (a readmission after a preemption keeps its first ones)."""
+    size, rows = times.at.shape[0], times.offset.shape[0]
+    if size == 0:
+        return times
+    new = mask & (times.offset[jnp.clip(index, 0, rows - 1)] < 0)
+    return TokenTimes(at=times.at, offset=times.offset.at[jnp.where(new, index, rows)].set(times.used, mode="drop"),
+                      used=jnp.where(new, jnp.minimum(times.used + output, size), times.used))
+
+
+def token_stamps(times: TokenTimes, index, generated, stamp, mask) -> TokenTimes:
+    """Per slot (int32[S] index: workload row, generated: tokens before this one) where
+    `mask` (bool[S]: the slot samples): its token `generated` gets `stamp` (int32[])."""
+    size, rows = times.at.shape[0], times.offset.shape[0]
+    if size == 0:
+        return times
+    first = times.offset[jnp.clip(index, 0, rows - 1)]
+    at = jnp.where(mask & (first >= 0), first + generated, size)  # past T: dropped
+    return dataclasses.replace(times, at=times.at.at[at].set(stamp, mode="drop"))
 
 
 @dataclasses.dataclass(frozen=True)

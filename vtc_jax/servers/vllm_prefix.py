@@ -9,7 +9,8 @@ at admission, freed blocks keep their hash in an LRU free queue until reused. Ev
 runs as vLLM's loops, literally (correctness first): the running phase walks the running
 list (one `lax.while_loop`, one victim or one scheduled request per iteration),
 admissions are the engine's, one per event, finished requests release their blocks in
-scheduling order, each its last block first.
+scheduling order, each its last block first. Per request it keeps vllm's record (`Outcome`,
+each token's time too given `token_times`).
 
 Which tokens are shared comes from the trace: requests with the same prefix group share
 their first prefix_len prompt tokens, every other token is distinct. The server reads them
@@ -35,7 +36,7 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
-from vtc_jax.servers import step_time, vllm_v1
+from vtc_jax.servers import base, step_time, vllm_v1
 from vtc_jax.servers import vllm_blocks as vb
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
@@ -125,6 +126,12 @@ def plan_slots(options: list, bound: int, requests: int) -> int:
     return max(vllm_v1.plan_slots(base, bound, requests), max(vllm_v1.settings(o)["num_gpu_blocks"] for o in base))
 
 
+def static_options(options: list) -> tuple:
+    """(("token_times", the most entries any lane asks for: 0, no record),) (vllm's)."""
+    return tuple((name, value) for name, value in vllm_v1.static_options([_split(o)[0] for o in options])
+                 if name == "token_times")
+
+
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
     return vllm_v1.never_served(_split(options)[0], prompt, output, kv_budget)
 
@@ -211,7 +218,8 @@ def init(shape: ServerShape) -> PrefixState:
         computed=empty, generated=empty, tokens=empty, spos=jnp.full(s, INT_MAX, I32),
         row=jnp.zeros((s, NUM_FIELDS), I32), ndone=zero, done_client=empty, done_prompt=empty, done_output=empty,
         done_value=empty,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
+        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
+                    times=base.token_times(shape)),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
@@ -383,7 +391,7 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
     pool = vb.take(pool, s, jnp.where(on, chunk - evictable, 0), p["num_blocks"])
     pool = vb.hash_blocks(pool, s, jnp.where(on, hits * bs + n, 0), group, length, order, bs)
     put = lambda x, v: x.at[s].set(v, mode="drop")  # noqa: E731
-    k = state.running.shape[0]
+    k, r = state.running.shape[0], state.out.scheduled.shape[0]  # scheduled: the first scheduling only
     new = dataclasses.replace(
         state, alive=put(state.alive, True), adm=put(state.adm, state.seq), seq=state.seq + 1,
         client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
@@ -392,7 +400,8 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
         spos=put(state.spos, state.nsched), nsched=state.nsched + 1, row=state.row.at[s].set(row, mode="drop"),
         nrun=state.nrun + 1, left=state.left - n, running=state.running + (jnp.arange(k) == client).astype(I32),
         pool=pool, out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[
-            jnp.where(on & (generated == 0), index, state.out.scheduled.shape[0])].set(step, mode="drop")))
+            jnp.where(on & (state.out.scheduled[jnp.clip(index, 0, r - 1)] < 0), index, r)].set(step, mode="drop"),
+            times=base.token_rows(state.out.times, index, row[OUTPUT], on)))
     return _select(on, new, state), mask & ~has_slot
 
 
@@ -415,6 +424,7 @@ def end_step(state: PrefixState, params, mask):
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
     finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
+    times = base.token_stamps(state.out.times, state.index, state.generated, stamp, mask & samples)
     # Scheduling order: the slots by spos (scheduled ones first).
     order = jnp.argsort(state.spos).astype(I32)
     scheduled = state.spos[order] < INT_MAX
@@ -436,8 +446,8 @@ def end_step(state: PrefixState, params, mask):
         spos=jnp.full(slots, INT_MAX, I32), nsched=jnp.zeros((), I32), ndone=finished.sum(dtype=I32),
         done_client=jnp.where(got, state.client[fs], 0), done_prompt=jnp.where(got, state.prompt[fs], 0),
         done_output=jnp.where(got, state.output[fs], 0), done_value=jnp.where(got, state.value[fs], 0),
-        just_finished=finished.any(), pool=pool, out=dataclasses.replace(state.out, first_token=first, finish=finish),
-        log=log, preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32))
+        just_finished=finished.any(), pool=pool, log=log, preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32),
+        out=dataclasses.replace(state.out, first_token=first, finish=finish, times=times))
     counted = mask & samples
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(total, state.client, counted, k), elapsed=elapsed)
@@ -481,4 +491,4 @@ VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with p
                      init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                      census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
                      begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-                     fuzz_options=fuzz_options)
+                     fuzz_options=fuzz_options, static_options=static_options)

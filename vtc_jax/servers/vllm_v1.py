@@ -35,12 +35,11 @@ the waiting order is the engine's: policy fcfs with strict bands, each (tenant, 
 pair its own engine client (`priority_queues`). docs/VLLM.md states every rule and which
 golden schedule of the real scheduler needs it.
 
-Settings (`Settings.server_options`, vLLM's flag names): num_gpu_blocks, block_size,
-max_num_batched_tokens, max_num_seqs, enable_chunked_prefill, long_prefill_token_threshold,
-scheduling_policy (fcfs | priority), victim (newest | priority | counter; default vLLM's
-for the policy).
-Per request the server also keeps its first-token and finish steps and its preemptions
-(`outcome`), and, when the shape asks for a log, each step's schedule (`schedule_log`).
+Settings (`Settings.server_options`, vLLM's flag names): num_gpu_blocks, block_size, max_num_batched_tokens,
+max_num_seqs, enable_chunked_prefill, long_prefill_token_threshold, scheduling_policy (fcfs | priority), victim
+(newest | priority | counter; default vLLM's for the policy); token_times (keep each token's time: below).
+Per request the server also keeps its first-token and finish steps, its preemptions and, given token_times T > 0,
+each token's time (`Outcome`), and, when the shape asks for a log, each step's schedule (`ScheduleLog`).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, OUTPUT, PROMPT
-from vtc_jax.servers import step_time
+from vtc_jax.servers import base, step_time
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
 
@@ -66,6 +65,7 @@ OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     "scheduling_policy": ("fcfs", None), "victim": (None, None),
     # the step-time model (servers/step_time.py): scaled integers; time_scale 0: untimed
     "time_b0": (0, 0), "time_b1": (0, 0), "time_b2": (0, 0), "time_scale": (0, 0),
+    "token_times": (0, 0),  # entries of the per-token time record (a static size: the most of any lane; 0: none)
 }
 POLICIES = ("fcfs", "priority")
 CHOICES = {"scheduling_policy": POLICIES, "victim": VICTIMS}
@@ -209,12 +209,13 @@ def fuzz_options(rng, prompt, output) -> dict:
 class Outcome:
     """Per workload row, int32[R]: first_token and finish (-1: not yet): the step, or on a
     timed lane the end of that step in us; scheduled: the start of the step that first
-    scheduled it (-1: never); preemptions."""
+    scheduled it (-1: never); preemptions; times: each token's time, the same stamps."""
 
     first_token: jax.Array
     finish: jax.Array
     preemptions: jax.Array
     scheduled: jax.Array
+    times: base.TokenTimes
 
 
 @jax.tree_util.register_dataclass
@@ -236,19 +237,16 @@ class ScheduleLog:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class VllmState:
-    """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the
-    running list, in admission order, with the leaving requests still in their places),
-    ndone (leaving requests: finished, generated == output, not yet handed back; none
-    once the step's completions are settled, so the running phase and admissions see
-    the running list alone), ended (the last step's end stamp: the leaving requests'
-    finish, written to `out` as each is handed back), free blocks, left (budget left this step), cap (the prefill
-    cap this step); bool[]: preempted (this step preempted), just_finished (the last step
-    finished a request), active (the step has something to log); running: int32[K]
-    requests per client in the server (leaving ones included). Per slot, int32[S]:
-    client, value (the policy's), index (workload row), prompt, output, computed,
-    generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims
-    int32[S]: the rows this step preempted, in preemption order (-1 none; kept only when
-    there is a log, else always -1). Slots at or
+    """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the running list, in
+    admission order, with the leaving requests still in their places), ndone (leaving requests: finished,
+    generated == output, not yet handed back; none once the step's completions are settled, so the running phase
+    and admissions see the running list alone), ended (the last step's end stamp: the leaving requests' finish,
+    written to `out` as each is handed back), free blocks, left (budget left this step), cap (the prefill cap
+    this step); bool[]: preempted (this step preempted), just_finished (the last step finished a request),
+    active (the step has something to log); running: int32[K] requests per client in the server (leaving ones
+    included). Per slot, int32[S]: client, value (the policy's), index (workload row), prompt, output, computed,
+    generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims int32[S]: the rows this
+    step preempted, in preemption order (-1 none; kept only when there is a log, else always -1). Slots at or
     past nrun hold no request (what they hold is never read)."""
 
     t: jax.Array
@@ -290,7 +288,8 @@ def init(shape: ServerShape) -> VllmState:
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
         ndone=zero, ended=zero,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r),
+        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
+                    times=base.token_times(shape)),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
@@ -298,9 +297,10 @@ def init(shape: ServerShape) -> VllmState:
 
 
 def static_options(options: list) -> tuple:
-    """(("walks", some lane's victim rule is not `newest`),): without one, vLLM's walk
-    (vllm_victims.py) is left out of the program."""
-    return (("walks", any(settings(o)["victim"] != "newest" for o in options)),)
+    """(("walks", some lane's victim rule is not `newest`: else vLLM's walk, vllm_victims.py, is left out of
+    the program), ("token_times", the most entries any lane asks for: 0, no record))."""
+    return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
+            ("token_times", max(settings(o)["token_times"] for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -481,8 +481,9 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
     p = params.server
     slots = state.client.shape[0]
     n = jnp.minimum(state.left, jnp.minimum(row[PROMPT] + generated, state.cap))
-    at = jnp.where(mask, state.nrun, slots)
+    at, r = jnp.where(mask, state.nrun, slots), state.out.scheduled.shape[0]
     put = lambda x, v: x.at[at].set(v, mode="drop")  # noqa: E731
+    first = jnp.where(mask & (state.out.scheduled[jnp.clip(index, 0, r - 1)] < 0), index, r)  # a readmission keeps it
     new = dataclasses.replace(
         state, client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
         prompt=put(state.prompt, row[PROMPT]), output=put(state.output, row[OUTPUT]), computed=put(state.computed, 0),
@@ -490,8 +491,8 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
         row=state.row.at[at].set(row, mode="drop"), nrun=state.nrun + mask.astype(I32),
         running=state.running + ((jnp.arange(state.running.shape[0]) == client) & mask).astype(I32),
         free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0),
-        out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[
-            jnp.where(mask & (generated == 0), index, state.out.scheduled.shape[0])].set(step, mode="drop")))
+        out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[first].set(step, mode="drop"),
+                                times=base.token_rows(state.out.times, index, row[OUTPUT], mask)))
     return new, mask & (state.nrun >= slots)
 
 
@@ -516,6 +517,8 @@ def end_step(state: VllmState, params, mask):
     stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
+    counted = mask & samples  # a masked-off call computes nothing
+    times = base.token_stamps(state.out.times, state.index, state.generated, stamp, counted)  # token `generated`
     log = _log(state.log, mask & state.active, state.t, jnp.where(listed, state.index, -1),
                jnp.where(listed, state.tokens, 0), finished, state.victims)
     nfin = finished.sum(dtype=I32)
@@ -523,9 +526,8 @@ def end_step(state: VllmState, params, mask):
         state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin, ended=stamp,
         just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
-        out=dataclasses.replace(state.out, first_token=first), log=log, preempted=jnp.zeros((), bool),
+        out=dataclasses.replace(state.out, first_token=first, times=times), log=log, preempted=jnp.zeros((), bool),
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
-    counted = mask & samples  # a masked-off call computes nothing
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(state.prompt + state.generated, state.client, counted, k),
                 elapsed=elapsed)

@@ -10,7 +10,9 @@ goldens' keys (`CONFIG_KEYS`). Output (`simulate`): the goldens' schedule layout
 `{"steps": [{"step", "sched": {row: tokens}, "preempted": [rows], "finished": [rows]}],
 "requests": {row: {"first_token_step", "finish_step", "preemptions"}}, "num_steps",
 "total_preemptions", "stalled"}` with rows as strings where they are JSON object keys, so
-a golden read with `json` compares equal as a dict.
+a golden read with `json` compares equal as a dict; `token_times`: each output token's time
+per row. Timed (`step_time`, the step-time model of servers/step_time.py as a function of a
+step's prefill and decode tokens): the clock is in us and a token's time is its step's end.
 
 The waiting queue's order is pluggable (`WaitingOrder`): vLLM's `fcfs` and `priority` are
 two orders; a fairness policy is a third. Where the preemption victim and the preempted
@@ -87,6 +89,7 @@ class RequestState:
 
     __slots__ = (
         "blocks",
+        "token_times",
         "computed",
         "finish_step",
         "first_token_step",
@@ -101,6 +104,7 @@ class RequestState:
         self.row, self.spec = row, spec
         self.computed = self.generated = self.hashed = self.preemptions = 0
         self.blocks: list[int] = []
+        self.token_times: list[int] = []  # each sampled token's time (the step, or timed: its end)
         self.first_token_step = self.finish_step = None
 
     @property
@@ -436,13 +440,21 @@ class _Server:
             sched[req.row] = n
             budget -= n
 
-    def step(self, t: int) -> dict:
-        """One scheduler step at clock t: schedule, compute, sample, finish."""
+    def step(self, t: int, step_time: Callable[[int, int], int] | None = None) -> tuple[dict, int]:
+        """One scheduler step at clock t: schedule, compute, sample, finish. Returns (its
+        record, the clock after it): t + 1, or timed, when anything runs or waits, t + its
+        duration, step_time(prefill tokens, decode tokens) (a decode: a request that had
+        generated and had computed all but its last token; anything else is prefill)."""
         cap = self._long_cap()
         sched: dict[int, int] = {}
         budget, preempted = self._running_phase(self.cfg.max_num_batched_tokens, cap, sched)
         if not preempted:
             self._waiting_phase(budget, cap, sched)
+        decode = sum(n for row, n in sched.items()
+                     if self.reqs[row].generated > 0 and self.reqs[row].computed == self.reqs[row].num_tokens - 1)
+        timed = step_time is not None and bool(self.running or len(self.waiting))
+        end = t + step_time(sum(sched.values()) - decode, decode) if timed else t + 1
+        stamp = end if step_time is not None else t
         finished = []
         for row, n in sched.items():  # vLLM's update_from_output order
             req = self.reqs[row]
@@ -450,6 +462,7 @@ class _Server:
             if req.computed < req.num_tokens:
                 continue  # mid-prefill: no token
             req.generated += 1
+            req.token_times.append(stamp)
             if req.first_token_step is None:
                 req.first_token_step = t
             if req.generated == req.spec.output:
@@ -462,7 +475,7 @@ class _Server:
             self.running = [r for r in self.running if id(r) not in done]
         return {"step": t, "sched": {str(row): n for row, n in sched.items()},
                 "preempted": sorted(r.row for r in preempted),
-                "finished": sorted(r.row for r in finished)}
+                "finished": sorted(r.row for r in finished)}, end
 
     def idle(self) -> bool:
         return not self.running and not len(self.waiting)
@@ -531,13 +544,35 @@ def check_requests(requests: list[TraceRequest], cfg: ServerConfig) -> None:
                              f"({longest}), got {cfg.max_num_batched_tokens}")
 
 
-def simulate(requests: list[TraceRequest], config: dict,
-             order: Callable[[], WaitingOrder] | None = None) -> dict:
+def simulate(requests: list[TraceRequest], config: dict, order: Callable[[], WaitingOrder] | None = None,
+             step_time: Callable[[int, int], int] | None = None) -> dict:
     """The schedule of `requests` (row = list index) on one vLLM V1 server (`config`), in
-    the goldens' layout (module docstring). The clock is +1 per step and jumps an idle gap
-    to the next arrival (after one empty step if a request finished in the last one);
-    same-step arrivals join in row order. `order` makes the waiting
-    queue (default: the config policy's, `ORDERS`)."""
+    the goldens' layout (module docstring). The clock is +1 per step (timed: `step_time`,
+    `_Server.step`) and jumps an idle gap to the next arrival (after one empty step if a
+    request finished in the last one); same-step arrivals join in row order. `order`
+    makes the waiting queue (default: the config policy's, `ORDERS`)."""
+    steps, reqs = _run(requests, config, order, step_time)
+    return {"steps": steps,
+            "requests": {str(r.row): {"first_token_step": r.first_token_step, "finish_step": r.finish_step,
+                                      "preemptions": r.preemptions} for r in reqs},
+            "num_steps": len(steps), "total_preemptions": sum(r.preemptions for r in reqs),
+            "stalled": False}
+
+
+def token_times(requests: list[TraceRequest], config: dict, order: Callable[[], WaitingOrder] | None = None,
+                step_time: Callable[[int, int], int] | None = None) -> list[list[int]]:
+    """Per row, the time of each output token in order (`simulate`'s run): the step that
+    sampled it, or timed its end (us). A recompute after a preemption keeps the tokens it
+    had, so a gap across a preemption holds the stall, as a streaming client sees it."""
+    return [r.token_times for r in _run(requests, config, order, step_time)[1]]
+
+
+def linear_step_time(b0: int, b1: int, b2: int, scale: int) -> Callable[[int, int], int]:
+    """servers/step_time.py's model in its scaled integers: max(1, (b0 + b1 p + b2 d) // scale) us."""
+    return lambda prefill, decode: max(1, (b0 + b1 * prefill + b2 * decode) // scale)
+
+
+def _run(requests, config, order, step_time) -> tuple[list[dict], list[RequestState]]:
     cfg = check_config(config)
     check_requests(requests, cfg)
     reqs = [RequestState(row, spec) for row, spec in enumerate(requests)]
@@ -557,13 +592,8 @@ def simulate(requests: list[TraceRequest], config: dict,
             nxt += 1
         if len(steps) == cfg.max_steps:
             raise InputError(f"the run did not finish within max_steps = {cfg.max_steps} steps")
-        record = server.step(t)
+        record, t = server.step(t, step_time)
         steps.append(record)
         done += len(record["finished"])
         just_finished = bool(record["finished"])
-        t += 1
-    return {"steps": steps,
-            "requests": {str(r.row): {"first_token_step": r.first_token_step, "finish_step": r.finish_step,
-                                      "preemptions": r.preemptions} for r in reqs},
-            "num_steps": len(steps), "total_preemptions": sum(r.preemptions for r in reqs),
-            "stalled": False}
+    return steps, reqs
