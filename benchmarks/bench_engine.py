@@ -15,13 +15,17 @@ and beside them, measured in the same run on the same workload:
                     (deques, integer counters, O(clients) decode), one lane;
   reference         vtc_jax/testing/reference.py, the slow literal reference (Fractions), one lane.
 
---dispatch adds the cost of mixing policies in one batch: the engine alone with every lane
-running vtc, against lanes cycling through every registered policy (one compiled program
-that dispatches on each lane's policy id).
+--dispatch adds the cost of mixing policies in one batch (at the largest --lanes): the engine
+alone with every lane running vtc, against lanes cycling through every registered policy,
+run as one compiled program that dispatches on each lane's policy id (old) and regrouped,
+one sub-batch per policy (new: what the driver does for large batches,
+driver/policy_groups.py); --each also times every policy alone (their mean is what a mix
+costs at best); --dispatch-only skips the table above.
 
     python -m benchmarks.bench_engine                       # 1, 256 and 4096 lanes (CPU)
     python -m benchmarks.bench_engine --lanes 16384 65536   # on a GPU
     python -m benchmarks.bench_engine --dispatch --json out.json
+    python -m benchmarks.bench_engine --lanes 4096 --dispatch-only --each --no-reference
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ import numpy as np
 from tests.sequential import simulate_vtc
 from vtc_jax.cli.common import guarded, int_arg, list_arg
 from vtc_jax.driver import run as run_mod
-from vtc_jax.driver import runner
-from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.driver import policy_groups
+from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
@@ -75,8 +79,11 @@ def end_to_end(lanes: int, measures: MeasureConfig, seed0: int) -> float:
     return seconds
 
 
-def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: list[str]) -> tuple[float, float, int]:
-    """(best seconds, compile-and-first-run seconds, events of the slowest lane)."""
+def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: list[str],
+                 regroup: bool = False) -> tuple[float, float, int]:
+    """(best seconds, compile-and-first-run seconds, events of the slowest lane); `regroup`:
+    run the lanes as one sub-batch per policy (driver/policy_groups.py) instead of one
+    program dispatching on each lane's policy."""
     traffic = overload(list(RATES), STEPS)
     settings = lane_settings(lanes, policies)
     config = run_mod.traffic_config([traffic] * lanes, settings, measures=measures)
@@ -89,7 +96,8 @@ def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: li
 
     def once():
         t = time.perf_counter()
-        host, done = runner.run(PROGRAM, config, batch, None, event_budget=4 * expected, expected_events=expected)
+        host, done = policy_groups.run(run_mod.run_in_tiers, config, settings, batch, None, regroup=regroup,
+                                       event_budget=4 * expected, expected_events=expected)
         if not np.asarray(done).all():
             raise RuntimeError("a lane did not finish")
         return time.perf_counter() - t, int(np.asarray(host.iterations).max())
@@ -129,6 +137,33 @@ def reference_rate(flat, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def dispatch(lanes: int, measures: MeasureConfig, repeats: int, each: bool) -> dict:
+    """A batch of `lanes` lanes cycling through every registered policy, as one mixed
+    program (old) and regrouped by policy (new), against vtc alone and, with `each`, the
+    mean time of every policy alone (what a mix costs at best: some policies cost more
+    than vtc). Seconds are the engine alone, best of `repeats`; compiles are left out."""
+    names = list(registry.names())
+    rate = lambda s: lanes * STEPS / s / 1e6  # noqa: E731
+    single, _, _ = engine_alone(lanes, measures, repeats, ["vtc"])
+    mixed, mixed_first, _ = engine_alone(lanes, measures, repeats, names)
+    grouped, grouped_first, _ = engine_alone(lanes, measures, repeats, names, regroup=True)
+    row = {"lanes": lanes, "single_policy": rate(single), "all_policies": rate(mixed), "regrouped": rate(grouped),
+           "overhead": mixed / single, "regrouped_over_vtc": grouped / single,
+           "mixed_first_call_s": mixed_first, "regrouped_first_call_s": grouped_first}
+    print(f"dispatch at {lanes} lanes, {len(names)} policies: vtc alone {rate(single):.2f} M lane-steps/s; mixed "
+          f"(one program) {rate(mixed):.2f} ({mixed / single:.2f}x vtc's time, compile+first {mixed_first:.1f} s); "
+          f"regrouped {rate(grouped):.2f} ({grouped / single:.2f}x, compile+first {grouped_first:.1f} s)")
+    if each:
+        alone = {p: engine_alone(lanes, measures, repeats, [p])[0] for p in names}
+        mean = float(np.mean(list(alone.values())))
+        row.update(each={p: rate(s) for p, s in alone.items()}, mean_alone=rate(mean),
+                   regrouped_over_mean=grouped / mean, mixed_over_mean=mixed / mean)
+        print("each alone (M lane-steps/s): " + ", ".join(f"{p} {rate(s):.2f}" for p, s in alone.items()))
+        print(f"mean of each alone {rate(mean):.2f} M lane-steps/s: regrouped {grouped / mean:.2f}x its time, "
+              f"mixed {mixed / mean:.2f}x")
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +172,8 @@ def main(argv=None) -> int:
     parser.add_argument("--measures", type=list_arg(str, name="measures"), default=["pair_drift"],
                         help="measures kept (default pair_drift, as sweeps.schedulers; 'none' for the core engine)")
     parser.add_argument("--dispatch", action="store_true", help="also time a batch mixing every registered policy")
+    parser.add_argument("--dispatch-only", action="store_true", help="--dispatch without the table of lane counts")
+    parser.add_argument("--each", action="store_true", help="with --dispatch: also time every policy alone")
     parser.add_argument("--no-reference", action="store_true", help="skip the slow reference")
     parser.add_argument("--reference-steps", type=int_arg(100, STEPS), default=2000)
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
@@ -152,10 +189,12 @@ def main(argv=None) -> int:
           + ("" if reference is None else f"; slow reference (vtc_jax/testing/reference.py): {reference:,.0f} steps/s"))
     out = {"device": f"{device.platform} {device.device_kind}", "jax": jax.__version__, "measures": args.measures,
            "sequential_steps_per_s": seq, "reference_steps_per_s": reference, "rows": []}
-    print("| lanes | end to end cold M/s | end to end warm M/s | engine alone M/s | compile+first s | events "
-          "| engine / sequential |")
-    print("|---|---|---|---|---|---|---|")
-    for i, lanes in enumerate(args.lanes):
+    rows = [] if args.dispatch_only else args.lanes
+    if rows:
+        print("| lanes | end to end cold M/s | end to end warm M/s | engine alone M/s | compile+first s | events "
+              "| engine / sequential |")
+        print("|---|---|---|---|---|---|---|")
+    for i, lanes in enumerate(rows):
         cold = end_to_end(lanes, measures, seed0=10_000 * (i + 1))
         warm = end_to_end(lanes, measures, seed0=10_000 * (i + 1) + lanes)
         alone, first, events = engine_alone(lanes, measures, args.repeats, ["vtc"])
@@ -166,15 +205,8 @@ def main(argv=None) -> int:
         out["rows"].append(row)
         print(f"| {lanes} | {row['end_to_end_cold']:.2f} | {row['end_to_end_warm']:.2f} | {row['engine_alone']:.2f} "
               f"| {first:.2f} | {events} | {row['engine_over_sequential']:.0f}x |", flush=True)
-    if args.dispatch:
-        lanes = max(args.lanes)
-        single, _, _ = engine_alone(lanes, measures, args.repeats, ["vtc"])
-        mixed, _, _ = engine_alone(lanes, measures, args.repeats, list(registry.names()))
-        out["dispatch"] = {"lanes": lanes, "single_policy": lanes * STEPS / single / 1e6,
-                           "all_policies": lanes * STEPS / mixed / 1e6, "overhead": mixed / single}
-        print(f"dispatch at {lanes} lanes: vtc only {out['dispatch']['single_policy']:.2f} M lane-steps/s, "
-              f"all {len(registry.names())} policies mixed {out['dispatch']['all_policies']:.2f} "
-              f"({mixed / single:.2f}x the time)")
+    if args.dispatch or args.dispatch_only:
+        out["dispatch"] = dispatch(max(args.lanes), measures, args.repeats, args.each)
     if args.json:
         from vtc_jax.core.fileio import write_text_atomically
 

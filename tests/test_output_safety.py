@@ -254,6 +254,34 @@ def test_the_time_left_tracks_measured_progress():
     assert checked >= 20
 
 
+def test_drained_lanes_report_lanes_per_second_and_no_guess():
+    """A one-server slora compare printed '~2628170 s left' and '156.25 M lane-steps/s': its
+    lanes drain, so its steps (10^9 us) and the runner's expected events are bounds, not
+    their length. Drained: lanes/s, and time left only once a chunk was measured whole. Here
+    2 chunks of 10 lanes, 8 calls of 4 events, 1 s each: the first chunk's measured work is
+    its 7 s after the first call, 10 x 28/32 = 8.75 lanes, 1.25 lanes/s; at 9 s the second
+    chunk is 4/32 done (11.25 lanes): 8.75 / 1.25 = 7 s left."""
+    import io
+
+    from vtc_jax.driver.sweep import Progress
+
+    clock, prints = [0.0], []
+
+    class Log(io.StringIO):
+        def write(self, text):
+            if text.strip():
+                prints.append(text)
+            return len(text)
+
+    progress = Progress("t", 2 * 10, 1_610_612_734, Log(), clock=lambda: clock[0], drains=True)
+    _drive_progress(progress, clock, chunks=2, lanes=10, calls=8, events=4, expected=1_610_612_734, compile_s=0)
+    assert prints and not any("lane-steps" in line for line in prints)
+    first_chunk = [line for line in prints if "lanes 0/20" in line]
+    assert first_chunk and all("n/a lanes/s" in line and "time left not yet known" in line for line in first_chunk)
+    after = next(line for line in prints if "lanes 11/20" in line)
+    assert "1.25 lanes/s" in after and "~7 s left" in after, after
+
+
 # ---- 7. the runner's calls are short ------------------------------------------------------------
 
 def _slow_program():

@@ -107,10 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--step-time", default=None, metavar="FILE.json",
                     help="server vllm: your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
     cp.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
-                    help="server vllm: SLOs for goodput, vLLM's form (e.g. ttft:500 tpot:50; NAME ttft, tpot, e2el)")
+                    help="server vllm, or slora on one server: SLOs for goodput, vLLM's form (e.g. ttft:500 tpot:50; "
+                         "NAME ttft, tpot, e2el)")
     cp.add_argument("--requests-out", default=None, metavar="FILE.csv",
-                    help="server vllm: one row per request and policy (arrival, first token, finish, TTFT, TPOT, "
-                         "E2E in us, output, preemptions)")
+                    help="server vllm, or slora on one server: one row per request and policy (arrival, first token, "
+                         "finish, TTFT, TPOT, E2E in us, output, preemptions)")
     cp.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=None,
                     help=f"seconds per step for a timestamped log (default {DEFAULT_STEP_SECONDS}: a 25 ms decode "
                          "step; use your engine's mean decode iteration time; --server slora: its own clock, 1 us)")

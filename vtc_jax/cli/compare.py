@@ -1,6 +1,8 @@
 """`python -m vtc_jax compare`: several policies on your own log (a trace CSV in steps, or a
 timestamped log in seconds with any tenant names), per tenant and policy: shares, waits,
-the backlogged drift and the load line, written as results.json/csv and plots."""
+the backlogged drift and the load line, written as results.json/csv and plots; on one
+`slora` server also its latencies in ms (slora_compare.py), on `vllm` only those
+(timed_compare.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,15 @@ def read_log(path, step_seconds: float, args=None) -> tuple[Trace, list[str], in
     tenant names, steps per second)."""
     if args is None:  # the reader's defaults
         args = argparse.Namespace(log=path, step_seconds=step_seconds, **input_flags.DEFAULTS)
+    log, trace, names, per_second = _read(args)
+    return trace, names, per_second
+
+
+def _read(args):
+    """(the reader's log, its engine trace in file order, tenant names, steps per second)."""
     log = input_flags.read_input(args, "log")
     step = input_flags.step_seconds_of(args, log)
-    return input_flags.engine_trace(args, log), list(log.tenants), input_flags.steps_per_second(log, step)
+    return log, input_flags.engine_trace(args, log), list(log.tenants), input_flags.steps_per_second(log, step)
 
 
 def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
@@ -53,10 +61,14 @@ def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
 def command(args) -> int:
     """The compare command: every policy on the log as rows of one sweep (seeds redraw
     arrivals), its tables printed, results, plots and tenants.png written as one set; with
-    --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare)."""
+    --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare);
+    on one slora server the latencies of each policy's lane of the log as it is follow
+    (slora_compare)."""
+    from vtc_jax.cli import slora_compare
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
     from vtc_jax.driver.run import MAX_HORIZON, server_drain, validate_fits
+    from vtc_jax.driver.server_latency import RecordingEngine
     from vtc_jax.inputs.sources import TraceSource
 
     for p in args.policies:
@@ -66,13 +78,14 @@ def command(args) -> int:
         from vtc_jax.cli import timed_compare
 
         return timed_compare.command(args)
-    if args.kv_budget is None:
-        raise InputError("--kv-budget M is required (the ideal server's memory)")
+    if args.kv_budget is None:  # slora: M from its own pool; ideal has none
+        args.kv_budget = slora_compare.default_memory(args.server)
+        if args.kv_budget is None:
+            raise InputError("--kv-budget M is required (the ideal server's memory)")
     server_options(args)  # refuses another server's flags
     args.step_seconds = input_flags.resolved_step_seconds(args)  # slora: its own clock (1 us) unless given
-    for flag in ("preset", "step_time", "goodput", "requests_out"):
-        if getattr(args, flag):
-            raise InputError(f"--{flag.replace('_', '-')} applies to a timed server (--server vllm)")
+    slos = slora_compare.check_flags(args, cluster)
+    latency = slora_compare.reports_latency(args.server, cluster)
     for p in args.policies:
         registry.get(p)
     if len(set(args.policies)) != len(args.policies):
@@ -81,7 +94,7 @@ def command(args) -> int:
     if cluster:
         cluster_flags.check_flags(args)
         gateway = cluster_flags.gateway_policy(args)
-    trace, names, per_second = read_log(args.log, args.step_seconds, args)
+    log, trace, names, per_second = _read(args)
     k = trace.num_clients
     if args.weights and len(args.weights) != k:
         raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "
@@ -89,6 +102,8 @@ def command(args) -> int:
     rows = []
     check_unused(args, args.policies, gateway)
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
+    if latency:  # every token's time, for ITL's percentiles
+        settings = slora_compare.with_token_times(settings, trace.output, len(settings) * args.seeds)
     horizon = args.steps or max(server_drain(trace, s, args.server) for s in settings)
     limit = servers.get(args.server).max_horizon if args.steps is None else MAX_HORIZON
     if horizon > limit:  # a cut drain bound would leave requests unserved
@@ -110,13 +125,17 @@ def command(args) -> int:
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)
+    recorder = RecordingEngine(slora_compare.RECORD) if latency else None
     sweep = sweep_mod.Sweep(name="compare", config=config,
                             rows=rows, metrics=sweep_mod.base_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
                             columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
-                                     "throughput"), plots=plots, clients=True)
+                                     "throughput"), plots=plots, clients=True, engine=recorder)
     draw = not args.no_plots
-    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw
+                              + (slora_compare.OUTPUTS if latency else []))
+    if latency:
+        slora_compare.check_requests_out(args)
     input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_outputs.format_table(sweep, result))
@@ -124,17 +143,19 @@ def command(args) -> int:
     print("per tenant (means over seeds; waits in steps"
           + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
     print(sweep_outputs.format_clients(result, names))
-    return _write(args, sweep, result, names)
+    extra = slora_compare.report(args, recorder, rows, trace, names, input_flags.file_rows(log), slos,
+                                 settings[0]) if latency else []
+    return _write(args, sweep, result, names, extra)
 
 
-def _write(args, sweep, result: dict, names: list[str]) -> int:
-    """results, plots and tenants.png as ONE set: a full disk or a Ctrl-C leaves the
-    previous results, never results without plots."""
+def _write(args, sweep, result: dict, names: list[str], extra: list = ()) -> int:
+    """results, plots, tenants.png and the caller's `extra` (path, writer) pairs as ONE
+    set: a full disk or a Ctrl-C leaves the previous results, never results without plots."""
     from vtc_jax.driver import sweep_outputs
 
     draw = not args.no_plots
     tenants = [(args.out / "tenants.png", lambda path: sweep_outputs.draw_tenants(result, names, path))] * draw
-    written = sweep_outputs.write_outputs(sweep, result, args.out, plots=draw, extra=tenants)
+    written = sweep_outputs.write_outputs(sweep, result, args.out, plots=draw, extra=tenants + list(extra))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 

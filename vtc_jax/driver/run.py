@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import runner
+from vtc_jax.driver import policy_groups, runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
@@ -179,9 +179,9 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
     lane_workload = with_timeline(lane_workload, batched=not shared)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
                         workload=None if shared else lane_workload)
-    host, done = run_in_tiers(config, batch, lane_workload if shared else None, event_budget=event_budget,
-                              chunk=chunk, expected_events=expected_events, mesh=mesh or lane_mesh(),
-                              progress=progress)
+    host, done = policy_groups.run(run_in_tiers, config, settings, batch, lane_workload if shared else None,
+                                   event_budget=event_budget, chunk=chunk, expected_events=expected_events,
+                                   mesh=mesh or lane_mesh(), progress=progress)
     steps = np.asarray(host.step, np.int64)
     buckets = config.num_checkpoints if config.measures.demand else 0
     arrived_offered, offered, max_prompt, demand, last_arrival = lane_workload_stats(
@@ -438,6 +438,9 @@ def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
 
 
 MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request blocks and generator words
+# Generators keying requests by the int32 arrival * K + client (traffic.py, servegen_device.py):
+# horizon x K must fit int32. A trace's ORDER is a rank (sources._trace_lane): no such key.
+KEYED_KINDS = ("traffic", "servegen")
 
 
 def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], record_every: int = 0,
@@ -450,7 +453,11 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     if lay.num_rows * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
         raise InputError(f"a lane would hold {lay.num_rows:,} request rows (> {MAX_LANE_STREAM_BYTES >> 30} GiB "
                          "with the generator's words): shorten the horizon or lower the rates")
-    if horizon * k >= INT32_MAX or horizon > MAX_HORIZON:
+    limit = servers.get(server).max_horizon  # as plan_lanes: a drain bound in the server's time unit
+    limit = limit if sources.drains(srcs[0]) else min(MAX_HORIZON, limit)
+    if horizon > limit:
+        raise InputError(f"horizon {horizon} exceeds the limit {limit}")
+    if srcs[0].kind in KEYED_KINDS and horizon * k >= INT32_MAX:  # the generator's arrival x K + client key
         raise InputError(f"horizon {horizon} x clients {k} exceeds the int32 limit {INT32_MAX}")
     min_prompt = min(s.lengths()[0] for s in srcs)
     max_prompt = max(s.lengths()[1] for s in srcs)

@@ -323,11 +323,16 @@ class Progress:
     and so is that call's share of the chunk, known once the chunk ended (its events over
     all the chunk's events). While a chunk runs, its fraction done is its events over those
     of the last completed chunk (over the runner's expected count before one completed).
-    `clock` (seconds) is injectable for tests.
+    Lanes that drain (`drains`) run until their requests are served: `steps` and the
+    runner's expected events are then bounds, not their length (on a microsecond clock,
+    10^9 for a run of a few thousand events), so the rate is in lanes/s and time left is
+    given only once a chunk has been measured whole. `clock` (seconds) is injectable for
+    tests.
     """
 
-    def __init__(self, name: str, total_lanes: int, steps: int, log=None, clock: Callable[[], float] | None = None):
-        self.name, self.total, self.steps, self.log = name, total_lanes, steps, log or sys.stderr
+    def __init__(self, name: str, total_lanes: int, steps: int, log=None, clock: Callable[[], float] | None = None,
+                 drains: bool = False):
+        self.name, self.total, self.steps, self.log, self.drains = name, total_lanes, steps, log or sys.stderr, drains
         self.clock = clock or time.perf_counter
         self.started = self.clock()
         self.last = self.started
@@ -376,13 +381,16 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.started
-        rate = self._rate()
+        rate = self._rate() if not self.drains or self.measured_seconds > 0 else float("nan")
         known = math.isfinite(rate)
         left = f"~{(self.total - done) / rate:.0f} s left" if known else "time left not yet known"
+        if self.drains:
+            speed = f"{rate:.3g} lanes/s" if known else "n/a lanes/s"
+        else:
+            speed = f"{f'{rate * self.steps / 1e6:.2f}' if known else 'n/a'} M lane-steps/s"
         where = f" (process {jax.process_index()}/{jax.process_count()})" if jax.process_count() > 1 else ""
         print(f"[{self.name}] lanes {int(done)}/{self.total}{where} ({100 * done / self.total:.0f}%), "
-              f"{f'{rate * self.steps / 1e6:.2f}' if known else 'n/a'} M lane-steps/s, {elapsed:.0f} s elapsed, "
-              f"{left}", file=self.log, flush=True)
+              f"{speed}, {elapsed:.0f} s elapsed, {left}", file=self.log, flush=True)
 
 
 def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: int | None = None,
@@ -415,11 +423,12 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
     steps = max(engine.steps(configs[key], [rows[i] for i in idx]) for key, idx in groups.items())
     total = len(rows) * len(seeds)
     start, stop = process_share(total)
-    up_to = "up to " if any(sources_mod.drains(r.source) for r in rows) else ""
-    print(f"[{sweep.name}] {len(rows)} settings x {len(seeds)} seeds = {total:,} lanes of {up_to}{steps:,} steps "
-          f"({total * steps:.3g} lane-steps) on {mesh.devices.size} {jax.devices()[0].platform} device(s)",
-          file=log, flush=True)
-    progress = Progress(sweep.name, stop - start, steps, log)
+    drains = any(sources_mod.drains(r.source) for r in rows)
+    length = (f"run until they drain (at most {steps:,} steps of the server's clock)" if drains
+              else f"of {steps:,} steps ({total * steps:.3g} lane-steps)")
+    print(f"[{sweep.name}] {len(rows)} settings x {len(seeds)} seeds = {total:,} lanes {length} on "
+          f"{mesh.devices.size} {jax.devices()[0].platform} device(s)", file=log, flush=True)
+    progress = Progress(sweep.name, stop - start, steps, log, drains=drains)
     max_clients = max(getattr(r.source, "num_clients", 0) for r in rows)
     collected: list[tuple[np.ndarray, dict]] = []
     series_steps, used_chunk = None, 0

@@ -18,7 +18,10 @@ One lane is one simulated server. Its `State` advances by *events*, one per call
 A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
 COMPLETE per request and one extra ARRIVE per `arrival_width` arrivals of a step past the
 first width: at most T + 3 * requests events. An arrival event reads W rows, not one per
-client, so a step costs O(K) elementwise work and O(W) gathers whatever K. Lanes that reach their horizon become no-ops (`done`).
+client, and arrivals, admissions and completions update only their clients' entries
+(policies.base.put_at / add_at: scatters at many clients), so the O(K) work of an event is
+the selection and the step's charges and drift. Lanes that reach their horizon become
+no-ops (`done`).
 
 Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
 in the workload. The policy (vtc_jax/policies) and the server (vtc_jax/servers) are
@@ -52,7 +55,8 @@ from vtc_jax.engines.settings import Params
 from vtc_jax.inputs.workload import TIMELINE_PAD, Workload
 from vtc_jax.measures.online import MeasureConfig, Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import estimators, registry
-from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible
+from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, add_at, admissible,
+                                   put_at)
 from vtc_jax.servers import registry as servers
 from vtc_jax.servers.base import ServerShape
 
@@ -250,11 +254,11 @@ def _onehot(client, k, mask):
 
 
 def admit(state: State, view: View, choice, params: Params, workload: Workload, mask, config: EngineConfig) -> State:
-    """Admit the candidate's head request where `mask` (phase 2, one request)."""
-    k = config.num_clients
+    """Admit the candidate's head request where `mask` (phase 2, one request). Only the
+    client's own entries change (put_at: a scatter at many clients, no work over K)."""
+    k, num = config.num_clients, view.num
     client = choice.client
     row, index = view.heads[client], view.head_index[client]
-    take = _onehot(client, k, mask)
     prompt, output = row[PROMPT], row[OUTPUT]
     charged = jnp.where(params.costs.charge_cached, prompt, prompt - row[CACHED])
     prefill = params.costs.prefill * charged
@@ -273,20 +277,22 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     value = _dispatch(config, params, values)
     server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask,
                                                         index=index, generated=generated)
-    fresh = _onehot(client, k, first)
-    head_index = state.head_index + fresh
-    next_row = workload.requests[head_index[client]]  # the client's new head (meaningful if backlogged)
+    fifo_index = state.head_index[client] + first  # the FIFO's head after the admission
+    # The client's new head (meaningful if backlogged). Lanes that do not admit read row 0,
+    # which every such event reads, so it stays cached: only admissions pay a miss.
+    next_row = workload.requests[jnp.where(mask, fifo_index, 0)]
     if stacks is not None:
         left = stacks.depth[client]
         next_row = jnp.where(left > 0, stacks.rows[client, jnp.maximum(left - 1, 0)], next_row)
     return dataclasses.replace(
         state,
-        head=state.head + fresh, head_index=head_index, stacks=stacks,
-        heads=jnp.where((jnp.arange(k) == client)[:, None] & mask, next_row[None, :], state.heads),
-        server=server, service=view.num.add(state.service, take * prefill),
-        counter=view.num.add(state.counter, take * prefill * params.costs.counter_mult),
-        admitted=state.admitted + fresh, last_left=jnp.where(mask, client, state.last_left),
-        overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, fresh, row),
+        head=add_at(state.head, client, 1, first), head_index=put_at(state.head_index, client, fifo_index, first),
+        stacks=stacks, heads=put_at(state.heads, client, next_row, mask), server=server,
+        service=put_at(state.service, client, num.add(state.service[client], prefill), mask),
+        counter=put_at(state.counter, client,
+                       num.add(state.counter[client], prefill * params.costs.counter_mult[client]), mask),
+        admitted=add_at(state.admitted, client, 1, first), last_left=jnp.where(mask, client, state.last_left),
+        overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, _onehot(client, k, first), row),
         policy=_keep(state.policy, policy_states, mask),
         measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
                           state.horizon, view.num))
@@ -346,7 +352,6 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
     """Phase 4 for one request (the next to complete) where `mask`."""
     server, done = servers.get(config.server).complete(state.server, state.step, mask)
     client, prompt, output, value = done.client, done.prompt, done.output, done.value
-    take = _onehot(client, config.num_clients, mask)
     completion = Completion(client=client, prompt=prompt, output=output, estimate=value)
     policy_states = {name: registry.get(name).complete(state.policy[name], view, completion, params.policy[name])
                      for name in config.policies}
@@ -354,18 +359,20 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
     if config.estimator:
         estimator = estimators.observe(estimator, client, output, mask)
     return dataclasses.replace(
-        state, server=server, completed=state.completed + take,
-        limits=limits.on_complete(state.limits, take, prompt, output), estimator=estimator,
+        state, server=server, completed=add_at(state.completed, client, 1, mask),
+        limits=limits.on_complete(state.limits, _onehot(client, config.num_clients, mask), prompt, output),
+        estimator=estimator,
         policy=_keep(state.policy, policy_states, mask))
 
 
 def arrival_window(state: State, workload: Workload, config: EngineConfig):
-    """(row int32[W], client int32[W], arrival int32[W]): the next `arrival_width` requests
-    to arrive, in (arrival, number) order, from the workload's timeline."""
+    """(index int32[W], client int32[W], rows int32[W, 5]): the next `arrival_width`
+    requests to arrive, in (arrival, number) order, from the workload's timeline (their
+    rows read once: at many clients each is a cache miss)."""
     if not 1 <= config.arrival_width <= TIMELINE_PAD:
         raise ValueError(f"arrival_width must be in [1, {TIMELINE_PAD}] (the timeline's padding)")
     entries = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, config.arrival_width)
-    return entries[:, 0], entries[:, 1], workload.requests[entries[:, 0], ARRIVAL]
+    return entries[:, 0], entries[:, 1], workload.requests[entries[:, 0]]
 
 
 def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, window,
@@ -377,21 +384,18 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     is in arrival order), so later events of the step lift nobody. `window` is
     `arrival_window` of this state."""
     k, width = config.num_clients, config.arrival_width
-    index, client, arrival = window
-    joins = mask & (arrival <= state.step)  # in arrival order: a prefix of the window
-    mine = (client[:, None] == jnp.arange(k)[None, :]) & joins[:, None]  # [W, K]
-    joining = mine.sum(axis=0, dtype=I32)
-    newcomer = ~view.backlogged & (joining > 0)
-    opens = mine & (jnp.cumsum(mine, axis=0) == 1) & newcomer[None, :]  # a newcomer's first request
-    first = client[jnp.argmax(opens.any(axis=1))]  # the first newcomer in trace order
-    rows = workload.requests[index]  # [W, 5]
-    new_head = (opens[:, :, None] * rows[:, None, :]).sum(axis=0)  # [K, 5]: the rows that open a FIFO
-    new_index = (opens * index[:, None]).sum(axis=0)
+    index, client, rows = window
+    joins = mask & (rows[:, ARRIVAL] <= state.step)  # in arrival order: a prefix of the window
+    # Per entry, the earlier joining entries of its client ([W, W]: no work over K).
+    earlier = (client[:, None] == client[None, :]) & joins[None, :] & jnp.tri(width, k=-1, dtype=bool)
+    before = earlier.sum(axis=1, dtype=I32)
+    opens = joins & (before == 0) & ~view.backlogged[client]  # a newcomer's first request
+    newcomer = put_at(jnp.zeros(k, bool), client, True, opens)  # (opening entries are of distinct clients)
+    joining = add_at(jnp.zeros(k, I32), client, 1, joins)  # (computed only for a policy that reads it)
+    first = client[jnp.argmax(opens)]  # the first newcomer in trace order
     estimates = None
     if config.arrival_rows:
-        before = (jnp.cumsum(mine, axis=0) - mine)[jnp.arange(width), client]  # earlier joins of its client
-        position = state.arrived[client] + before
-        estimates = _estimates(state, params, config, client, rows, position)
+        estimates = _estimates(state, params, config, client, rows, state.arrived[client] + before)
     arrivals = Arrivals(joins=joins, client=client, index=index, rows=rows if config.arrival_rows else None,
                         estimates=estimates, joining=joining, newcomer=newcomer, first=first)
     policy_states, counters = {}, []
@@ -402,9 +406,9 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     # Arrival hooks see only joining requests (`joins` is False outside this event), so
     # their states need no select (per-request tables stay O(1) per event).
     return dataclasses.replace(
-        state, counter=view.num.where(mask, counter, state.counter), arrived=state.arrived + joining,
-        next=state.next + joins.sum(dtype=I32), heads=jnp.where(newcomer[:, None], new_head, state.heads),
-        head_index=jnp.where(newcomer, new_index, state.head_index), policy=policy_states)
+        state, counter=view.num.where(mask, counter, state.counter), arrived=add_at(state.arrived, client, 1, joins),
+        next=state.next + joins.sum(dtype=I32), heads=put_at(state.heads, client, rows, opens),
+        head_index=put_at(state.head_index, client, index, opens), policy=policy_states)
 
 
 def select(state: State, view: View, params: Params, config: EngineConfig):
@@ -436,7 +440,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     active = ~state.done
     heads, head_index = _heads(state)
     window = arrival_window(state, workload, config)
-    next_arrival = window[2][0]
+    next_arrival = window[2][0, ARRIVAL]
     in_horizon = state.step < state.horizon
     server = servers.get(config.server)
     due = server.due(state.server, state.step)
@@ -478,7 +482,7 @@ def _begin_if_settled(state: State, params: Params, workload: Workload, mask, co
     completion is due): when no arrival of the step is left either and the step has not
     begun, the next event would be its BEGIN alone, from this very state, so it is taken
     here (one event per step fewer, the same states)."""
-    next_arrival = arrival_window(state, workload, config)[2][0]
+    next_arrival = arrival_window(state, workload, config)[2][0, ARRIVAL]
     beginning = mask & (state.step < state.horizon) & (next_arrival > state.step) & ~state.begun
     heads, head_index = _heads(state)
     view = _view(state, params, heads, head_index,

@@ -246,6 +246,51 @@ def onehot(client: jax.Array, num_clients: int, mask=True) -> jax.Array:
     return ((jnp.arange(num_clients) == client) & mask).astype(I32)
 
 
+# An event touches a few clients' entries. Below SCATTER_CLIENTS clients a select over all K
+# is cheapest (it fuses with its neighbours); from there a scatter, which touches only those
+# entries: under vmap over 512 lanes on XLA CPU, setting one row of int32[87, 5] costs 6 us
+# by a scatter against 85 us by a select over K (at K = 2: 4 us against 3 us).
+SCATTER_CLIENTS = 8
+
+
+def _entries(x, clients, values, mask):
+    """(clients int32[W], values [W, *x.shape[1:]], mask bool[W]) from one entry or W."""
+    clients = jnp.asarray(clients, I32)
+    one = clients.ndim == 0
+    clients = clients.reshape(-1)
+    values = jnp.asarray(values, x.dtype)
+    values = jnp.broadcast_to(values[None] if one else values, clients.shape + x.shape[1:])
+    mask = jnp.broadcast_to(jnp.asarray(mask, bool).reshape(-1), clients.shape)
+    return clients, values, mask & (clients >= 0) & (clients < x.shape[0])  # (a scatter wraps negative indices)
+
+
+def put_at(x: jax.Array, clients, values, mask=True) -> jax.Array:
+    """x[K, ...] with x[clients[i]] = values[i] where mask[i] (clients int32[W] or int32[],
+    values [W, ...] or one value); the clients where mask holds must be distinct, and a
+    client outside [0, K) changes nothing."""
+    clients, values, mask = _entries(x, clients, values, mask)
+    k = x.shape[0]
+    if k >= SCATTER_CLIENTS:
+        return x.at[jnp.where(mask, clients, k)].set(values, mode="drop")
+    for c, v, m in zip(clients, values, mask):  # W is static and small
+        hit = (jnp.arange(k) == c) & m
+        x = jnp.where(hit.reshape((k,) + (1,) * (x.ndim - 1)), v[None], x)
+    return x
+
+
+def add_at(x: jax.Array, clients, amounts, mask=True) -> jax.Array:
+    """x[K, ...] plus amounts[i] at clients[i] where mask[i] (clients may repeat; shapes as
+    `put_at`). Plain int32 sums only (exact wide counters: `put_at` of num.add)."""
+    clients, amounts, mask = _entries(x, clients, amounts, mask)
+    k = x.shape[0]
+    if k >= SCATTER_CLIENTS:
+        return x.at[jnp.where(mask, clients, k)].add(amounts, mode="drop")
+    for c, v, m in zip(clients, amounts, mask):
+        hit = (jnp.arange(k) == c) & m
+        x = x + jnp.where(hit.reshape((k,) + (1,) * (x.ndim - 1)), v[None], 0).astype(x.dtype)
+    return x
+
+
 def lift(counter: jax.Array, backlogged: jax.Array, newcomer: jax.Array, first: jax.Array,
          last_left: jax.Array, use_last_left: jax.Array, num) -> jax.Array:
     """MODEL.md's lift rule over one arrival event, applied request by request in trace

@@ -27,8 +27,13 @@ What it models (every item a named setting, `OPTIONS`; defaults: the artifact's 
 The prompt the engine sees is the server's input (the artifact's trace prompt plus its
 `input_extra`, added by the caller). Completions leave in request order (ORDER), as the
 artifact's. Per request, by its number in (arrival, number) order (ORDER: rows an rpm
-limit rejects keep theirs), the server keeps its first-token and finish times (`first`,
-`finish`, -1: not yet).
+limit rejects keep theirs), the server keeps its admission, first-token and finish times
+(`scheduled`, `first`, `finish`, -1: not yet; `request_record` reads them on the host),
+and, given `token_times` T > 0, each output token's time (servers/base.py TokenTimes, its
+rows by request number too): the end of the step that sampled it (the prefill gives token
+0, each decode step the next token to every running request; the extra finish charge is a
+charge, no token). T is static (`static_options`: the most any lane asks for); 0, the
+default, keeps no record and costs nothing.
 
 Layout (O(S + K) per call, S slots): running requests in a pool of S slots (a free-list
 stack) and, for the KV check, an array sorted by tokens to come with V_j = (j + 1) * left_j +
@@ -47,7 +52,8 @@ import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
-from vtc_jax.servers.base import Finished, Load, Server, ServerShape, Work
+from vtc_jax.servers.base import (Finished, Load, Server, ServerShape, TokenTimes, Work, token_rows, token_stamps,
+                                  token_times)
 
 I32, F32 = jnp.int32, jnp.float32
 BIG = (1 << 31) - 1
@@ -59,12 +65,15 @@ OPTIONS = {  # name: default (the artifact's engine)
     "kv_pool": 10_000, "adapter_reserve": 32, "prefill_cap": 3072, "running_cap": 1000, "cadence": 10,
     "poll_us": 10_000, "idle": "poll", "extra_finish_charge": True,
     "slots": 0,  # running slots to plan (0: the proven bound; fewer: a lane that needs more is flagged, for tiers)
+    "token_times": 0,  # entries of the per-token time record (a static size: the most of any lane; 0: none)
     # the step-time model in seconds (the artifact's A10G fit), times `overhead`
     "prefill_base": 0.0, "prefill_per_token": 0.214e-3, "decode_base": 19.7e-3, "decode_per_request": 0.215e-3,
     "decode_per_context_token": 1.71e-6, "overhead": 1.08,
 }
 INT_RANGES = {"kv_pool": (1, 1 << 30), "adapter_reserve": (0, 1 << 20), "prefill_cap": (1, 1 << 30),
-              "running_cap": (1, 1 << 20), "cadence": (0, 1 << 30), "poll_us": (1, MAX_STEP_US), "slots": (0, 1 << 20)}
+              "running_cap": (1, 1 << 20), "cadence": (0, 1 << 30), "poll_us": (1, MAX_STEP_US), "slots": (0, 1 << 20),
+              "token_times": (0, 1 << 30)}
+STATIC = ("token_times",)  # in the server's shape (static_options), not its traced params
 P_INDEX, P_ORDER, P_CLIENT, P_INPUT, P_OUTPUT, P_VALUE = range(6)
 
 
@@ -87,10 +96,12 @@ class SloraState:
         P_OUTPUT, P_VALUE (the policy's value); pd0: int32[S] decodes at its prefill.
       pocc, ppend, pfin: bool[S]  occupied, in the open round, finished by the last step.
       free: int32[S], nfree: int32[]  free slots (a stack).
-      first, finish: int32[R]  per request number (ORDER): end of its prefill step, of its
-        last step (-1: not yet).
+      scheduled, first, finish: int32[R]  per request number (ORDER): its admission (it
+        joins the open round), the end of its prefill step, of its last step (-1: not yet).
       peak: int32[]  the most requests that held KV at once.
       steps, prefills: int32[]  steps run (prefill or decode), of them prefills.
+      times: TokenTimes  each output token's time, its `offset` per request number (ORDER,
+        as `first`), not per workload row (empty arrays: no record, `token_times` 0).
     """
 
     clock: jax.Array
@@ -113,11 +124,13 @@ class SloraState:
     pfin: jax.Array
     free: jax.Array
     nfree: jax.Array
+    scheduled: jax.Array
     first: jax.Array
     finish: jax.Array
     peak: jax.Array
     steps: jax.Array
     prefills: jax.Array
+    times: TokenTimes
 
 
 def init(shape: ServerShape) -> SloraState:
@@ -127,8 +140,8 @@ def init(shape: ServerShape) -> SloraState:
     return SloraState(clock=zi(), wait=zi(), decodes=zi(), count=zi(), pending=zi(), round_tokens=zi(), finishing=zi(),
                       members=zi(k), context=zi(k), skey=zi(s), sval=zi(s), sslot=zi(s), spend=zb(s), pool=zi(s, 6),
                       pd0=zi(s), pocc=zb(s), ppend=zb(s), pfin=zb(s), free=jnp.arange(s - 1, -1, -1, dtype=I32),
-                      nfree=jnp.asarray(s, I32), first=jnp.full(r, -1, I32), finish=jnp.full(r, -1, I32), peak=zi(),
-                      steps=zi(), prefills=zi())
+                      nfree=jnp.asarray(s, I32), scheduled=jnp.full(r, -1, I32), first=jnp.full(r, -1, I32),
+                      finish=jnp.full(r, -1, I32), peak=zi(), steps=zi(), prefills=zi(), times=token_times(shape))
 
 
 def load(state: SloraState) -> Load:
@@ -217,7 +230,9 @@ def admit(state: SloraState, params, row, client, value, step, mask, *, index=No
         skey=insert(state.skey, c_out - 1 + state.decodes), sval=insert(state.sval, v_new, v_shift),
         sslot=insert(state.sslot, slot), spend=insert(state.spend, True),
         pool=_put(state.pool, slot, entry, admit_, slots), pocc=state.pocc | is_slot, ppend=state.ppend | is_slot,
-        nfree=state.nfree - admit_.astype(I32), peak=jnp.maximum(state.peak, state.count + admit_.astype(I32)))
+        nfree=state.nfree - admit_.astype(I32), peak=jnp.maximum(state.peak, state.count + admit_.astype(I32)),
+        scheduled=_put(state.scheduled, row[ORDER], step, admit_, state.scheduled.shape[0]),
+        times=token_rows(state.times, row[ORDER], c_out, admit_))
     return out, mask & (state.nfree == 0)
 
 
@@ -261,7 +276,8 @@ def end_step(state: SloraState, params, mask):
         pending=jnp.where(prefill, 0, state.pending), round_tokens=jnp.where(prefill, 0, state.round_tokens),
         first=_put(state.first, state.pool[:, P_ORDER], clock, first_now, rows),
         finish=_put(state.finish, state.pool[:, P_ORDER], clock, finished, rows),
-        steps=state.steps + stepping.astype(I32), prefills=state.prefills + prefill.astype(I32))
+        steps=state.steps + stepping.astype(I32), prefills=state.prefills + prefill.astype(I32),
+        times=token_stamps(state.times, state.pool[:, P_ORDER], held_gen - 1, clock, batch))  # the step's tokens
     return out, Work(decoded=decoded, attended=attended, elapsed=elapsed, detail=detail)
 
 
@@ -364,8 +380,15 @@ def longest_step_us(s: dict, running: int, context: int) -> int:
 
 def encode(options: dict) -> dict:
     s = settings(options)
-    return {**{name: np.int32(s[name]) for name in INT_RANGES}, "idle_jump": np.bool_(s["idle"] == "jump"),
+    traced = {name: np.int32(s[name]) for name in INT_RANGES if name not in STATIC}
+    return {**traced, "idle_jump": np.bool_(s["idle"] == "jump"),
             "extra_finish_charge": np.bool_(s["extra_finish_charge"]), "time_coef": coefficients_us(s)}
+
+
+def static_options(options: list) -> tuple:
+    """(("token_times", the most entries any lane asks for: 0, no record),): the record's
+    size T is a shape (servers/base.py token_times)."""
+    return (("token_times", max(settings(o)["token_times"] for o in options)),)
 
 
 def plan_slots(options: list, bound: int, requests: int) -> int:
@@ -432,10 +455,19 @@ def census(host: SloraState, num_clients: int) -> np.ndarray:
     return out
 
 
+def request_record(host: SloraState) -> dict:
+    """Host side: {"scheduled", "first", "finish"}: int64[..., R] each, per request number
+    (ORDER), in us (-1: not yet); "token_at" int64[..., T], "token_offset" int64[..., R or
+    0]: the per-token record (TokenTimes; T 0: none kept), its offsets by request number;
+    what a latency report reads (driver/server_latency.py)."""
+    out = {name: np.asarray(getattr(host, name), np.int64) for name in ("scheduled", "first", "finish")}
+    return dict(out, token_at=np.asarray(host.times.at, np.int64), token_offset=np.asarray(host.times.offset, np.int64))
+
+
 SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on LightLLM): wall-clock microseconds, "
                "prefill stalls, the admission cadence, LightLLM's worst-case KV check (docs/ARTIFACT.md)",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
-               wake=wake, max_horizon=MAX_HORIZON, clock_seconds=1e-6,
+               wake=wake, max_horizon=MAX_HORIZON, clock_seconds=1e-6, static_options=static_options,
                request_times=lambda host: (np.asarray(host.first, np.int64), np.asarray(host.finish, np.int64)))

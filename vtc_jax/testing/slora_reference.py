@@ -15,7 +15,7 @@ by a free-list stack (the artifact's charge sums run in slot order).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -96,13 +96,16 @@ class StepDone:
     """A server step: `elapsed` (its duration), `tokens` [(request, context)]: each a charge
     of w_q + beta x context (context None: w_q alone, the extra finish charge); `first`:
     requests whose first token it gives; `done`: requests it finishes; `detail`: the
-    server's facts for the policies (slora: artifact_charges; None elsewhere)."""
+    server's facts for the policies (slora: artifact_charges; None elsewhere); `sampled`:
+    requests it gives a token, each one (slora: the round at a prefill, every decoder at a
+    decode; an extra finish charge is no token)."""
 
     elapsed: int
     tokens: list
     first: list
     done: list
     detail: dict | None = None
+    sampled: list = field(default_factory=list)
 
 
 class SloraServer:
@@ -173,7 +176,7 @@ class SloraServer:
         if done and self.o["extra_finish_charge"]:
             tokens += [(n, None) for n in batch]
         self.round = []
-        return StepDone(elapsed, tokens, first, done, detail)
+        return StepDone(elapsed, tokens, first, done, detail, sampled=first + decoders)
 
     def leave_order(self, done) -> list:
         return sorted(done, key=self.rank)
@@ -212,12 +215,22 @@ def artifact_charges(reqs, num_clients, batch, decoders, gen, value, slot, extra
 # ---------------------------------------------------------------- one server
 
 def literal_slora(requests, settings: Settings, num_clients: int):
+    """`literal_slora_run` as a tuple: (W, c, admitted, completed, rejected per client;
+    first, finish per request)."""
+    r = literal_slora_run(requests, settings, num_clients)
+    return r["W"], r["c"], r["admitted"], r["completed"], r["rejected"], r["first"], r["finish"]
+
+
+def literal_slora_run(requests, settings: Settings, num_clients: int) -> dict:
     """The engine with the slora server, literally: events in MODEL.md's order (the last
     step's completions, in request order, their hooks at t - 1 as on ideal; arrivals; admissions while the policy's candidate
     passes slora's checks; the step: the round's prefill, else a decode step, else a poll,
     or an idle wait to the next whole poll), the policy's own literal reference driven by
     its hooks (vtc_jax.testing.reference's conventions), exact Fractions for W and c.
-    Returns (W, c, admitted, completed, rejected per client; first, finish per request)."""
+    Returns {"W", "c", "admitted", "completed", "rejected"}: per client; {"scheduled",
+    "first", "finish"}: per request, the time of its admission, of its first token and of
+    its last (-1: never); "tokens": per request, the time of each token it was given, in
+    order (the end of the step that sampled it; [] never admitted)."""
     reqs = list(requests)
     K, s = num_clients, settings
     sim = ref._Sim(reqs, s, K)
@@ -231,7 +244,8 @@ def literal_slora(requests, settings: Settings, num_clients: int):
     if s.rpm_rejects:
         sim.position.update(accepted_positions(reqs, K, rejected_set))
     admitted, completed, value = [0] * K, [0] * K, {}
-    first, finish = [-1] * n_req, [-1] * n_req
+    scheduled, first, finish = [-1] * n_req, [-1] * n_req, [-1] * n_req
+    tokens = [[] for _ in range(n_req)]
     leaving, nxt, t = [], 0, 0
 
     def charge(k, x):
@@ -267,6 +281,7 @@ def literal_slora(requests, settings: Settings, num_clients: int):
             n = sim.fifo[k].pop(0)
             sim.running.append(n)
             server.admit(n)
+            scheduled[n] = t
             sim.last_left = k
             charge(k, sim.prefill_charge(n))
             admitted[k] += 1
@@ -283,7 +298,10 @@ def literal_slora(requests, settings: Settings, num_clients: int):
             first[n] = t + step.elapsed
         for n in step.done:
             finish[n] = t + step.elapsed
+        for n in step.sampled:
+            tokens[n].append(t + step.elapsed)
         sim.generated = {n: server.gen[n] for n in sim.running}
         call("on_step_end", step.elapsed)
         leaving, t = step.done, t + step.elapsed
-    return sim.W, sim.c, admitted, completed, rejected, first, finish
+    return {"W": sim.W, "c": sim.c, "admitted": admitted, "completed": completed, "rejected": rejected,
+            "scheduled": scheduled, "first": first, "finish": finish, "tokens": tokens}

@@ -1,0 +1,197 @@
+"""A batch mixing policies, run as one sub-batch per policy (driver/policy_groups.py):
+the same results as the mixed program, in the same lane order, and the rule that decides."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import jax
+import numpy as np
+import pytest
+
+from vtc_jax import Settings, registry, run_traces
+from vtc_jax.driver import policy_groups, runner
+from vtc_jax.driver import run as run_mod
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.testing.lanes import random_lanes
+from tests.test_vllm_server import lane_input, random_lane, server_options
+
+RUN = runner.run
+
+
+def assert_same_results(got, want) -> None:
+    """Every field of two LaneResults equal (NaN equal to NaN; the server state leaf by
+    leaf), and the exact values read from them."""
+    for field in dataclasses.fields(want):
+        a, b = getattr(got, field.name), getattr(want, field.name)
+        flat_a, tree_a = jax.tree_util.tree_flatten(a)
+        flat_b, tree_b = jax.tree_util.tree_flatten(b)
+        assert tree_a == tree_b, field.name
+        for x, y in zip(flat_a, flat_b):
+            x, y = np.asarray(x), np.asarray(y)
+            assert x.dtype == y.dtype and x.shape == y.shape, field.name
+            if x.dtype == object:
+                assert (x == y).all(), field.name
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=field.name)
+    for name in ("service_exact", "counters_exact", "max_drift_exact"):
+        assert (getattr(got, name) == getattr(want, name)).all(), name
+
+
+def _run(monkeypatch, regroup: bool, run, *args, **kwargs):
+    """`run(*args, **kwargs)` with the regrouping rule forced to `regroup`, and which
+    configs' policies the runner was given."""
+    seen = []
+
+    def recording(program, config, *a, **k):
+        seen.append(config.policies)
+        return RUN(program, config, *a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "run", recording)
+        patch.setattr(policy_groups, "decide", lambda *a: regroup)
+        return run(*args, **kwargs), seen
+
+
+# The policies that differ in what a regrouped carry must keep: fcfs (no admit hook: it files
+# an estimator's prediction as the server's value when the mixed program has one), vtc
+# (arrival hook), drr (a table of its own), vtc_predict (the estimator). Every registered
+# policy was checked this way once (12 compiles, ~100 s of CPU): too much for every CI run.
+POLICIES = ("fcfs", "vtc", "drr", "vtc_predict")
+
+
+def test_regrouped_equals_mixed_across_policies(monkeypatch):
+    """POLICIES, two lanes each, interleaved (lane i runs policy i mod P), on traces of
+    their own: each lane's results are the mixed program's."""
+    names = [n for n in registry.names() if n in POLICIES]
+    assert len(names) == len(POLICIES)
+    traces, settings, _ = random_lanes(random.Random(5), 2 * len(names), num_clients=3, policies=names)
+    # the cheapest compiles: no optional measures (the tests below keep them)
+    kwargs = dict(num_clients=3, steps=40, record_every=5, measures=MeasureConfig.of([]))
+    mixed, mixed_runs = _run(monkeypatch, False, run_traces, traces, settings, **kwargs)
+    grouped, grouped_runs = _run(monkeypatch, True, run_traces, traces, settings, **kwargs)
+    assert mixed_runs == [tuple(names)]
+    assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in registry order
+    assert_same_results(grouped, mixed)
+    assert mixed.finished.all()
+    for i, s in enumerate(settings):  # lane order kept: lane i is the lane run alone
+        if i % len(names) == 3:
+            alone = run_traces([traces[i]], [s], **kwargs)
+            np.testing.assert_array_equal(grouped.checkpoints[i], alone.checkpoints[0])
+
+
+def test_regrouped_equals_mixed_on_shared_drained_vllm(monkeypatch):
+    """One trace shared by every lane, drained, on the vllm server (slot tiers, preemption,
+    its schedule log in the server state), policies interleaved."""
+    reqs, config = random_lane(np.random.default_rng(3), "fcfs")
+    trace, _ = lane_input(reqs, config)
+    options = tuple(server_options(dict(config, max_num_seqs=4)).items())
+    settings = [Settings(p, kv_budget=1 << 29, server_options=options) for p in ("vtc", "fcfs", "vtc", "fcfs")]
+    kwargs = dict(server="vllm", log_steps=16, measures=MeasureConfig.of(["latency", "ledger"]))
+    mixed, _ = _run(monkeypatch, False, run_mod.replay_lanes, trace, settings, **kwargs)
+    grouped, runs = _run(monkeypatch, True, run_mod.replay_lanes, trace, settings, **kwargs)
+    assert {r for r in runs} == {("fcfs",), ("vtc",)}
+    assert_same_results(grouped, mixed)
+    assert mixed.finished.all()
+
+
+def test_generated_sweep_lanes_regrouped(monkeypatch):
+    """simulate_traffic, the sweeps' path: seed-major lanes whose requests are generated
+    once per seed for every setting, one config over all the lanes' policies."""
+    traffic = overload([0.5, 0.25], 60)
+    settings = [Settings(p, kv_budget=1024) for p in ("vtc", "las", "vtc")] * 2
+    seeds = [0, 0, 0, 1, 1, 1]
+    mixed, _ = _run(monkeypatch, False, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
+    grouped, runs = _run(monkeypatch, True, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
+    assert runs == [("vtc",), ("las",)]
+    assert_same_results(grouped, mixed)
+
+
+def test_progress_adds_up_over_sub_batches():
+    """Parts report their events weighted by their lanes: the batch's count rises to the
+    lanes' mean events and never falls, whatever order parts report in."""
+    reports = []
+    split = policy_groups.SplitProgress(lambda *r: reports.append(r), [1, 3])
+    first, second = split.part(0), split.part(1)
+    first(100, 400, 1.0)
+    first(400, 400, 2.0)
+    second(200, 400, 1.0)
+    second(50, 400, 1.5)  # a retry of some lanes (a slot tier) counts its most events
+    second(300, 400, 2.0)
+    assert [r[0] for r in reports] == [25, 100, 250, 250, 325]
+    assert all(r[1] == 400 for r in reports)
+
+
+def _vtc_config():
+    return run_mod.engine_config([Settings("vtc", kv_budget=64)], num_clients=2, num_rows=8, max_output=4, slots=4,
+                                 wide_numbers=False, record_every=0, num_checkpoints=0, arrival_width=4, drain=False,
+                                 measures=MeasureConfig.of([]))
+
+
+def test_rule():
+    """Regroup when the mixed program's extra per-policy work exceeds the sub-batches'
+    compiles; never for a config of one policy."""
+    per_compile = policy_groups.COMPILE_SECONDS / policy_groups.POLICY_SECONDS
+    even = int(per_compile * 11 / 10)  # 11 policies traced and run: the break-even point
+    assert not policy_groups.worth_regrouping(1, 1, 10 ** 12)
+    assert not policy_groups.worth_regrouping(11, 11, even - 10)
+    assert policy_groups.worth_regrouping(11, 11, even + 10)
+    assert policy_groups.worth_regrouping(11, 1, int(per_compile / 10) + 10)  # one policy present, ten traced
+    assert policy_groups.worth_regrouping(11, 11, even // 2, paid=policy_groups.COMPILE_SECONDS * 6)
+    # the sizes the tests run stay mixed: 1024 lanes of 1000 events of every policy
+    names = registry.names()
+    assert not policy_groups.worth_regrouping(len(names), len(names), 1024 * 1000)
+
+
+def test_decide_counts_what_mixing_paid():
+    """Batches of one config too small to repay the compiles run mixed until what they
+    paid together would: a sweep's chunks regroup from then on."""
+    names = registry.names()
+    config = dataclasses.replace(_vtc_config(), policies=tuple(names))
+    chunk = 2048 * 7000  # a CPU sweep chunk of 2048 lanes of 6000 steps
+    per_chunk = chunk * (len(names) - 1) * policy_groups.POLICY_SECONDS
+    mixed_chunks = int(len(names) * policy_groups.COMPILE_SECONDS // per_chunk)
+    assert 1 <= mixed_chunks <= 10
+    paid = {}
+    choices = [policy_groups.decide(config, len(names), chunk, paid) for _ in range(mixed_chunks + 3)]
+    assert choices == [False] * mixed_chunks + [True] * 3
+    assert paid[config] == pytest.approx(mixed_chunks * per_chunk)
+    one = dataclasses.replace(config, policies=("vtc",))
+    assert not policy_groups.decide(one, 1, 10 ** 12, paid) and one not in paid
+
+
+def test_merge_puts_lanes_back_in_order():
+    """Parts' lanes land where they came from; a leaf no part carries (another policy's
+    state) is zero, in the template's dtype."""
+    template = {"a": jax.ShapeDtypeStruct((4, 2), np.int32), "b": {"x": jax.ShapeDtypeStruct((4,), np.bool_),
+                                                                   "y": jax.ShapeDtypeStruct((4,), np.int32)}}
+    first = {"a": np.asarray([[1, 2], [3, 4]], np.int32), "b": {"x": np.asarray([True, True])}}
+    second = {"a": np.asarray([[5, 6], [7, 8]], np.int32), "b": {"y": np.asarray([9, 10], np.int32)}}
+    out = policy_groups.merge(template, [(np.asarray([3, 0]), first), (np.asarray([1, 2]), second)])
+    np.testing.assert_array_equal(out["a"], [[3, 4], [5, 6], [7, 8], [1, 2]])
+    np.testing.assert_array_equal(out["b"]["x"], [True, False, False, True])
+    np.testing.assert_array_equal(out["b"]["y"], [0, 9, 10, 0])
+    assert out["a"].dtype == np.int32 and out["b"]["x"].dtype == np.bool_
+
+
+def test_unsplit_batches_run_as_given():
+    """A config of one policy, or a batch the rule keeps whole, is one run of the batch as
+    given (its config and encoding); a forced split of a batch whose lanes all run one
+    policy under a larger config is one run under that policy alone."""
+    calls = []
+
+    def run_batch(config, batch, shared, **kwargs):
+        calls.append((config, batch))
+        return "host", np.ones(2, bool)
+
+    vtc = [Settings("vtc", kv_budget=64)] * 2
+    config = _vtc_config()
+    wider = dataclasses.replace(config, policies=("fcfs", "vtc"))
+    batch = object()
+    for cfg, regroup in ((config, True), (config, None), (wider, False), (wider, None)):
+        calls.clear()
+        assert policy_groups.run(run_batch, cfg, vtc, batch, None, regroup=regroup, event_budget=10)[0] == "host"
+        assert calls == [(cfg, batch)]
+    assert policy_groups.policy_config(wider, "vtc") == config
