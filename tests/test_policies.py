@@ -5,7 +5,6 @@ and hand-worked cases of the post-VTC policies."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 
 from vtc_jax.testing import reference as ref
 from vtc_jax.testing import check_policy
-from vtc_jax.testing.lanes import random_settings, random_trace, run_reference, service_matrix, to_trace
-from vtc_jax import InputError, Settings, Trace, replay, run_traces
+from vtc_jax.testing.lanes import run_reference, service_matrix
+from vtc_jax import InputError, Settings, Trace, replay
 from vtc_jax.cli import commands as cli
 from vtc_jax.driver import policy_modules
 from vtc_jax.policies import registry
@@ -71,20 +70,6 @@ def test_bad_policy_module_is_one_line(tmp_path, capsys):
                          "--policy", "vtc", "--kv-budget", "100"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and words in err[0], err
-
-
-def test_a_mixed_batch_equals_single_policy_batches():
-    """Dispatch on the traced policy id changes nothing: each lane of a batch holding every
-    policy equals the same lane run alone (one policy compiled)."""
-    rng = random.Random(4)
-    reqs, k, m = random_trace(rng, num_clients=3, num_requests=25)
-    trace = to_trace(reqs)
-    settings = [random_settings(rng, p, 3, m) for p in registry.names()]
-    mixed = run_traces([trace] * len(settings), settings, num_clients=3, steps=40, record_every=1)
-    for lane, s in enumerate(settings):
-        alone = run_traces([trace], [s], num_clients=3, steps=40, record_every=1)
-        np.testing.assert_array_equal(mixed.checkpoints[lane], alone.checkpoints[0], err_msg=s.policy)
-        np.testing.assert_array_equal(mixed.policy_counters[lane], alone.policy_counters[0], err_msg=s.policy)
 
 
 # ---- hand-worked cases ---------------------------------------------------------------

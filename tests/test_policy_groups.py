@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import types
 
 import jax
 import numpy as np
@@ -55,18 +56,12 @@ def _run(monkeypatch, regroup: bool, run, *args, **kwargs):
         return run(*args, **kwargs), seen
 
 
-# The policies that differ in what a regrouped carry must keep: fcfs (no admit hook: it files
-# an estimator's prediction as the server's value when the mixed program has one), vtc
-# (arrival hook), drr (a table of its own), vtc_predict (the estimator). Every registered
-# policy was checked this way once (12 compiles, ~100 s of CPU): too much for every CI run.
-POLICIES = ("fcfs", "vtc", "drr", "vtc_predict")
-
-
-def test_regrouped_equals_mixed_across_policies(monkeypatch):
-    """POLICIES, two lanes each, interleaved (lane i runs policy i mod P), on traces of
-    their own: each lane's results are the mixed program's."""
-    names = [n for n in registry.names() if n in POLICIES]
-    assert len(names) == len(POLICIES)
+def test_regrouped_equals_mixed_across_every_policy(monkeypatch):
+    """Every registered policy, two lanes each, interleaved (lane i runs policy i mod P), on
+    traces of their own: each lane's results are the mixed program's, field by field, and
+    a regrouped lane is the lane run alone (one policy compiled). This is also the check
+    that dispatch on the traced policy id changes nothing."""
+    names = list(registry.names())
     traces, settings, _ = random_lanes(random.Random(5), 2 * len(names), num_clients=3, policies=names)
     # the cheapest compiles: no optional measures (the tests below keep them)
     kwargs = dict(num_clients=3, steps=40, record_every=5, measures=MeasureConfig.of([]))
@@ -76,10 +71,10 @@ def test_regrouped_equals_mixed_across_policies(monkeypatch):
     assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in registry order
     assert_same_results(grouped, mixed)
     assert mixed.finished.all()
-    for i, s in enumerate(settings):  # lane order kept: lane i is the lane run alone
-        if i % len(names) == 3:
-            alone = run_traces([traces[i]], [s], **kwargs)
-            np.testing.assert_array_equal(grouped.checkpoints[i], alone.checkpoints[0])
+    for i in (3, len(names) + 7):  # lane order kept: lane i is the lane run alone
+        alone = run_traces([traces[i]], [settings[i]], **kwargs)
+        np.testing.assert_array_equal(grouped.checkpoints[i], alone.checkpoints[0])
+        np.testing.assert_array_equal(grouped.policy_counters[i], alone.policy_counters[0])
 
 
 def test_regrouped_equals_mixed_on_shared_drained_vllm(monkeypatch):
@@ -154,12 +149,33 @@ def test_decide_counts_what_mixing_paid():
     per_chunk = chunk * (len(names) - 1) * policy_groups.POLICY_SECONDS
     mixed_chunks = int(len(names) * policy_groups.COMPILE_SECONDS // per_chunk)
     assert 1 <= mixed_chunks <= 10
-    paid = {}
-    choices = [policy_groups.decide(config, len(names), chunk, paid) for _ in range(mixed_chunks + 3)]
+    paid, choices = {}, []
+    for _ in range(mixed_chunks + 3):
+        choices.append(policy_groups.decide(config, len(names), chunk, paid))
+        if not choices[-1]:
+            policy_groups.pay(config, chunk, paid)
     assert choices == [False] * mixed_chunks + [True] * 3
     assert paid[config] == pytest.approx(mixed_chunks * per_chunk)
     one = dataclasses.replace(config, policies=("vtc",))
+    policy_groups.pay(one, 10 ** 12, paid)
     assert not policy_groups.decide(one, 1, 10 ** 12, paid) and one not in paid
+
+
+def test_drained_lanes_plan_no_events_and_pay_what_they_ran():
+    """A drained batch's horizon is a bound (on a us clock ~1e9), so it plans no events:
+    its first batch runs mixed, and what it ran, read from the lanes' event counts, is
+    what the next batch of its config finds paid."""
+    config = dataclasses.replace(_vtc_config(), policies=("fcfs", "vtc"), drain=True)
+    assert policy_groups.planned_events(config, 4, {"event_budget": 1 << 30, "expected_events": 1 << 30}) == 0
+    assert policy_groups.planned_events(dataclasses.replace(config, drain=False), 4,
+                                        {"event_budget": 99, "expected_events": None}) == 4 * 99
+    host = types.SimpleNamespace(iterations=np.asarray([10, 30], np.int32))
+    settings = [Settings("fcfs", kv_budget=64), Settings("vtc", kv_budget=64)]
+    before = policy_groups._PAID.get(config, 0.0)
+    out = policy_groups.run(lambda *a, **k: (host, np.ones(2, bool)), config, settings, object(), None,
+                            event_budget=1 << 30, expected_events=1 << 30)
+    assert out[0] is host
+    assert policy_groups._PAID[config] - before == pytest.approx(40 * policy_groups.POLICY_SECONDS)
 
 
 def test_merge_puts_lanes_back_in_order():

@@ -18,7 +18,7 @@ SWEEP = [sys.executable, "-m", "sweeps.kv_budget", "--seeds", "6", "--steps", "3
 
 def _env(devices: int = 1) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     return env
 
 

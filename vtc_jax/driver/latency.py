@@ -233,19 +233,24 @@ class RequestTimes:
         return getattr(self._results, name)
 
 
-class RequestTimesEngine:
-    """The MODEL.md engine adapter (driver/sweep.py) whose results also carry each lane's
-    generated requests (`RequestTimes`): they are generated again from the same seeds
-    (a lane's requests depend only on its seed and source), so the run is unchanged."""
+class ModelEngineWrapper:
+    """The MODEL.md engine adapter (driver/sweep.py) under another object: everything but
+    `run` is the model engine's, so a subclass's `run` reads more from the same run."""
 
     name = "model"
 
     def __init__(self):
-        from vtc_jax.driver.sweep import MODEL_ENGINE
+        from vtc_jax.driver.sweep import MODEL_ENGINE  # sweep imports this module
 
         self._engine = MODEL_ENGINE
         for method in ("group_key", "config", "lane_bytes", "steps"):
             setattr(self, method, getattr(MODEL_ENGINE, method))
+
+
+class RequestTimesEngine(ModelEngineWrapper):
+    """The model engine whose results also carry each lane's generated requests
+    (`RequestTimes`): they are generated again from the same seeds (a lane's requests
+    depend only on its seed and source), so the run is unchanged."""
 
     def run(self, rows, seeds, config, base_seed: int, mesh, progress):
         from vtc_jax.core.rows import ARRIVAL

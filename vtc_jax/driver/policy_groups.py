@@ -64,19 +64,30 @@ def worth_regrouping(num_policies: int, num_groups: int, lane_events: int, paid:
 # chunk after chunk of at most a few thousand lanes under one config, each too small to
 # repay the compiles alone, while the sub-batches, once compiled, serve every later chunk:
 # mixing is paid until it has cost what the compiles would (ski rental: at most twice the
-# better choice in hindsight), then the sweep runs regrouped.
+# better choice in hindsight), then the sweep runs regrouped. Process-wide, like jax's own
+# compile cache: it changes how fast a batch runs, never its results.
 _PAID: dict = {}
 
 
 def decide(config: EngineConfig, num_groups: int, lane_events: int, paid: dict = _PAID) -> bool:
-    """`worth_regrouping` of a batch under `config`, counting the mixing earlier batches of
-    `config` paid (`paid`, updated when this batch runs mixed too)."""
-    before = paid.get(config, 0.0)
-    if worth_regrouping(len(config.policies), num_groups, lane_events, before):
-        return True
+    """`worth_regrouping` of a batch of `lane_events` planned lane-events under `config`,
+    counting the mixing earlier batches of `config` paid (`paid`, see `pay`)."""
+    return worth_regrouping(len(config.policies), num_groups, lane_events, paid.get(config, 0.0))
+
+
+def pay(config: EngineConfig, lane_events: int, paid: dict = _PAID) -> None:
+    """Count `lane_events` lane-events a batch ran mixed under `config` into `paid`."""
     if len(config.policies) > 1:
-        paid[config] = before + lane_events * (len(config.policies) - 1) * POLICY_SECONDS
-    return False
+        paid[config] = paid.get(config, 0.0) + lane_events * (len(config.policies) - 1) * POLICY_SECONDS
+
+
+def planned_events(config: EngineConfig, lanes: int, run_args: dict) -> int:
+    """Lane-events a batch is expected to take: lanes x the runner's expected events, or 0
+    for lanes that drain (their horizon bounds the clock, on a us clock by ~1e9: far from
+    their events; what they ran is counted after the run instead)."""
+    if config.drain:
+        return 0
+    return lanes * int(run_args.get("expected_events") or run_args["event_budget"])
 
 
 def policy_config(config: EngineConfig, policy: str) -> EngineConfig:
@@ -147,11 +158,14 @@ def run(run_batch: Callable, config: EngineConfig, settings: Sequence[Settings],
     when the batch mixes policies and `regroup` (default: `worth_regrouping`), the same
     from one `run_batch` per policy (`run_args` as runner.run's: `progress` is split)."""
     groups = policy_lanes(settings, config.policies)
-    if regroup is None:
-        events = run_args.get("expected_events") or run_args["event_budget"]
-        regroup = decide(config, len(groups), len(settings) * int(events))
+    ruled = regroup is None
+    if ruled:
+        regroup = decide(config, len(groups), planned_events(config, len(settings), run_args))
     if not regroup or config.policies == (groups[0][0],):
-        return run_batch(config, batch, shared, **run_args)
+        host, done = run_batch(config, batch, shared, **run_args)
+        if ruled and hasattr(host, "iterations"):  # the events each lane ran, mixed
+            pay(config, int(np.asarray(host.iterations, np.int64).sum()))
+        return host, done
     template = jax.eval_shape(functools.partial(runner.init, program=PROGRAM, config=config), batch, shared)
     progress = run_args.pop("progress", None)
     split = SplitProgress(progress, [len(lanes) for _, lanes in groups]) if progress is not None else None

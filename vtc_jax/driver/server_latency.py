@@ -19,7 +19,7 @@ import numpy as np
 
 from vtc_jax.core.rows import ORDER
 from vtc_jax.driver import capacity
-from vtc_jax.driver.latency import request_table
+from vtc_jax.driver.latency import ModelEngineWrapper, request_table
 from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs.workload import Trace, layout_trace
 from vtc_jax.measures.online import MeasureConfig
@@ -69,20 +69,15 @@ def _lane(batched: dict, lane: int) -> dict:
     return {name: values[lane] for name, values in batched.items()}
 
 
-class RecordingEngine:
-    """The MODEL.md engine adapter (driver/sweep.py) that also keeps, per sweep row, the
-    server's per-request record of its lane with seed 0 (the log as it is:
-    sources.replays_exactly), in `records` ({id(row): record}), and whether that lane
-    finished (`finished`: {id(row): bool}). The run is the model engine's, unchanged."""
-
-    name = "model"
+class RecordingEngine(ModelEngineWrapper):
+    """The model engine that also keeps, per sweep row, the server's per-request record of
+    its lane with seed 0 (the log as it is: sources.replays_exactly), in `records`
+    ({id(row): record}), and whether that lane finished (`finished`: {id(row): bool}).
+    The run is the model engine's, unchanged."""
 
     def __init__(self, record: Record):
-        from vtc_jax.driver.sweep import MODEL_ENGINE
-
-        self._engine, self._record, self.records, self.finished = MODEL_ENGINE, record, {}, {}
-        for method in ("group_key", "config", "lane_bytes", "steps"):
-            setattr(self, method, getattr(MODEL_ENGINE, method))
+        super().__init__()
+        self._record, self.records, self.finished = record, {}, {}
 
     def run(self, rows, seeds, config, base_seed: int, mesh, progress):
         results = self._engine.run(rows, seeds, config, base_seed, mesh, progress)
