@@ -232,3 +232,13 @@ def test_bad_flags_are_one_line(flags, message, tmp_path, capsys):
     assert commands.main(["compare", str(LOG), *flags, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vtc_jax: error: ") and message in err[0], err
+
+
+def test_per_tenant_waits_name_their_unit():
+    """compare's per-tenant table states its waits' unit: us on slora's microsecond clock
+    (not "steps, x 1e-06 s"), steps of a stated length on a timestamped log, else steps."""
+    from vtc_jax.cli.compare import wait_unit
+
+    assert wait_unit(1e-6, 1_000_000) == "in us (the server's clock)"
+    assert wait_unit(0.025, 40) == "in steps, x 0.025 s"
+    assert wait_unit(None, 1) == "in steps"

@@ -140,12 +140,19 @@ def command(args) -> int:
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_outputs.format_table(sweep, result))
     print(sweep_outputs.format_load(result))
-    print("per tenant (means over seeds; waits in steps"
-          + (f", x {args.step_seconds} s" if per_second > 1 else "") + "):")
+    print(f"per tenant (means over seeds; waits {wait_unit(args.step_seconds, per_second)}):")
     print(sweep_outputs.format_clients(result, names))
     extra = slora_compare.report(args, recorder, rows, trace, names, input_flags.file_rows(log), slos,
                                  settings[0]) if latency else []
     return _write(args, sweep, result, names, extra)
+
+
+def wait_unit(step_seconds: float, per_second: int) -> str:
+    """How the per-tenant table's waits read: steps, steps of a stated length, or us on a
+    server's microsecond clock (slora's)."""
+    if per_second == 1_000_000:
+        return "in us (the server's clock)"
+    return "in steps" + (f", x {step_seconds} s" if per_second > 1 else "")
 
 
 def _write(args, sweep, result: dict, names: list[str], extra: list = ()) -> int:

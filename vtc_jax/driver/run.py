@@ -29,7 +29,7 @@ from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
-from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, add_timeline, make_workload, requests_per_client
+from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, add_timelines, make_workload, requests_per_client
 from vtc_jax.measures.online import ALL, MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
@@ -160,8 +160,8 @@ def with_timeline(workload: Workload, *, batched: bool) -> Workload:
 
 
 # Module-level so that every call with the same shapes reuses one compile.
-_timeline_one = jax.jit(add_timeline)
-_timeline_many = jax.jit(jax.vmap(add_timeline))
+_timeline_one = jax.jit(functools.partial(add_timelines, batched=False))
+_timeline_many = jax.jit(functools.partial(add_timelines, batched=True))
 
 
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,

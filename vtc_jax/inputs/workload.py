@@ -264,15 +264,49 @@ def timeline_host(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
     return np.concatenate([out, np.repeat(out[-1:], TIMELINE_PAD, axis=0)])
 
 
-def add_timeline(workload: Workload) -> Workload:
-    """`workload` with its timeline (one stable sort by ORDER; jittable, one lane)."""
+def pack_limit(num_rows: int) -> int:
+    """Keys below this pack with their row number into one int32 (key * R + row)."""
+    return (2 ** 31 - num_rows) // num_rows
+
+
+def packable(keys: jax.Array) -> jax.Array:
+    """bool[]: every ORDER key of int32[..., R] packs (`pack_limit`) or is a padding row's."""
+    return jnp.all(((keys >= 0) & (keys < pack_limit(keys.shape[-1]))) | (keys == INT32_MAX))
+
+
+def timeline_order(keys: jax.Array, packed: bool = False) -> jax.Array:
+    """int32[R]: the rows of keys int32[R] in stable (key, row) order. `packed` (every key
+    `packable`) sorts key * R + row as one int32 array, about 9x faster on CPU than the
+    two-array stable sort and the same order: rows are distinct, and the padding key
+    (INT32_MAX) becomes pack_limit, above every key that packs."""
+    r = keys.shape[0]
+    row = jnp.arange(r, dtype=jnp.int32)
+    if packed:
+        limit = pack_limit(r)
+        return jax.lax.sort(jnp.where(keys == INT32_MAX, limit, keys) * r + row) % r
+    return jax.lax.sort((keys, row), num_keys=1, is_stable=True)[1]
+
+
+def add_timeline(workload: Workload, packed: bool = False) -> Workload:
+    """`workload` with its timeline (one stable sort by ORDER; jittable, one lane;
+    `packed`: see timeline_order)."""
     rows, first = workload.requests, workload.first
-    r = rows.shape[0]
-    order, = jax.lax.sort((rows[:, ORDER], jnp.arange(r, dtype=jnp.int32)), num_keys=1, is_stable=True)[1:]
-    block = (jnp.searchsorted(first, order, side="right") - 1).astype(jnp.int32)
+    order = timeline_order(rows[:, ORDER], packed)
+    # few clients: K compares a row beat a binary search's dependent gathers
+    method = "compare_all" if first.shape[0] <= 16 else "scan"
+    block = (jnp.searchsorted(first, order, side="right", method=method) - 1).astype(jnp.int32)
     timeline = jnp.stack([order, block], axis=1)
     timeline = jnp.concatenate([timeline, jnp.broadcast_to(timeline[-1:], (TIMELINE_PAD, 2))])
     return dataclasses.replace(workload, timeline=timeline)
+
+
+def add_timelines(workload: Workload, *, batched: bool) -> Workload:
+    """`add_timeline` of one lane or of every lane (a leading lane axis), packed when every
+    key of every lane packs: one decision for the batch (a per-lane choice would run
+    both sorts under vmap)."""
+    one = lambda packed: jax.vmap(lambda w: add_timeline(w, packed)) if batched else (  # noqa: E731
+        lambda w: add_timeline(w, packed))
+    return jax.lax.cond(packable(workload.requests[..., ORDER]), one(True), one(False), workload)
 
 
 def client_rows(workload: Workload) -> np.ndarray:
