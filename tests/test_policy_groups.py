@@ -3,21 +3,26 @@ the same results as the mixed program, in the same lane order, and the rule that
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.util
 import random
 import types
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from vtc_jax import Settings, registry, run_traces
+from vtc_jax import POLICIES, Settings, registry, run_traces
 from vtc_jax.driver import policy_groups, runner
 from vtc_jax.driver import run as run_mod
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.testing.lanes import random_lanes
 from tests.test_vllm_server import lane_input, random_lane, server_options
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUN = runner.run
 
@@ -56,25 +61,38 @@ def _run(monkeypatch, regroup: bool, run, *args, **kwargs):
         return run(*args, **kwargs), seen
 
 
+def _example_policy():
+    """examples/my_policy.py's round_robin, registered for the with block unless a test of
+    this process loaded it already: a user's policy whose admit hook files the estimate it
+    is given as its value (what it sees must not depend on the other lanes' policies)."""
+    if registry.registered("round_robin") is not None:
+        return contextlib.nullcontext()
+    spec = importlib.util.spec_from_file_location("my_policy_example", ROOT / "examples" / "my_policy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return registry.provisionally(module.POLICY)
+
+
 def test_regrouped_equals_mixed_across_every_policy(monkeypatch):
-    """Every registered policy, two lanes each, interleaved (lane i runs policy i mod P), on
-    traces of their own: each lane's results are the mixed program's, field by field, and
-    a regrouped lane is the lane run alone (one policy compiled). This is also the check
-    that dispatch on the traced policy id changes nothing."""
-    names = list(registry.names())
-    traces, settings, _ = random_lanes(random.Random(5), 2 * len(names), num_clients=3, policies=names)
-    # the cheapest compiles: no optional measures (the tests below keep them)
-    kwargs = dict(num_clients=3, steps=40, record_every=5, measures=MeasureConfig.of([]))
-    mixed, mixed_runs = _run(monkeypatch, False, run_traces, traces, settings, **kwargs)
-    grouped, grouped_runs = _run(monkeypatch, True, run_traces, traces, settings, **kwargs)
-    assert mixed_runs == [tuple(names)]
-    assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in registry order
-    assert_same_results(grouped, mixed)
-    assert mixed.finished.all()
-    for i in (3, len(names) + 7):  # lane order kept: lane i is the lane run alone
-        alone = run_traces([traces[i]], [settings[i]], **kwargs)
-        np.testing.assert_array_equal(grouped.checkpoints[i], alone.checkpoints[0])
-        np.testing.assert_array_equal(grouped.policy_counters[i], alone.policy_counters[0])
+    """Every built-in policy and a user's, two lanes each, interleaved (lane i runs policy
+    i mod P), on traces of their own: each lane's results are the mixed program's, field
+    by field, and a regrouped lane is the lane run alone (one policy compiled). This is
+    also the check that dispatch on the traced policy id changes nothing."""
+    names = [*POLICIES, "round_robin"]
+    with _example_policy():
+        traces, settings, _ = random_lanes(random.Random(5), 2 * len(names), num_clients=3, policies=names)
+        # the cheapest compiles: no optional measures (the tests below keep them)
+        kwargs = dict(num_clients=3, steps=40, record_every=5, measures=MeasureConfig.of([]))
+        mixed, mixed_runs = _run(monkeypatch, False, run_traces, traces, settings, policies=names, **kwargs)
+        grouped, grouped_runs = _run(monkeypatch, True, run_traces, traces, settings, policies=names, **kwargs)
+        assert mixed_runs == [tuple(names)]
+        assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in the config's order
+        assert_same_results(grouped, mixed)
+        assert mixed.finished.all()
+        for i in (3, len(names) + 7, len(names) - 1):  # lane order kept: lane i is the lane run alone
+            alone = run_traces([traces[i]], [settings[i]], **kwargs)
+            np.testing.assert_array_equal(grouped.checkpoints[i], alone.checkpoints[0])
+            np.testing.assert_array_equal(grouped.policy_counters[i], alone.policy_counters[0])
 
 
 def test_regrouped_equals_mixed_on_shared_drained_vllm(monkeypatch):

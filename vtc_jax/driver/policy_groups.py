@@ -10,12 +10,12 @@ batch's lane order, in the mixed program's carry structure, so that everything r
 them is what the mixed program gives (tests/test_policy_groups.py checks every field of
 `LaneResults`). The one difference is unread: where the mixed program carried the states
 of the policies a lane does not run along (and the estimator, for a lane whose policy
-neither estimates nor files estimates), the regrouped carry holds zeros.
+does not use it), the regrouped carry holds zeros.
 
-A sub-batch is one more compile (about 5-10 s per policy on a 2-core CPU), so a small run is
+A sub-batch is one more compile (about 3 s per policy on a 2-core CPU), so a small run is
 cheaper mixed; `worth_regrouping` is the rule that decides, `decide` applies it counting
 what earlier batches of the same config paid (its constants were measured with
-`python -m benchmarks.bench_engine --dispatch-only --each`).
+`python -m benchmarks.bench_engine --lanes 4096 --dispatch-only`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.policies import registry
 
-# Measured on the 2-core CPU (bench_engine --dispatch, 4096 lanes x 6000 steps, ideal):
-# each policy traced beside the lane's own adds about POLICY_SECONDS per lane-event to a
-# mixed program, and each sub-batch's compile costs about COMPILE_SECONDS.
-POLICY_SECONDS = 7.5e-8
-COMPILE_SECONDS = 8.0
+# Measured on the 2-core CPU (`bench_engine --lanes 4096 --dispatch-only`, 2026-12-02: vtc
+# alone 7.7 s, the 11-policy mixed program 57.0 s over 2.76e7 lane-events; regrouped, its
+# 11 compiles ~28 s of its first call): each policy traced beside the lane's own adds
+# about POLICY_SECONDS per lane-event to a mixed program, each sub-batch's compile about
+# COMPILE_SECONDS.
+POLICY_SECONDS = 1.8e-7
+COMPILE_SECONDS = 2.6
 
 
 def policy_lanes(settings: Sequence[Settings], policies: Sequence[str]) -> list[tuple[str, np.ndarray]]:
@@ -91,13 +93,11 @@ def planned_events(config: EngineConfig, lanes: int, run_args: dict) -> int:
 
 
 def policy_config(config: EngineConfig, policy: str) -> EngineConfig:
-    """`config` tracing `policy` alone, with arrival rows only if it reads them and the
-    estimator only if it uses it or, where `config` has one, files its prediction: a
-    policy without an admit hook gives the server the estimate as its value (Policy.admit),
-    which the server's state keeps (0 without an estimator)."""
+    """`config` tracing `policy` alone, with arrival rows and the estimator only if it
+    reads them (a policy that does not use the estimator sees zero estimates in any batch:
+    engine._own_estimates)."""
     chosen = registry.get(policy)
-    files_estimate = config.estimator and chosen.on_admit is None
-    return dataclasses.replace(config, policies=(policy,), estimator=chosen.uses_estimator or files_estimate,
+    return dataclasses.replace(config, policies=(policy,), estimator=chosen.uses_estimator,
                                arrival_rows=chosen.arrival_rows)
 
 

@@ -272,7 +272,8 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     admission = Admission(client=client, row=row, index=index, estimate=view.estimates[client], prefill=prefill)
     policy_states, values = {}, []
     for name, base in zip(config.policies, _choice_states(choice, config)):
-        policy_states[name], value = registry.get(name).admit(base, view, admission, params.policy[name])
+        chosen = registry.get(name)
+        policy_states[name], value = chosen.admit(base, view, _own_estimates(admission, chosen), params.policy[name])
         values.append(value)
     value = _dispatch(config, params, values)
     server, overflow = servers.get(config.server).admit(state.server, params, row, client, value, state.step, mask,
@@ -296,6 +297,17 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         policy=_keep(state.policy, policy_states, mask),
         measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
                           state.horizon, view.num))
+
+
+def _own_estimates(event, policy):
+    """`event` (an Admission or Arrivals) as `policy` sees it: the estimator's predictions
+    only if it uses the estimator, else zeros, as in a batch without one (a lane's results
+    never depend on the policies of the other lanes of its batch)."""
+    if policy.uses_estimator:
+        return event
+    if isinstance(event, Admission):
+        return event._replace(estimate=jnp.zeros_like(event.estimate))
+    return event if event.estimates is None else event._replace(estimates=jnp.zeros_like(event.estimates))
 
 
 def begin(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
@@ -400,7 +412,9 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
                         estimates=estimates, joining=joining, newcomer=newcomer, first=first)
     policy_states, counters = {}, []
     for name in config.policies:
-        policy_states[name], counter = registry.get(name).arrive(state.policy[name], view, arrivals, params.policy[name])
+        chosen = registry.get(name)
+        policy_states[name], counter = chosen.arrive(state.policy[name], view, _own_estimates(arrivals, chosen),
+                                                     params.policy[name])
         counters.append(counter)
     counter = _dispatch(config, params, counters)
     # Arrival hooks see only joining requests (`joins` is False outside this event), so
