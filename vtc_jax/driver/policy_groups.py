@@ -2,8 +2,8 @@
 
 One compiled program can serve lanes of several policies (`EngineConfig.policies`: every
 policy's hooks are traced and each lane selects its own on its policy id), but then every
-lane pays for every policy: on CPU a batch mixing all ten policies ran 4.3x the time of vtc
-alone (benchmarks/RESULTS.md). `run` splits such a batch by policy instead: each policy's
+lane pays for every policy: on CPU a batch mixing all eleven policies ran 7.4x the time of
+vtc alone, regrouped 1.5x (benchmarks/RESULTS.md). `run` splits such a batch by policy instead: each policy's
 lanes run under a config that traces that policy only, with their settings encoded again
 for it (policy ids follow `config.policies`), and their carries are put back in the
 batch's lane order, in the mixed program's carry structure, so that everything read from
