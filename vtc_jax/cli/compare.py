@@ -67,7 +67,7 @@ def command(args) -> int:
     from vtc_jax.cli import slora_compare
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
-    from vtc_jax.driver.run import MAX_HORIZON, server_drain, validate_fits
+    from vtc_jax.driver.run import horizon_limit, server_drain, validate_fits
     from vtc_jax.driver.server_latency import RecordingEngine
     from vtc_jax.inputs.sources import TraceSource
 
@@ -105,7 +105,7 @@ def command(args) -> int:
     if latency:  # every token's time, for ITL's percentiles
         settings = slora_compare.with_token_times(settings, trace.output, len(settings) * args.seeds)
     horizon = args.steps or max(server_drain(trace, s, args.server) for s in settings)
-    limit = servers.get(args.server).max_horizon if args.steps is None else MAX_HORIZON
+    limit = horizon_limit(args.server, drains=args.steps is None)
     if horizon > limit:  # a cut drain bound would leave requests unserved
         raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
                          f"{limit:,}: give --steps")

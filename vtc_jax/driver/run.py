@@ -4,8 +4,7 @@
 runner (runner.py: chunked compiled calls until every lane is done or the event budget,
 which always suffices for a valid input, is spent), and collects `LaneResults`, flagging
 any lane that did not finish (a drained lane also when a request it holds never arrived).
-`run_traces` / `replay_lanes` / `replay` feed it traces,
-`simulate_traffic` generated traffic.
+`run_traces` / `replay_lanes` / `replay` feed it traces, `simulate_traffic` generated traffic.
 """
 
 from __future__ import annotations
@@ -119,8 +118,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         raise InputError(f"server {server} preempts requests: --kv-cap and --rpm limits are not defined on it yet")
     return EngineConfig(
         num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output),
-        slots=chosen.plan_slots(options, slots, num_rows),
-        policies=policies,
+        slots=chosen.plan_slots(options, slots, num_rows), policies=policies,
         rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
         bands=any(s.bands is not None for s in settings),
         estimator=any(registry.get(p).uses_estimator for p in policies),
@@ -339,7 +337,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                                          horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width,
                                          context_totals=measures.ledger or measures.occupancy)
     longest = max(horizons)
-    limit = min(MAX_HORIZON, servers.get(server).max_horizon) if steps is not None else servers.get(server).max_horizon
+    limit = horizon_limit(server, drains=steps is None)
     if longest > limit:
         raise InputError(f"the run would need {longest} steps, past the limit {limit}")
     if record_every and longest // record_every * num_clients > 1 << 26:
@@ -437,6 +435,11 @@ def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.asarray(seeds, jnp.uint32))
 
 
+def horizon_limit(server: str, *, drains: bool) -> int:
+    """The longest horizon a run may have: a drain bound in the server's time unit, else steps."""
+    return servers.get(server).max_horizon if drains else min(MAX_HORIZON, servers.get(server).max_horizon)
+
+
 MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request blocks and generator words
 # Generators keying requests by the int32 arrival * K + client (traffic.py, servegen_device.py):
 # horizon x K must fit int32. A trace's ORDER is a rank (sources._trace_lane): no such key.
@@ -453,8 +456,7 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     if lay.num_rows * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
         raise InputError(f"a lane would hold {lay.num_rows:,} request rows (> {MAX_LANE_STREAM_BYTES >> 30} GiB "
                          "with the generator's words): shorten the horizon or lower the rates")
-    limit = servers.get(server).max_horizon  # as plan_lanes: a drain bound in the server's time unit
-    limit = limit if sources.drains(srcs[0]) else min(MAX_HORIZON, limit)
+    limit = horizon_limit(server, drains=sources.drains(srcs[0]))
     if horizon > limit:
         raise InputError(f"horizon {horizon} exceeds the limit {limit}")
     if srcs[0].kind in KEYED_KINDS and horizon * k >= INT32_MAX:  # the generator's arrival x K + client key
