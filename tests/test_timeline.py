@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from vtc_jax.core.rows import NUM_FIELDS, ORDER
-from vtc_jax.inputs.workload import (INT32_MAX, Workload, add_timeline, add_timelines, pack_limit, packable,
-                                     timeline_order)
+from vtc_jax.core.rows import ARRIVAL, NUM_FIELDS, ORDER
+from vtc_jax.inputs.workload import (INT32_MAX, Workload, add_timeline, add_timelines, in_stable_order, pack_limit,
+                                     packable, timeline_order)
 
 
 def _keys(rng: np.random.Generator, r: int, high: int) -> np.ndarray:
@@ -71,3 +71,59 @@ def test_a_batch_sorts_packed_only_when_every_lane_packs(big):
         np.testing.assert_array_equal(np.asarray(got)[lane, :300, 0], np.argsort(keys[lane], kind="stable"))
     one = jax.jit(lambda w: add_timelines(w, batched=False))(jax.tree_util.tree_map(lambda x: x[2], batch))
     np.testing.assert_array_equal(np.asarray(one.timeline), np.asarray(got)[2])
+
+
+def _blocks(rng: np.random.Generator, b: int, k: int, n: int, steps: int, clash: bool) -> Workload:
+    """b lanes of k client-major blocks of n rows each, arrivals sorted per block in [0,
+    steps) with ties, ORDER = arrival * big + client as generated traffic numbers them (big
+    so that no key packs); the last rows of a block are padding. `clash`: lane 1 numbers
+    its clients in reverse, so (arrival, row) order is not ORDER's."""
+    big = pack_limit(k * n) + 1
+    requests = np.zeros((b, k * n, NUM_FIELDS), np.int32)
+    for lane in range(b):
+        for c in range(k):
+            arrival = np.sort(rng.integers(0, steps, n)).astype(np.int64)
+            number = (k - 1 - c) if (clash and lane == 1) else c
+            order = np.minimum(arrival * big + number, INT32_MAX - 1)
+            pad = rng.integers(0, 3)
+            if pad:
+                arrival[-pad:], order[-pad:] = INT32_MAX, INT32_MAX
+            requests[lane, c * n:(c + 1) * n, ARRIVAL] = arrival
+            requests[lane, c * n:(c + 1) * n, ORDER] = order
+    first = np.broadcast_to(np.arange(k, dtype=np.int32) * n, (b, k))
+    return Workload(requests=requests, first=first, size=np.full((b, k), n, np.int32),
+                    num_requests=np.zeros(b, np.int32), overflow=np.zeros(b, bool))
+
+
+@pytest.mark.parametrize("clash", [False, True])
+@pytest.mark.parametrize("k", [3, 20])
+def test_unpackable_keys_sort_by_arrival_only_when_that_is_their_order(clash, k):
+    """Keys that do not pack (generated traffic at many clients) but arrivals that do: the
+    sort by arrival is kept only where it is ORDER's stable order (`in_stable_order`), and
+    the timeline is numpy's stable argsort by ORDER either way, blocks included."""
+    rng = np.random.default_rng(k)
+    batch = _blocks(rng, 3, k, 40, 25, clash)
+    keys, arrivals = batch.requests[..., ORDER], batch.requests[..., ARRIVAL]
+    assert not bool(packable(keys)) and bool(packable(arrivals))
+    by_arrival = jax.vmap(lambda a: timeline_order(a, packed=True))(arrivals)
+    ok = np.asarray(jax.vmap(in_stable_order)(by_arrival, keys))
+    assert ok.tolist() == [True, not clash, True]
+    got = np.asarray(jax.jit(lambda w: add_timelines(w, batched=True))(batch).timeline)
+    for lane in range(3):
+        want = np.argsort(keys[lane], kind="stable")
+        np.testing.assert_array_equal(got[lane, :k * 40, 0], want)
+        np.testing.assert_array_equal(got[lane, :k * 40, 1], want // 40)
+        assert (got[lane, k * 40:] == got[lane, k * 40 - 1]).all()
+
+
+def test_in_stable_order_is_the_stable_argsort():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        r = int(rng.integers(2, 30))
+        keys = _keys(rng, r, 4)
+        want = np.argsort(keys, kind="stable")
+        assert bool(in_stable_order(want.astype(np.int32), keys))
+        swap = want.copy()
+        i = int(rng.integers(0, r - 1))
+        swap[i], swap[i + 1] = swap[i + 1], swap[i]
+        assert not bool(in_stable_order(swap.astype(np.int32), keys))
