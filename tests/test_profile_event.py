@@ -7,7 +7,7 @@ from benchmarks import profile_event
 
 HLO = """HloModule jit_step, entry_computation_layout={(s32[4,2]{1,0})->s32[4,2]{1,0}}
 
-%fused_computation (param_0: s32[4,2]) -> s32[4,2] {
+%f (param_0: s32[4,2]) -> s32[4,2] {
   %param_0 = s32[4,2]{1,0} parameter(0)
   ROOT %add.9 = s32[4,2]{1,0} add(%param_0, %param_0)
 }
@@ -16,8 +16,8 @@ ENTRY %main.5 (Arg_0.1: s32[4,2]) -> s32[4,2] {
   %Arg_0.1 = s32[4,2]{1,0} parameter(0)
   %constant.2 = s32[] constant(0)
   %copy.3 = s32[4,2]{1,0} copy(%Arg_0.1)
-  %add_fusion = s32[4,2]{1,0} fusion(%copy.3), kind=kLoop, calls=%fused_computation, metadata={op_name="jit(step)/vmap()/add" stack_frame_id=3}
-  %gather_fusion.1 = s32[4,1]{1,0} fusion(%add_fusion), kind=kLoop, calls=%fused_computation, metadata={op_name="jit(step)/gather"}
+  %add_fusion = s32[4,2]{1,0} fusion(%copy.3), kind=kLoop, calls=%f, metadata={op_name="jit(step)/vmap()/add" stack_frame_id=3}
+  %gather_fusion.1 = s32[4,1]{1,0} fusion(%add_fusion), kind=kLoop, calls=%f, metadata={op_name="jit(step)/gather"}
   ROOT %wrapped_scatter = s32[4,2]{1,0} scatter(%add_fusion, %gather_fusion.1), metadata={op_name="jit(step)/scatter-add"}
 }
 """
