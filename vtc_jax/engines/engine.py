@@ -213,7 +213,7 @@ def _heads(state: State):
     stack's top when it has preempted requests, else its FIFO's head."""
     if state.stacks is None:
         return state.heads, state.head_index
-    _, top_index, _ = requeue.tops(state.stacks)
+    top_index, _ = requeue.tops(state.stacks)
     return state.heads, jnp.where(state.stacks.depth > 0, top_index, state.head_index)
 
 
@@ -265,7 +265,7 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     stacks, generated, first = state.stacks, jnp.zeros((), I32), mask  # first: a new request (not a preempted one)
     if stacks is not None:
         again = stacks.depth[client] > 0
-        generated = jnp.where(again, requeue.tops(stacks)[2][client], 0)
+        generated = jnp.where(again, requeue.tops(stacks)[1][client], 0)
         first = mask & ~again
         stacks = requeue.pop(stacks, _onehot(client, k, mask & again))
         prefill = jnp.where(again, 0, prefill)  # a recompute is not charged again: its tokens were
@@ -281,10 +281,11 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     fifo_index = state.head_index[client] + first  # the FIFO's head after the admission
     # The client's new head (meaningful if backlogged). Lanes that do not admit read row 0,
     # which every such event reads, so it stays cached: only admissions pay a miss.
-    next_row = workload.requests[jnp.where(mask, fifo_index, 0)]
-    if stacks is not None:
+    next_index = jnp.where(mask, fifo_index, 0)
+    if stacks is not None:  # or its stack's new top, if any
         left = stacks.depth[client]
-        next_row = jnp.where(left > 0, stacks.rows[client, jnp.maximum(left - 1, 0)], next_row)
+        next_index = jnp.where(left > 0, stacks.index[client, jnp.maximum(left - 1, 0)], next_index)
+    next_row = workload.requests[next_index]
     return dataclasses.replace(
         state,
         head=add_at(state.head, client, 1, first), head_index=put_at(state.head_index, client, fifo_index, first),
@@ -310,15 +311,16 @@ def _own_estimates(event, policy):
     return event if event.estimates is None else event._replace(estimates=jnp.zeros_like(event.estimates))
 
 
-def begin(state: State, view: View, params: Params, mask, config: EngineConfig) -> State:
+def begin(state: State, view: View, params: Params, workload: Workload, mask, config: EngineConfig) -> State:
     """The step's BEGIN event where `mask` (servers that preempt): the server schedules its
-    running requests; its victims go onto their clients' stacks."""
+    running requests; its victims go onto their clients' stacks (a client's head is then
+    its stack's top, read from the workload)."""
     server, out = servers.get(config.server).begin_step(state.server, params, view, state.step, mask)
-    stacks, overflow = requeue.push(state.stacks, out.mask & mask, out.client, out.row, out.index, out.generated)
-    top_row, _, _ = requeue.tops(stacks)
+    stacks, overflow = requeue.push(state.stacks, out.mask & mask, out.client, out.index, out.generated)
+    top_index, _ = requeue.tops(stacks)
     pushed = stacks.depth > state.stacks.depth
     return dataclasses.replace(state, server=server, stacks=stacks, begun=state.begun | mask,
-                               heads=jnp.where(pushed[:, None], top_row, state.heads),
+                               heads=jnp.where(pushed[:, None], workload.requests[top_index], state.heads),
                                overflow=state.overflow | (mask & overflow))
 
 
@@ -463,7 +465,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
                  config)
     choice = select(state, view, params, config)
-    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[2][choice.client]
+    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[1][choice.client]
     fits = server.fits(state.server, params, heads[choice.client], generated=generated,
                        **({"client": choice.client} if server.fits_client else {}))
     ready = active & in_horizon & ~due & ~pending
@@ -502,7 +504,7 @@ def _begin_if_settled(state: State, params: Params, workload: Workload, mask, co
     view = _view(state, params, heads, head_index,
                  _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
                  config)
-    return begin(state, view, params, beginning, config)
+    return begin(state, view, params, workload, beginning, config)
 
 
 def lane_done(state: State) -> jax.Array:

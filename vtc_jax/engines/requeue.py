@@ -8,9 +8,9 @@ Victims of one step are pushed in the server's order, so the last pushed is the 
 served again (vLLM puts each victim at the front in turn). A stack holds D entries (a
 static depth); a push past it is dropped and flags the lane as not finished.
 
-Per lane: rows int32[K, D, 5] (the original request rows), index int32[K, D] (their rows
-in the workload), generated int32[K, D] (tokens the request had generated when preempted:
-the server recomputes them), depth int32[K]. All functions are pure and masked.
+Per lane: index int32[K, D] (the requests' rows in the workload, where the engine reads
+them), generated int32[K, D] (tokens the request had generated when preempted: the server
+recomputes them), depth int32[K]. All functions are pure and masked.
 """
 
 from __future__ import annotations
@@ -20,38 +20,35 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.core.rows import NUM_FIELDS
-
 I32 = jnp.int32
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Stacks:
-    rows: jax.Array
     index: jax.Array
     generated: jax.Array
     depth: jax.Array
 
 
 def init(num_clients: int, depth: int) -> Stacks:
-    return Stacks(rows=jnp.zeros((num_clients, depth, NUM_FIELDS), I32), index=jnp.zeros((num_clients, depth), I32),
-                  generated=jnp.zeros((num_clients, depth), I32), depth=jnp.zeros(num_clients, I32))
+    return Stacks(index=jnp.zeros((num_clients, depth), I32), generated=jnp.zeros((num_clients, depth), I32),
+                  depth=jnp.zeros(num_clients, I32))
 
 
 def tops(stacks: Stacks):
-    """(row int32[K, 5], index int32[K], generated int32[K]) at each stack's top
-    (meaningful where depth > 0; generated is 0 where the stack is empty)."""
+    """(index int32[K], generated int32[K]) at each stack's top (index meaningful where
+    depth > 0; generated is 0 where the stack is empty)."""
     k = stacks.depth.shape[0]
     at = jnp.maximum(stacks.depth - 1, 0)
     kk = jnp.arange(k)
     held = stacks.depth > 0
-    return stacks.rows[kk, at], stacks.index[kk, at], jnp.where(held, stacks.generated[kk, at], 0)
+    return stacks.index[kk, at], jnp.where(held, stacks.generated[kk, at], 0)
 
 
-def push(stacks: Stacks, mask, client, rows, index, generated):
-    """Push entries i (in order) where mask[i]: client int32[S], rows int32[S, 5],
-    index, generated int32[S]. Returns (stacks, overflow bool[])."""
+def push(stacks: Stacks, mask, client, index, generated):
+    """Push entries i (in order) where mask[i]: client, index, generated int32[S].
+    Returns (stacks, overflow bool[])."""
     k, d = stacks.index.shape
     mine = (client[None, :] == jnp.arange(k)[:, None]) & mask[None, :]  # [K, S]
     # Each entry's place on its client's stack: the depth plus the earlier entries of its
@@ -65,7 +62,7 @@ def push(stacks: Stacks, mask, client, rows, index, generated):
     ok = mask & (pos < d)
     c = jnp.where(ok, client, k)  # out of range: dropped
     p = jnp.where(ok, pos, 0)
-    return Stacks(rows=stacks.rows.at[c, p].set(rows, mode="drop"), index=stacks.index.at[c, p].set(index, mode="drop"),
+    return Stacks(index=stacks.index.at[c, p].set(index, mode="drop"),
                   generated=stacks.generated.at[c, p].set(generated, mode="drop"),
                   depth=jnp.minimum(stacks.depth + mine.sum(axis=1, dtype=I32), d)), (mask & (pos >= d)).any()
 

@@ -154,14 +154,13 @@ class Work:
 class Requeue:
     """Requests a step preempted, in the order they go back (the last one is served first
     again), over the server's S slots: mask bool[S]; client, index (workload row),
-    generated (tokens generated before the preemption) int32[S]; row int32[S, 5] the
-    original request row."""
+    generated (tokens generated before the preemption) int32[S]. (The request's row is
+    the workload's row `index`: the engine reads it there, so no server carries rows.)"""
 
     mask: jax.Array
     client: jax.Array
     index: jax.Array
     generated: jax.Array
-    row: jax.Array
 
 
 @jax.tree_util.register_dataclass

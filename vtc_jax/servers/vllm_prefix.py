@@ -351,7 +351,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
         running=state.running - _per_client(jnp.ones(slots, I32), state.client[slot], gone, k),
         active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
     requeue = Requeue(mask=mask & gone, client=state.client[slot], index=state.index[slot],
-                      generated=state.generated[slot], row=state.row[slot])
+                      generated=state.generated[slot])
     return _select(mask, new, state), requeue
 
 

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.core.rows import NUM_FIELDS, OUTPUT, PROMPT
+from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, step_time
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
@@ -245,9 +245,9 @@ class VllmState:
     this step); bool[]: preempted (this step preempted), just_finished (the last step finished a request),
     active (the step has something to log); running: int32[K] requests per client in the server (leaving ones
     included). Per slot, int32[S]: client, value (the policy's), index (workload row), prompt, output, computed,
-    generated, tokens (scheduled this step), row int32[S, 5]. out: Outcome; log; victims int32[S]: the rows this
-    step preempted, in preemption order (-1 none; kept only when there is a log, else always -1). Slots at or
-    past nrun hold no request (what they hold is never read)."""
+    generated, tokens (scheduled this step), order (the request's ORDER field: the priority victim's key). out:
+    Outcome; log; victims int32[S]: the rows this step preempted, in preemption order (-1 none; kept only when
+    there is a log, else always -1). Slots at or past nrun hold no request (what they hold is never read)."""
 
     t: jax.Array
     nrun: jax.Array
@@ -266,7 +266,7 @@ class VllmState:
     computed: jax.Array
     generated: jax.Array
     tokens: jax.Array
-    row: jax.Array
+    order: jax.Array
     ndone: jax.Array
     ended: jax.Array
     out: Outcome
@@ -275,8 +275,8 @@ class VllmState:
     walks: bool = dataclasses.field(default=True, metadata={"static": True})  # some lane's rule is not `newest`
 
 
-_SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens")
-_MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "row")  # by `complete`
+_SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
+_MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "order")  # by `complete`
 
 
 def init(shape: ServerShape) -> VllmState:
@@ -286,7 +286,7 @@ def init(shape: ServerShape) -> VllmState:
     return VllmState(
         t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
-        **{f: empty for f in _SLOTS}, row=jnp.zeros((s, NUM_FIELDS), I32),
+        **{f: empty for f in _SLOTS},
         ndone=zero, ended=zero,
         out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
                     times=base.token_times(shape)),
@@ -488,7 +488,7 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
         state, client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
         prompt=put(state.prompt, row[PROMPT]), output=put(state.output, row[OUTPUT]), computed=put(state.computed, 0),
         generated=put(state.generated, generated), tokens=put(state.tokens, n),
-        row=state.row.at[at].set(row, mode="drop"), nrun=state.nrun + mask.astype(I32),
+        order=put(state.order, row[ORDER]), nrun=state.nrun + mask.astype(I32),
         running=state.running + ((jnp.arange(state.running.shape[0]) == client) & mask).astype(I32),
         free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0),
         out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[first].set(step, mode="drop"),

@@ -26,13 +26,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.core.rows import ORDER
-
 I32 = jnp.int32
 VICTIMS = ("newest", "priority", "counter")
 NEWEST, PRIORITY, COUNTER = range(3)
-FIELDS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "row")
-OUT = ("client", "index", "generated", "row")  # what a victim takes back to its queue
+FIELDS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
+OUT = ("client", "index", "generated")  # what a victim takes back to its queue (its row: the workload's)
 
 
 def _cdiv(a, b):
@@ -50,7 +48,7 @@ def pick(code, f: dict, nrun, band, counter, num):
     newest = jnp.maximum(nrun - 1, 0)
     b = jnp.where(alive, band[f["client"]], -1)
     top = alive & (b == b.max())
-    by_priority = jnp.argmax(jnp.where(top, f["row"][:, ORDER], -1)).astype(I32)
+    by_priority = jnp.argmax(jnp.where(top, f["order"], -1)).astype(I32)
     present = jnp.zeros(k, bool).at[jnp.where(alive, f["client"], k)].set(True, mode="drop")
     # argmax with ties to the larger index: the first minimum of -counter, reversed.
     neg = num.sub(num.zeros((k,)), counter)
@@ -69,7 +67,7 @@ def _remove(f: dict, v) -> dict:
 
 def walk(f: dict, nrun, start, free, budget, out: dict, nvic, cap, block_size, code, band, counter, num, run):
     """vLLM's running phase where `run` (bool[]), from slot `start` on: the slot arrays `f`
-    (FIELDS, int32[S] each, row int32[S, 5]; `tokens`: those scheduled before `start`),
+    (FIELDS, int32[S] each; `order`: the request's ORDER field; `tokens`: those scheduled before `start`),
     nrun, the free blocks and budget left at `start`, no victim yet (`nvic` 0; `out`, OUT
     fields over S entries, is overwritten from entry 0), the prefill cap (int32[]). The
     caller starts it at the first slot that must preempt (before it, every rule schedules
