@@ -122,13 +122,52 @@ def event_ns(config, batch, carry, events: int, repeats: int, lanes: int) -> flo
 
 
 _KERNEL = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\S+)\s+[a-z][\w\-]*\(.*?op_name=\"([^\"]+)\"", re.M)
+_FRAME = re.compile(r"stack_frame_id=(\d+)")
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def source_lines(hlo_text: str) -> dict:
+    """{kernel: "file.py:line function"}: where in our code each kernel's operation was
+    traced (the innermost frame of the module's stack-frame tables; {} when the module has
+    none)."""
+    tables: dict = {name: {} for name in _TABLES}
+    current = None
+    for line in hlo_text.splitlines():
+        text = line.strip()
+        if text in _TABLES:
+            current = tables[text]
+            continue
+        entry = re.match(r"^(\d+) (.*)$", text)
+        if current is not None and entry:
+            current[int(entry.group(1))] = entry.group(2).strip('"')
+        elif text:
+            current = None
+
+    def where(frame: int) -> str:
+        try:
+            loc = tables["FileLocations"][int(re.search(r"file_location_id=(\d+)", tables["StackFrames"][frame])[1])]
+            file = tables["FileNames"][int(re.search(r"file_name_id=(\d+)", loc)[1])]
+            func = tables["FunctionNames"][int(re.search(r"function_name_id=(\d+)", loc)[1])]
+            line = re.search(r"line=(\d+)", loc)[1]
+            return f"{os.path.basename(file)}:{line} {func}"
+        except (KeyError, TypeError):
+            return ""
+
+    out = {}
+    for m in _KERNEL.finditer(hlo_text):
+        frame = _FRAME.search(hlo_text, m.end(), hlo_text.find("\n", m.end()) % (len(hlo_text) + 1))
+        if frame:
+            out[m.group(1)] = where(int(frame.group(1)))
+    return out
 
 
 def kernel_times(config, batch, carry, events: int, top: int) -> list[dict]:
     """The `top` kernels by time in one call of `events` events (jax.profiler's trace of
     the compiled event loop; a temporary directory, removed after)."""
     compiled = runner.advance.lower(carry, batch, None, np.int32(events), program=PROGRAM, config=config).compile()
-    described = {m.group(1): (m.group(2), m.group(3).split("/")[-1]) for m in _KERNEL.finditer(compiled.as_text())}
+    text = compiled.as_text()
+    described = {m.group(1): (m.group(2), m.group(3).split("/")[-1]) for m in _KERNEL.finditer(text)}
+    lines = source_lines(text)
     jax.block_until_ready(compiled(carry, batch, None, np.int32(events)))
     with tempfile.TemporaryDirectory() as where:
         jax.profiler.start_trace(where)
@@ -147,7 +186,7 @@ def kernel_times(config, batch, carry, events: int, top: int) -> list[dict]:
             spent[e["name"]] += float(e.get("dur", 0.0))
     total = sum(spent.values()) or 1.0
     return [{"kernel": name, "share": us / total, "us_per_event": us / events, "shape": described[name][0],
-             "op": described[name][1]} for name, us in spent.most_common(top)]
+             "op": described[name][1], "source": lines.get(name, "")} for name, us in spent.most_common(top)]
 
 
 def events_per_step(config, batch) -> float:
@@ -201,10 +240,11 @@ def print_profile(out: dict) -> None:
     print(f"kernels of one event at {out['rows'][-1]['lanes']} lanes: "
           + ", ".join(f"{k} {v}" for k, v in kinds.items()), flush=True)
     if out.get("kernels"):
-        print("| kernel | share of kernel time | us/event | output | from |")
-        print("|---|---|---|---|---|")
+        print("| kernel | share of kernel time | us/event | output | operation | traced at |")
+        print("|---|---|---|---|---|---|")
         for r in out["kernels"]:
-            print(f"| {r['kernel']} | {100 * r['share']:.1f}% | {r['us_per_event']:.1f} | {r['shape']} | {r['op']} |")
+            print(f"| {r['kernel']} | {100 * r['share']:.1f}% | {r['us_per_event']:.1f} | {r['shape']} | {r['op']} | "
+                  f"{r['source']} |")
 
 
 def main(argv=None) -> int:

@@ -35,3 +35,28 @@ def test_kernel_descriptions_name_shape_and_operation():
     assert found["gather_fusion.1"] == ("s32[4,1]{1,0}", "gather")
     assert found["wrapped_scatter"] == ("s32[4,2]{1,0}", "scatter-add")
     assert "copy.3" not in found  # no metadata: described only by the trace's name
+
+
+TABLES = """
+FileNames
+1 "/repo/vtc_jax/engines/engine.py"
+
+FunctionNames
+1 "step_lane"
+2 "_waiting"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=460 end_line=460 column=1 end_column=9}
+2 {file_name_id=1 function_name_id=2 line=222 end_line=222 column=5 end_column=30}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+"""
+
+
+def test_source_lines_name_the_innermost_frame():
+    lines = profile_event.source_lines(HLO.replace("stack_frame_id=3", "stack_frame_id=2") + TABLES)
+    assert lines == {"add_fusion": "engine.py:222 _waiting"}
+    # a frame the tables do not hold: no source, not an error
+    assert profile_event.source_lines(HLO + TABLES) == {"add_fusion": ""}

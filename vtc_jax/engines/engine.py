@@ -319,8 +319,10 @@ def begin(state: State, view: View, params: Params, workload: Workload, mask, co
     stacks, overflow = requeue.push(state.stacks, out.mask & mask, out.client, out.index, out.generated)
     top_index, _ = requeue.tops(stacks)
     pushed = stacks.depth > state.stacks.depth
+    # Clients that pushed nothing read row 0, as every such event does, so it stays cached.
+    top_row = workload.requests[jnp.where(pushed, top_index, 0)]
     return dataclasses.replace(state, server=server, stacks=stacks, begun=state.begun | mask,
-                               heads=jnp.where(pushed[:, None], workload.requests[top_index], state.heads),
+                               heads=jnp.where(pushed[:, None], top_row, state.heads),
                                overflow=state.overflow | (mask & overflow))
 
 
