@@ -20,6 +20,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.servers.base import prefix_sum
+
 I32 = jnp.int32
 
 
@@ -52,12 +54,8 @@ def push(stacks: Stacks, mask, client, index, generated):
     k, d = stacks.index.shape
     mine = (client[None, :] == jnp.arange(k)[:, None]) & mask[None, :]  # [K, S]
     # Each entry's place on its client's stack: the depth plus the earlier entries of its
-    # client, as one-hot sums (no gather) of a prefix count by shifted adds (jnp.cumsum is
-    # many small ops on XLA CPU).
-    upto, shift = mine.astype(I32), 1
-    while shift < client.shape[0]:
-        upto = upto + jnp.pad(upto[:, :-shift], ((0, 0), (shift, 0)))
-        shift *= 2
+    # client, as one-hot sums (no gather) of a prefix count.
+    upto = prefix_sum(mine.astype(I32))
     pos = jnp.where(mine, stacks.depth[:, None] + upto - 1, 0).sum(axis=0, dtype=I32)
     ok = mask & (pos < d)
     c = jnp.where(ok, client, k)  # out of range: dropped

@@ -295,12 +295,12 @@ def in_stable_order(order: jax.Array, keys: jax.Array) -> jax.Array:
     return jnp.all((k[1:] > k[:-1]) | ((k[1:] == k[:-1]) & (order[1:] > order[:-1])))
 
 
-def add_timeline(workload: Workload, packed: bool = False, order: jax.Array | None = None) -> Workload:
-    """`workload` with its timeline (one stable sort by ORDER; jittable, one lane;
-    `packed`: see timeline_order; `order` int32[R]: that sort's result, already known)."""
+def add_timeline(workload: Workload, order: jax.Array | None = None) -> Workload:
+    """`workload` with its timeline (one stable sort by ORDER; jittable, one lane; `order`
+    int32[R]: that sort's result, already known: `add_timelines`)."""
     rows, first = workload.requests, workload.first
     if order is None:
-        order = timeline_order(rows[:, ORDER], packed)
+        order = timeline_order(rows[:, ORDER])
     # few clients: K compares a row beat a binary search's dependent gathers
     method = "compare_all" if first.shape[0] <= 16 else "scan"
     block = (jnp.searchsorted(first, order, side="right", method=method) - 1).astype(jnp.int32)

@@ -318,18 +318,8 @@ def _cdiv(a, b):
     return jax.lax.div(a + (b - 1), jnp.asarray(b, a.dtype))
 
 
-def _scan(x):
-    """Inclusive cumsum over the last axis as log2(S) shifted adds (Hillis-Steele): on XLA
-    CPU a few fused passes, where jnp.cumsum's associative scan is many small ops."""
-    shift = 1
-    while shift < x.shape[-1]:
-        x = x + jnp.pad(x[..., :-shift], [(0, 0)] * (x.ndim - 1) + [(shift, 0)])
-        shift *= 2
-    return x
-
-
 def _excl_cumsum(x):
-    return _scan(x) - x
+    return base.prefix_sum(x) - x
 
 
 def _leading(ok):
@@ -390,12 +380,12 @@ def _newest(state: VllmState, p: dict, cap, free):
     total = state.prompt + state.generated
     need = jnp.where(listed, jnp.minimum(jnp.minimum(total - state.computed, cap), p["budget"] + 1), 0)
     held = jnp.where(listed, _cdiv(state.computed, bs), 0)
-    sums = _scan(jnp.stack([need, held[::-1]]))  # both scans in one
+    sums = base.prefix_sum(jnp.stack([need, held[::-1]]))  # both scans in one
     before = p["budget"] - (sums[0] - need)  # budget left at each slot
     tail = sums[1][::-1]  # blocks held by slots >= m, non-increasing in m
     n = jnp.clip(before, 0, need)
     walked = listed & (before > 0)
-    want = _scan(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
+    want = base.prefix_sum(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
     # m_i: the start of the shortest tail whose blocks, freed, cover want_i: m_i = min(#{m
     # in [0, S] : tail_m >= want_i - free} - 1, nrun) (tail padded with a final 0, and
     # non-increasing). Slot i is scheduled when m_i > i, that is when the blocks held
