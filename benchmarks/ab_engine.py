@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vtc_jax.core.fileio import write_text_atomically
+from vtc_jax.cli.common import guarded
+from vtc_jax.core.fileio import check_writable_file, write_text_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine's best-of repeats per run")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json:
+        check_writable_file(args.json)  # before the run's minutes, not after
     argv = ["benchmarks.bench_engine", "--lanes", str(args.lanes), "--repeats", str(args.repeats), "--no-reference"]
     here, there = [], []
     for r, (full, x, y) in enumerate(alternate(args.against, args.rounds, argv)):
@@ -83,4 +86,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(guarded("python -m benchmarks.ab_engine", lambda: main(sys.argv[1:])))

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
+from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import artifact_run as AR
 from vtc_jax.engines import artifact as A
 from vtc_jax.engines import artifact_inputs as AI
@@ -67,9 +68,11 @@ def main(argv=None) -> int:
                         help="batch sizes (default 1,5,10)")
     parser.add_argument("--repeat", type=int_arg(1, 100), default=2, help="timed runs per batch size (best kept)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
-    args = parser.parse_args(argv)
 
     def body() -> int:
+        args = parser.parse_args(argv)  # inside guarded: a bad flag is one line, exit 2
+        if args.json:
+            check_writable_file(args.json)  # before the run's minutes, not after
         cols = AI.read_trace_csv(TRACE)
         profile = A.Profile()
         workload = AR.Workload.fixed("real", cols)

@@ -27,7 +27,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from benchmarks.bench_engine import measures_of
 from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
@@ -75,7 +77,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-servegen", action="store_true", help="skip the ServeGen row")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    measures = MeasureConfig.of([m for m in args.measures if m != "none"])
+    if args.json:
+        check_writable_file(args.json)  # before the run's minutes, not after
+    measures = measures_of(args.measures)
     device = jax.devices()[0]
     print(f"device: {device.platform} {device.device_kind}, jax {jax.__version__}, {args.lanes} lanes, "
           f"measures {','.join(args.measures)}")

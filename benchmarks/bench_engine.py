@@ -42,6 +42,8 @@ import numpy as np
 
 from tests.sequential import simulate_vtc
 from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.core.fileio import check_writable_file
+from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run as run_mod
 from vtc_jax.driver import policy_groups
 from vtc_jax.engines.engine import EngineBatch, LaneInput
@@ -56,7 +58,11 @@ STEPS, KV_BUDGET, RATES = 6000, 8192, (1.0, 0.25)
 
 
 def measures_of(names: list[str]) -> MeasureConfig:
-    return MeasureConfig.of([n for n in names if n != "none"])
+    """--measures of the benchmarks ("none": no optional measure); an unknown name is bad input."""
+    try:
+        return MeasureConfig.of([n for n in names if n != "none"])
+    except ValueError as err:
+        raise InputError(f"--measures: {err}") from None
 
 
 def lane_settings(lanes: int, policies: list[str]) -> list[Settings]:
@@ -178,6 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reference-steps", type=int_arg(100, STEPS), default=2000)
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
+    if args.json:
+        check_writable_file(args.json)  # before the run's minutes, not after
     measures = measures_of(args.measures)
     device = jax.devices()[0]
     print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}, "

@@ -37,6 +37,7 @@ from benchmarks.bench_engine import (KV_BUDGET, RATES, STEPS, engine_alone, lane
                                      sequential_rate)
 from tests.sequential import simulate_vtc
 from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT, client_rows
@@ -153,6 +154,8 @@ def main(argv=None) -> int:
                         help="measures the engine keeps (default pair_drift, as bench_engine)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
+    if args.json:
+        check_writable_file(args.json)  # before the run's minutes, not after
     compiler = find_compiler()
     if compiler is None:
         print("skipped: no C compiler")

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.cli.common import guarded, int_arg
+from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver import run as run_mod
 from vtc_jax.engines.engine import EngineBatch, LaneInput
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
                         help="arrival steps of the lane the reference drains (default 100)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json:
+        check_writable_file(args.json)  # before the run's minutes, not after
     device = jax.devices()[0]
     print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}")
     ref = reference_rate(args.reference_steps)

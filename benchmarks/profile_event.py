@@ -47,7 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import bench_vllm
+from benchmarks.bench_engine import measures_of
 from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.driver import runner
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
@@ -259,7 +261,9 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", type=int_arg(0, 1000), default=0, help="list the N costliest kernels")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    measures = MeasureConfig.of([m for m in args.measures if m != "none"])
+    measures = measures_of(args.measures)
+    if args.json:
+        check_writable_file(args.json)  # before the profile's minutes, not after
     device = jax.devices()[0]
     print(f"device: {device.platform} {device.device_kind}, jax {jax.__version__}")
     outs = []
