@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         check_writable_file(args.json)  # before the run's minutes, not after
     measures = measures_of(args.measures)
     device = jax.devices()[0]
-    print(f"device: {device.platform} {device.device_kind}, jax {jax.__version__}, {args.lanes} lanes, "
+    print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}, {args.lanes} lanes, "
           f"measures {','.join(args.measures)}")
     print("| workload | K | state bytes/lane | workload bytes/lane | M lane-steps/s (end to end, warm) | vs K=2 |")
     print("|---|---|---|---|---|---|")

@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     if args.json:
         check_writable_file(args.json)  # before the profile's minutes, not after
     device = jax.devices()[0]
-    print(f"device: {device.platform} {device.device_kind}, jax {jax.__version__}")
+    print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}, jax {jax.__version__}")
     outs = []
     for k in args.clients:
         outs.append(profile(k, sorted(args.lanes), measures, args.events, args.repeats, args.kernels,

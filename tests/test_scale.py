@@ -88,3 +88,60 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
     assert entries[0], "the first run wrote no cache entry"
     assert entries[1] == entries[0]
     assert _rows(tmp_path / "o0") == _rows(tmp_path / "o1")
+
+
+def _python(script: str, env: dict) -> str:
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_a_command_runs_one_cpu_device_per_core_unless_told():
+    """use_every_core (called by every command): one XLA:CPU device per core, except when the
+    user chose (JAX_NUM_CPU_DEVICES, XLA_FLAGS) or JAX has already started its backends."""
+    script = """
+from vtc_jax.driver.devices import use_every_core, host_cores
+import jax
+print(use_every_core(), jax.device_count(), host_cores())
+"""
+    plain = {k: v for k, v in _env().items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    got, devices, cores = _python(script, plain).split()
+    assert got == devices == cores
+    assert _python(script, dict(plain, JAX_NUM_CPU_DEVICES="3")).split()[:2] == ["None", "3"]
+    assert _python(script, _env(5)).split()[:2] == ["None", "5"]
+    started = "import jax, jax.numpy as jnp\njnp.ones(1)\n" + script
+    assert _python(started, plain).split()[:2] == ["None", "1"]
+
+
+def test_workloads_generated_sharded_equal_one_device():
+    """Lanes generated where the runner runs them (sharded over 8 devices; seeds shared by
+    several settings, their distinct count padded to the device count) are the one-device
+    workloads, and their runs the same results."""
+    script = """
+import numpy as np, jax
+from jax.sharding import NamedSharding
+from vtc_jax.driver import run as run_mod
+from vtc_jax.driver.devices import lane_mesh
+from vtc_jax.engines.settings import Settings
+from vtc_jax.inputs.sources import TrafficSource
+from vtc_jax.inputs.traffic import overload
+assert jax.device_count() == 8
+src = TrafficSource(overload([1.0, 0.25], 300))
+for seeds in ([i // 3 for i in range(24)], [i // 4 for i in range(16)], list(range(16)), [0, 1, 2]):
+    srcs = [src] * len(seeds)
+    settings = [Settings("vtc", 2048 * (1 + i % 3)) for i in range(len(seeds))]
+    config = run_mod.source_config(srcs, settings)
+    one = run_mod.shared_workloads(srcs, seeds, config)
+    eight = run_mod.shared_workloads(srcs, seeds, config, mesh=lane_mesh(8))
+    for a, b in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(eight)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    sharded = isinstance(eight.requests.sharding, NamedSharding) and len(eight.requests.sharding.device_set) == 8
+    assert sharded == (len(seeds) % 8 == 0), seeds
+    r1 = run_mod.simulate_sources(srcs, settings, seeds, mesh=lane_mesh(1))
+    r8 = run_mod.simulate_sources(srcs, settings, seeds, mesh=lane_mesh(8))
+    for name in ("steps", "service", "max_drift", "admitted", "completed", "events"):
+        np.testing.assert_array_equal(getattr(r1, name), getattr(r8, name), err_msg=name)
+print("OK")
+"""
+    assert _python(script, _env(8)).endswith("OK")

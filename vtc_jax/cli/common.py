@@ -16,6 +16,7 @@ from typing import Callable
 
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
+from vtc_jax.driver.devices import use_every_core
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130 = 128 + SIGINT
 
@@ -124,6 +125,8 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
     pipe 2, out of memory 2. An interrupt recorded while the body ran is never lost: a
     body that returns after one (its exception swallowed somewhere) still exits with it."""
     _stop_on_signals(prog)
+    if _is_command():  # a command owns its process: one XLA:CPU device per core
+        use_every_core()
     try:
         status = body()
     except InputError as err:

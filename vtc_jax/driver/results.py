@@ -375,13 +375,22 @@ def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: b
     demand per bucket in cost units float64[B, buckets, K], last arrival step int64[B]
     (-1: none))."""
     steps = jnp.asarray(np.minimum(steps, np.iinfo(np.int32).max).astype(np.int32))
-    fn = functools.partial(workload_stats, num_clients=num_clients, buckets=buckets, every=every)
-    axes = (None if shared else 0,) * 2 + (0,) * 5
     c = params.costs
-    count, offered, max_prompt, demand, last = jax.vmap(fn, in_axes=axes)(
-        workload.requests, workload.first, steps, c.prefill, c.decode, c.context, c.charge_cached)
+    count, offered, max_prompt, demand, last = _lanes_stats(
+        workload.requests, workload.first, steps, c.prefill, c.decode, c.context, c.charge_cached,
+        shared=shared, num_clients=num_clients, buckets=buckets, every=every)
     return (np.asarray(count, np.int64), np.asarray(offered, np.float64), np.asarray(max_prompt, np.int64),
             np.asarray(demand, np.float64), np.asarray(last, np.int64))
+
+
+@functools.partial(jax.jit, static_argnames=("shared", "num_clients", "buckets", "every"))
+def _lanes_stats(requests, first, steps, prefill, decode, context, charge_cached, *, shared: bool,
+                 num_clients: int, buckets: int, every: int):
+    """`workload_stats` of every lane, compiled as one program (one pass over the rows, on
+    the devices the lanes are sharded over)."""
+    fn = functools.partial(workload_stats, num_clients=num_clients, buckets=buckets, every=every)
+    axes = (None if shared else 0,) * 2 + (0,) * 5
+    return jax.vmap(fn, in_axes=axes)(requests, first, steps, prefill, decode, context, charge_cached)
 
 
 def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales: Scales, arrived_streams: np.ndarray,

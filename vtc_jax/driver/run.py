@@ -16,12 +16,12 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import policy_groups, runner
-from vtc_jax.driver.devices import lane_mesh
+from vtc_jax.driver.devices import LANES, lane_mesh, shard
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
@@ -523,36 +523,59 @@ def _covers(given: tuple, needed: tuple) -> bool:
 
 
 def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
-                       base_seed: int = 0) -> Workload:
+                       base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
     """Lane i's requests from seeds[i] and srcs[i], laid out for `config` (device); a
-    trace's seed 0 is the trace itself (`sources.replays_exactly`)."""
+    trace's seed 0 is the trace itself (`sources.replays_exactly`). With `mesh`, and lanes
+    a multiple of its size, they are generated where the runner will run them: lanes
+    sharded over its devices (every device generates its own, nothing is copied after)."""
     lay = sources.layout(sources.unique(srcs), config.arrival_width + 1)
     extra = config.num_rows - lay.num_rows  # a larger shared config: pad the last block
     lay = dataclasses.replace(lay, size=lay.size[:-1] + (lay.size[-1] + extra,))
-    return sources.generate_lanes(lane_keys(seeds, base_seed), sources.stack(srcs), kind=srcs[0].kind,
+    keys, params = lane_keys(seeds, base_seed), sources.stack(srcs)
+    if _shards(mesh, len(seeds)):
+        keys, params = shard(keys, mesh), shard(params, mesh)
+    return sources.generate_lanes(keys, params, kind=srcs[0].kind,
                                   horizon=srcs[0].horizon, lay=lay, pad=config.arrival_width + 1,
                                   num_clients=config.num_clients, exact=sources.replays_exactly(seeds))
 
 
+def _shards(mesh: Mesh | None, lanes: int) -> bool:
+    """Whether `lanes` lanes are placed sharded over `mesh` (several devices, evenly)."""
+    return mesh is not None and mesh.devices.size > 1 and lanes % mesh.devices.size == 0
+
+
 def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
-                     base_seed: int = 0) -> Workload:
+                     base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
     """`generate_workloads` with its timeline, each distinct (source, seed) generated once
     and gathered into every lane that uses it (a sweep's settings share their seeds'
-    requests: generation is paid once per seed, not once per setting)."""
+    requests: generation is paid once per seed, not once per setting). With `mesh`, the
+    lanes are sharded over it (when they divide evenly), as the runner will run them."""
     pairs = [(id(src), int(seed)) for src, seed in zip(srcs, seeds)]
     distinct = list(dict.fromkeys(pairs))
     if len(distinct) == len(pairs):
-        return with_timeline(generate_workloads(srcs, seeds, config, base_seed), batched=True)
+        return with_timeline(generate_workloads(srcs, seeds, config, base_seed, mesh), batched=True)
     source_of = dict(zip(pairs, srcs))
     where = {pair: i for i, pair in enumerate(distinct)}
+    if _shards(mesh, len(pairs)):  # generated sharded too: the last pair repeated to divide evenly
+        distinct = distinct + distinct[-1:] * (-len(distinct) % mesh.devices.size)
     made = with_timeline(generate_workloads([source_of[p] for p in distinct], [p[1] for p in distinct], config,
-                                            base_seed), batched=True)
-    return _take_lanes(made, jnp.asarray([where[p] for p in pairs], jnp.int32))
+                                            base_seed, mesh), batched=True)
+    index = jnp.asarray([where[p] for p in pairs], jnp.int32)
+    if _shards(mesh, len(pairs)):
+        return _take_lanes_sharded(made, index, NamedSharding(mesh, PartitionSpec(LANES)))
+    return _take_lanes(made, index)
 
 
 @jax.jit
 def _take_lanes(workload: Workload, index: jax.Array) -> Workload:
     return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0), workload)
+
+
+@functools.partial(jax.jit, static_argnames=("sharding",))
+def _take_lanes_sharded(workload: Workload, index: jax.Array, sharding: NamedSharding) -> Workload:
+    """`_take_lanes` written straight into lanes sharded by `sharding`."""
+    return jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(jnp.take(x, index, axis=0), sharding),
+                                  workload)
 
 
 def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings], seeds: Sequence[int], *,
@@ -580,7 +603,8 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
     config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies, server)
     validate_lanes(srcs, settings, config)
     horizon = srcs[0].horizon
-    workload = shared_workloads(srcs, seeds, config, base_seed)
+    mesh = mesh or lane_mesh()
+    workload = shared_workloads(srcs, seeds, config, base_seed, mesh)
     budget = servers.get(config.server).events_per_step * horizon + 3 * config.num_rows + 1
     # From the sources' expectation, not the draw: the chunk size (a static argument of
     # the compiled call) must not change from one batch of seeds to the next.

@@ -27,9 +27,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
-from vtc_jax.driver.devices import lane_mesh, pad_to, shard
+from vtc_jax.driver.devices import LANES, lane_mesh, pad_to, shard
 from vtc_jax.engines.program import LaneProgram
 
 
@@ -40,24 +40,49 @@ def _loop_events(program: LaneProgram, config, carry, batched, shared, num_event
     return jax.lax.fori_loop(0, num_events, body, carry)
 
 
-@functools.partial(jax.jit, static_argnames=("program", "config"))
-def advance(carry, batched, shared, num_events, *, program: LaneProgram, config):
+@functools.partial(jax.jit, static_argnames=("program", "config", "mesh"))
+def advance(carry, batched, shared, num_events, *, program: LaneProgram, config, mesh: Mesh | None = None):
     """`num_events` events of every lane (vmapped over the leading lane axis). The count is
     an int32[] argument, not static: one compiled program runs any number of events, so the
-    host can size each call by its measured time without compiling again."""
+    host can size each call by its measured time without compiling again. Over a `mesh` of
+    several devices each runs its own lanes (shard_map: the lane program is compiled once,
+    as for one device, not partitioned op by op; lanes never communicate)."""
     lane = functools.partial(_loop_events, program, config)
-    return jax.vmap(lane, in_axes=(0, 0, None, None))(carry, batched, shared, num_events)
+
+    def lanes(carry, batched, shared, num_events):
+        return jax.vmap(lane, in_axes=(0, 0, None, None))(carry, batched, shared, num_events)
+
+    if mesh is None or mesh.devices.size == 1:
+        return lanes(carry, batched, shared, num_events)
+    spec = PartitionSpec(LANES)
+    return jax.shard_map(lanes, mesh=mesh, in_specs=(spec, spec, PartitionSpec(), PartitionSpec()), out_specs=spec,
+                         check_vma=False)(carry, batched, shared, num_events)
 
 
 # The carry is dead after each chunk: donating it lets XLA update it in place on
 # accelerators (the CPU backend ignores donation, with a warning, so it is not used there).
-advance_donating = jax.jit(advance.__wrapped__, static_argnames=("program", "config"), donate_argnums=(0,))
+advance_donating = jax.jit(advance.__wrapped__, static_argnames=("program", "config", "mesh"), donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnames=("program",))
 def all_done(carry, *, program: LaneProgram):
     """bool[]: every lane is done."""
     return jnp.all(jax.vmap(program.done)(carry))
+
+
+@functools.partial(jax.jit, static_argnames=("program",))
+def most_events_left(carry, *, program: LaneProgram):
+    """int32[]: the program's estimate of the events its slowest lane has left (0: all done)."""
+    return jnp.max(jax.vmap(program.events_left)(carry))
+
+
+def lanes_status(carry, program: LaneProgram) -> tuple[bool, int | None]:
+    """(every lane is done, most events a lane has left by the program's estimate, or None
+    when it gives none): one small device read between calls."""
+    if program.events_left is None:
+        return bool(jax.device_get(all_done(carry, program=program))), None
+    left = int(jax.device_get(most_events_left(carry, program=program)))
+    return left == 0 and bool(jax.device_get(all_done(carry, program=program))), left
 
 
 @functools.partial(jax.jit, static_argnames=("program", "config"))
@@ -78,17 +103,24 @@ def default_chunk(expected_events: int) -> int:
 # this long, so a stop is honoured within a second or two whatever the events cost.
 CALL_SECONDS = 0.5
 FIRST_CALL_EVENTS = 64  # the first call also compiles: small, so it cannot run for minutes
+# The smallest call sized by the lanes' estimated events left: each call costs a device
+# read, so the tail is run in calls no smaller than this.
+MIN_TAIL_EVENTS = 32
 
 
-def next_call_events(events: int, seconds: float, chunk: int, first: bool) -> int:
+def next_call_events(events: int, seconds: float, chunk: int, first: bool, left: int | None = None) -> int:
     """Events for the next compiled call after one of `events` events took `seconds`:
     scaled to take about CALL_SECONDS, growing at most 4x a call (a fast call may be mostly
     overhead), within [1, chunk]. After the first call (its time is mostly compile) it
-    only grows."""
+    only grows. With `left` (the most events a lane has left, estimated), no more than
+    that and a margin: a batch's last call ends near its slowest lane instead of running a
+    whole chunk past it (done lanes are no-ops, so this changes no result)."""
     grown = min(chunk, 4 * events)
-    if first or seconds <= 0:
-        return grown
-    return max(1, min(grown, int(events * CALL_SECONDS / seconds)))
+    if not (first or seconds <= 0):
+        grown = max(1, min(grown, int(events * CALL_SECONDS / seconds)))
+    if left is not None:
+        grown = min(grown, max(MIN_TAIL_EVENTS, left + left // 16))
+    return grown
 
 
 def pad_lanes(tree, lanes: int, target: int):
@@ -134,12 +166,17 @@ def run(program: LaneProgram, config, batched, shared=None, *, event_budget: int
     limit = -(-event_budget // chunk) * chunk
     events = min(chunk, FIRST_CALL_EVENTS)
     spent, started, first = 0, time.perf_counter(), True
-    while spent < limit and not bool(jax.device_get(all_done(carry, program=program))):
+    finished, left = lanes_status(carry, program)
+    while spent < limit and not finished:
         n = min(events, limit - spent)
         call = time.perf_counter()
-        carry = step(carry, batched, shared, np.int32(n), program=program, config=config)
+        carry = step(carry, batched, shared, np.int32(n), program=program, config=config, mesh=mesh)
+        if mesh.devices.size > 1:  # jit returns empty leaves replicated: placed as before, no second compile
+            carry = shard(carry, mesh)
         jax.block_until_ready(carry)
-        events = next_call_events(n, time.perf_counter() - call, chunk, first)
+        seconds = time.perf_counter() - call
+        finished, left = lanes_status(carry, program)
+        events = next_call_events(n, seconds, chunk, first, left)
         spent, first = spent + n, False
         if progress is not None:
             progress(spent, min(limit, max(expected_events or event_budget, spent)), time.perf_counter() - started)

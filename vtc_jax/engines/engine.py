@@ -513,6 +513,15 @@ def lane_done(state: State) -> jax.Array:
     return state.done
 
 
+def events_left(state: State) -> jax.Array:
+    """int32[]: about the events the lane has left: its steps to the horizon at its events
+    per step so far (0 once done; a drained lane's far horizon makes it large)."""
+    steps_left = jnp.maximum(state.horizon - state.step, 0).astype(jnp.float32)
+    per_step = (state.iterations + 1).astype(jnp.float32) / jnp.maximum(state.step, 1).astype(jnp.float32)
+    estimate = jnp.minimum(jnp.ceil(steps_left * per_step), float(1 << 30)).astype(I32)
+    return jnp.where(state.done, 0, estimate)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class EngineBatch:
@@ -532,4 +541,4 @@ def _program_step(state: State, batched: EngineBatch, shared, config: EngineConf
     return step_lane(state, batched.lane, workload, config)
 
 
-PROGRAM = LaneProgram(name="model", init=_program_init, step=_program_step, done=lane_done)
+PROGRAM = LaneProgram(name="model", init=_program_init, step=_program_step, done=lane_done, events_left=events_left)

@@ -2,7 +2,11 @@
 
   init(config, batched, shared) -> carry          the lane's initial state;
   step(carry, batched, shared, config) -> carry   one event (a no-op once done);
-  done(carry) -> bool[]                           the lane has finished.
+  done(carry) -> bool[]                           the lane has finished;
+
+and, optionally, events_left(carry) -> int32[], an estimate of the events the lane has
+left (0 once done), by which the runner sizes its last calls so that a batch does not run
+long past its slowest lane; results never depend on it.
 
 The runner (vtc_jax.driver.runner) owns vmap, jit, chunking and sharding; an engine owns
 only its lane. The type lives here, on the engines' floor, so engines import nothing
@@ -25,3 +29,4 @@ class LaneProgram:
     init: Callable[[Any, Any, Any], Any]
     step: Callable[[Any, Any, Any, Any], Any]
     done: Callable[[Any], jax.Array]
+    events_left: Callable[[Any], jax.Array] | None = None
