@@ -16,19 +16,21 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import policy_groups, runner
-from vtc_jax.driver.devices import LANES, lane_mesh, shard
+from vtc_jax.driver.devices import lane_mesh
+from vtc_jax.driver.lane_workloads import (generate_workloads, lane_keys, shared_workloads, take_lanes,
+                                           with_timeline)
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
-from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, add_timelines, make_workload, requests_per_client
+from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, make_workload, requests_per_client
 from vtc_jax.measures.online import ALL, MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
@@ -149,19 +151,6 @@ def reject_at_arrival(workload: Workload, settings: Sequence[Settings], horizons
     return dataclasses.replace(out, timeline=None), np.asarray(rejected, np.int64), False  # rows moved: no timeline
 
 
-def with_timeline(workload: Workload, *, batched: bool) -> Workload:
-    """`workload` with its arrival timeline (built on the device when missing; a batched
-    workload has a leading lane axis)."""
-    if workload.timeline is not None:
-        return workload
-    return (_timeline_many if batched else _timeline_one)(workload)
-
-
-# Module-level so that every call with the same shapes reuses one compile.
-_timeline_one = jax.jit(functools.partial(add_timelines, batched=False))
-_timeline_many = jax.jit(functools.partial(add_timelines, batched=True))
-
-
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
                   config: EngineConfig, shared: bool, event_budget: int, expected_events: int | None = None,
                   chunk: int | None = None, mesh: Mesh | None = None,
@@ -214,7 +203,7 @@ def run_in_tiers(config: EngineConfig, batch: EngineBatch, shared, **run_args):
     previous = config
     for slots in tiers:
         tier = dataclasses.replace(config, slots=slots)
-        part = batch if host is None else _take_lanes(batch, jnp.asarray(lanes, jnp.int32))
+        part = batch if host is None else take_lanes(batch, jnp.asarray(lanes, jnp.int32))
         h, d = runner.run(PROGRAM, tier, part, shared, **run_args)
         if host is None:
             host, done = h, np.asarray(d).copy()
@@ -424,17 +413,6 @@ def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResu
     return replay_lanes(trace, [settings or Settings()], **kwargs)
 
 
-def lane_keys(seeds: Sequence[int], base_seed: int = 0) -> jax.Array:
-    """One key per lane from its seed alone: the same seed gives the same trace in any batch."""
-    seeds = np.asarray(seeds, dtype=np.int64)
-    if seeds.ndim != 1 or (seeds < 0).any() or (seeds > INT32_MAX).any():
-        raise InputError("seeds must be integers in [0, 2^31)")
-    if not 0 <= base_seed <= INT32_MAX:
-        raise InputError(f"the base seed must be in [0, 2^31), got {base_seed}")
-    base = jax.random.key(base_seed)
-    return jax.vmap(lambda s: jax.random.fold_in(base, s))(jnp.asarray(seeds, jnp.uint32))
-
-
 def horizon_limit(server: str, *, drains: bool) -> int:
     """The longest horizon a run may have: a drain bound in the server's time unit, else steps."""
     return servers.get(server).max_horizon if drains else min(MAX_HORIZON, servers.get(server).max_horizon)
@@ -520,62 +498,6 @@ def _covers(given: tuple, needed: tuple) -> bool:
     is set there too, or left to the server's default)."""
     flags = dict(given)
     return all(not value or flags.get(name, True) for name, value in needed)
-
-
-def generate_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
-                       base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
-    """Lane i's requests from seeds[i] and srcs[i], laid out for `config` (device); a
-    trace's seed 0 is the trace itself (`sources.replays_exactly`). With `mesh`, and lanes
-    a multiple of its size, they are generated where the runner will run them: lanes
-    sharded over its devices (every device generates its own, nothing is copied after)."""
-    lay = sources.layout(sources.unique(srcs), config.arrival_width + 1)
-    extra = config.num_rows - lay.num_rows  # a larger shared config: pad the last block
-    lay = dataclasses.replace(lay, size=lay.size[:-1] + (lay.size[-1] + extra,))
-    keys, params = lane_keys(seeds, base_seed), sources.stack(srcs)
-    if _shards(mesh, len(seeds)):
-        keys, params = shard(keys, mesh), shard(params, mesh)
-    return sources.generate_lanes(keys, params, kind=srcs[0].kind,
-                                  horizon=srcs[0].horizon, lay=lay, pad=config.arrival_width + 1,
-                                  num_clients=config.num_clients, exact=sources.replays_exactly(seeds))
-
-
-def _shards(mesh: Mesh | None, lanes: int) -> bool:
-    """Whether `lanes` lanes are placed sharded over `mesh` (several devices, evenly)."""
-    return mesh is not None and mesh.devices.size > 1 and lanes % mesh.devices.size == 0
-
-
-def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
-                     base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
-    """`generate_workloads` with its timeline, each distinct (source, seed) generated once
-    and gathered into every lane that uses it (a sweep's settings share their seeds'
-    requests: generation is paid once per seed, not once per setting). With `mesh`, the
-    lanes are sharded over it (when they divide evenly), as the runner will run them."""
-    pairs = [(id(src), int(seed)) for src, seed in zip(srcs, seeds)]
-    distinct = list(dict.fromkeys(pairs))
-    if len(distinct) == len(pairs):
-        return with_timeline(generate_workloads(srcs, seeds, config, base_seed, mesh), batched=True)
-    source_of = dict(zip(pairs, srcs))
-    where = {pair: i for i, pair in enumerate(distinct)}
-    if _shards(mesh, len(pairs)):  # generated sharded too: the last pair repeated to divide evenly
-        distinct = distinct + distinct[-1:] * (-len(distinct) % mesh.devices.size)
-    made = with_timeline(generate_workloads([source_of[p] for p in distinct], [p[1] for p in distinct], config,
-                                            base_seed, mesh), batched=True)
-    index = jnp.asarray([where[p] for p in pairs], jnp.int32)
-    if _shards(mesh, len(pairs)):
-        return _take_lanes_sharded(made, index, NamedSharding(mesh, PartitionSpec(LANES)))
-    return _take_lanes(made, index)
-
-
-@jax.jit
-def _take_lanes(workload: Workload, index: jax.Array) -> Workload:
-    return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0), workload)
-
-
-@functools.partial(jax.jit, static_argnames=("sharding",))
-def _take_lanes_sharded(workload: Workload, index: jax.Array, sharding: NamedSharding) -> Workload:
-    """`_take_lanes` written straight into lanes sharded by `sharding`."""
-    return jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(jnp.take(x, index, axis=0), sharding),
-                                  workload)
 
 
 def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings], seeds: Sequence[int], *,
