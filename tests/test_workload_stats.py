@@ -21,6 +21,8 @@ def _lanes(rng, lanes: int, k: int, rows: int):
     req[..., CACHED] = rng.integers(0, 50, (lanes, rows))
     first = np.sort(rng.integers(0, rows, (lanes, k)), axis=1).astype(np.int32)
     first[:, 0] = 0
+    if k > 1 and rng.random() < 0.3:
+        first[:, -1] = rows  # an empty last block
     return req, first
 
 

@@ -355,7 +355,9 @@ def workload_stats(requests, first, steps, prefill, decode, context, charge_cach
     (int32[]), and the full cost arriving per checkpoint bucket of `every` steps
     (float32[buckets, K]; the paper's demand)."""
     r = requests.shape[0]
-    block = jnp.searchsorted(first, jnp.arange(r), side="right") - 1
+    # Each row's client: blocks begun at or before it, minus one (`first` is sorted; an
+    # O(R) count, where a binary search per row cost a third of this function at K = 87).
+    block = jnp.zeros(r + 1, jnp.int32).at[first].add(1, mode="drop").cumsum()[:r] - 1
     arrival = requests[:, ARRIVAL]
     arrives = arrival < steps
     p, o = requests[:, PROMPT].astype(jnp.float32), requests[:, OUTPUT].astype(jnp.float32)
