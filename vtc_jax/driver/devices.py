@@ -36,14 +36,14 @@ def use_every_core() -> int | None:
     2 cores (benchmarks/RESULTS.md), with identical results. Only before JAX's backends
     start, and never over the user's own choice (JAX_NUM_CPU_DEVICES, jax_num_cpu_devices
     or XLA_FLAGS' --xla_force_host_platform_device_count)."""
-    chosen = ("JAX_NUM_CPU_DEVICES" in os.environ or jax.config.jax_num_cpu_devices >= 0
+    chosen = ("JAX_NUM_CPU_DEVICES" in os.environ or getattr(jax.config, "jax_num_cpu_devices", -1) >= 0
               or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""))
     if chosen:
         return None
     count = host_cores()
     try:
         jax.config.update("jax_num_cpu_devices", count)
-    except RuntimeError:  # the backends have started (a caller ran JAX first): keep theirs
+    except (RuntimeError, AttributeError):  # the backends have started (or a JAX without the option): keep one
         return None
     return count
 
