@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vtc_jax.core.rows import ARRIVAL, NUM_FIELDS, ORDER
-from vtc_jax.inputs.workload import (INT32_MAX, Workload, add_timeline, add_timelines, in_stable_order, pack_limit,
+from vtc_jax.inputs.workload import (INT32_MAX, Workload, add_timeline, block_of_rows, add_timelines, in_stable_order, pack_limit,
                                      packable, timeline_order)
 
 
@@ -127,3 +127,14 @@ def test_in_stable_order_is_the_stable_argsort():
         i = int(rng.integers(0, r - 1))
         swap[i], swap[i + 1] = swap[i + 1], swap[i]
         assert not bool(in_stable_order(swap.astype(np.int32), keys))
+
+
+def test_block_of_rows_is_a_binary_search_of_the_block_starts():
+    """Empty blocks (repeated starts) and an empty last block (starting at R) included."""
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        r, k = int(rng.integers(1, 60)), int(rng.integers(1, 30))
+        first = np.sort(rng.integers(0, r + 1, k)).astype(np.int32)
+        first[0] = 0
+        want = np.searchsorted(first, np.arange(r), side="right") - 1
+        np.testing.assert_array_equal(np.asarray(block_of_rows(first, r)), want)

@@ -22,7 +22,7 @@ import numpy as np
 
 from vtc_jax.core import wide
 from vtc_jax.engines.settings import Scales, Settings, encode_settings
-from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload
+from vtc_jax.inputs.workload import ARRIVAL, CACHED, OUTPUT, PROMPT, Workload, block_of_rows
 from vtc_jax.servers import registry as servers
 from vtc_jax.measures.online import BINS_PER_OCTAVE, EXACT_BINS, LATENCY_BINS, pairs
 
@@ -355,9 +355,7 @@ def workload_stats(requests, first, steps, prefill, decode, context, charge_cach
     (int32[]), and the full cost arriving per checkpoint bucket of `every` steps
     (float32[buckets, K]; the paper's demand)."""
     r = requests.shape[0]
-    # Each row's client: blocks begun at or before it, minus one (`first` is sorted; an
-    # O(R) count, where a binary search per row cost a third of this function at K = 87).
-    block = jnp.zeros(r + 1, jnp.int32).at[first].add(1, mode="drop").cumsum()[:r] - 1
+    block = block_of_rows(first, r)  # (a binary search per row cost a third of this function at K = 87)
     arrival = requests[:, ARRIVAL]
     arrives = arrival < steps
     p, o = requests[:, PROMPT].astype(jnp.float32), requests[:, OUTPUT].astype(jnp.float32)

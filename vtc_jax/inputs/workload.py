@@ -295,15 +295,23 @@ def in_stable_order(order: jax.Array, keys: jax.Array) -> jax.Array:
     return jnp.all((k[1:] > k[:-1]) | ((k[1:] == k[:-1]) & (order[1:] > order[:-1])))
 
 
+def block_of_rows(first: jax.Array, num_rows: int) -> jax.Array:
+    """int32[num_rows]: each row's block (client), from the blocks' sorted first rows
+    int32[K]: the blocks begun at or before it, minus one (as a binary search of `first`,
+    in one pass: no dependent gathers)."""
+    return jnp.zeros(num_rows + 1, jnp.int32).at[first].add(1, mode="drop").cumsum()[:num_rows] - 1
+
+
 def add_timeline(workload: Workload, order: jax.Array | None = None) -> Workload:
     """`workload` with its timeline (one stable sort by ORDER; jittable, one lane; `order`
     int32[R]: that sort's result, already known: `add_timelines`)."""
     rows, first = workload.requests, workload.first
     if order is None:
         order = timeline_order(rows[:, ORDER])
-    # few clients: K compares a row beat a binary search's dependent gathers
-    method = "compare_all" if first.shape[0] <= 16 else "scan"
-    block = (jnp.searchsorted(first, order, side="right", method=method) - 1).astype(jnp.int32)
+    if first.shape[0] <= 16:  # few clients: K compares a row
+        block = (jnp.searchsorted(first, order, side="right", method="compare_all") - 1).astype(jnp.int32)
+    else:  # many: each row's block by an O(R) count of block starts, read once per entry
+        block = block_of_rows(first, rows.shape[0])[order]
     timeline = jnp.stack([order, block], axis=1)
     timeline = jnp.concatenate([timeline, jnp.broadcast_to(timeline[-1:], (TIMELINE_PAD, 2))])
     return dataclasses.replace(workload, timeline=timeline)
