@@ -11,7 +11,8 @@ leaves all carry a leading lane axis (the lane's own inputs) and `shared` a pytr
 lane reads whole (for example one trace replayed under many settings). The runner owns
 everything else, once for every engine: vmap over lanes, a loop of events per compiled
 call (its count an argument, sized by measured time so a call lasts about CALL_SECONDS
-and Ctrl-C is honoured; the total is whole `chunk`s, as if every call ran `chunk`
+and Ctrl-C is honoured, and near the end by the lanes' estimated events left when the
+program gives `events_left`; the total is whole `chunk`s, as if every call ran `chunk`
 events), jit with the config static (one compile per config),
 padding the lane count to the device mesh, sharding lanes over it, donating the carry on
 accelerators, and the host loop that stops when every lane is done or the event budget is
