@@ -145,3 +145,19 @@ for seeds in ([i // 3 for i in range(24)], [i // 4 for i in range(16)], list(ran
 print("OK")
 """
     assert _python(script, _env(8)).endswith("OK")
+
+
+def test_compiled_programs_do_not_depend_on_pythons_hash_seed(tmp_path):
+    """A second process with another PYTHONHASHSEED compiles nothing new (the programs
+    were traced in an order that followed the hash seed: every process missed the cache)."""
+    cache = tmp_path / "cache"
+    for server in ("vllm", "vllm_prefix"):
+        argv = [sys.executable, "-m", "sweeps.kv_budget", "--seeds", "2", "--steps", "150", "--budgets", "2048",
+                "--no-plots", "--server", server, "--cache-dir", str(cache)]
+        entries = []
+        for seed in ("1", "2"):
+            done = subprocess.run(argv + ["--out", str(tmp_path / f"{server}{seed}")], cwd=ROOT,
+                                  env=dict(_env(1), PYTHONHASHSEED=seed), capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            entries.append(sorted(p.name for p in cache.rglob("*") if p.is_file()))
+        assert entries[1] == entries[0], server

@@ -202,6 +202,17 @@ def prefix_sum(x: jax.Array) -> jax.Array:
     return x
 
 
+def select_fields(mask, new, old, skip: tuple[str, ...]):
+    """`new` where `mask`, else `old` (dataclasses of one type), field by field in field
+    order, but for the fields in `skip` (taken from `new` as they are: tables written by
+    masked scatters) and those `new` left untouched. (Field order, not a set's: a set's
+    order follows Python's hash seed, and the traced program with it, so the compilation
+    cache missed in every new process.)"""
+    return dataclasses.replace(new, **{f.name: jnp.where(mask, getattr(new, f.name), getattr(old, f.name))
+                                       for f in dataclasses.fields(new)
+                                       if f.name not in skip and getattr(new, f.name) is not getattr(old, f.name)})
+
+
 def token_times(shape: ServerShape) -> TokenTimes:
     """An empty record of T = shape.static's `token_times` entries (0: none) for R rows."""
     size = int(dict(shape.static).get("token_times", 0))

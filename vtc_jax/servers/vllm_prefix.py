@@ -256,9 +256,7 @@ def load(state: PrefixState) -> Load:
 def _select(mask, new: PrefixState, old: PrefixState) -> PrefixState:
     """`new` where mask, else `old`, for every field but the per-row tables (written by
     masked scatters) and the pool (changed only under the mask)."""
-    small = {f.name for f in dataclasses.fields(PrefixState)} - {"out", "log", "pool"}
-    return dataclasses.replace(new, **{f: jnp.where(mask, getattr(new, f), getattr(old, f)) for f in small
-                                       if getattr(new, f) is not getattr(old, f)})
+    return base.select_fields(mask, new, old, skip=("out", "log", "pool"))
 
 
 def _victim(state: PrefixState, params, alive):

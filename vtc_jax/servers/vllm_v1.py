@@ -362,9 +362,7 @@ def _select(mask, new: VllmState, old: VllmState) -> VllmState:
     """`new` where mask, else `old`, for the per-step and per-slot fields; the per-row
     tables (`out`, `log`) are written by masked scatters already, so they are taken as
     they are (a select over them would cost O(rows) per event)."""
-    small = {f.name for f in dataclasses.fields(VllmState)} - {"out", "log"}
-    return dataclasses.replace(new, **{f: jnp.where(mask, getattr(new, f), getattr(old, f)) for f in small
-                                       if getattr(new, f) is not getattr(old, f)})
+    return base.select_fields(mask, new, old, skip=("out", "log"))
 
 
 def _newest(state: VllmState, p: dict, cap, free):
