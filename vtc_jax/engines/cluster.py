@@ -81,7 +81,7 @@ from vtc_jax.engines.cluster_state import (
 )
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import INT32_MAX
-from vtc_jax.inputs.workload import Workload
+from vtc_jax.inputs.workload import Workload, block_of_rows
 from vtc_jax.measures.online import LATENCY_BINS, latency_bin
 from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import Admission, Arrivals, Shape, StepEnd, estimated_cost
@@ -445,7 +445,7 @@ def layout_lane(wl: Workload, params: ClusterParams, *, routers: int) -> Cluster
     k = wl.first.shape[0]
     g = routers
     idx = jnp.arange(n, dtype=I32)
-    tenant = (jnp.searchsorted(wl.first, idx, side="right") - 1).astype(I32)
+    tenant = block_of_rows(wl.first, n)
     position = idx - wl.first[tenant]
     real = rows[:, ARRIVAL] < INT32_MAX
     router = ingress_router(params.seed, tenant, position, params.thresholds[tenant])

@@ -21,7 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, OUTPUT, PROMPT, Workload, padding_rows
+from vtc_jax.inputs.workload import ARRIVAL, INT32_MAX, OUTPUT, PROMPT, Workload, block_of_rows, padding_rows
 
 I32 = jnp.int32
 
@@ -86,7 +86,7 @@ def reject_rpm(workload: Workload, limit: jax.Array, window: jax.Array, horizon:
     packed to the front of their block, which keeps (arrival, number) order."""
     rows, first, size = workload.requests, workload.first, workload.size
     r, k = rows.shape[0], first.shape[0]
-    block = (jnp.searchsorted(first, jnp.arange(r, dtype=I32), side="right") - 1).astype(I32)
+    block = block_of_rows(first, r)
     arrival = rows[:, ARRIVAL]
     real = arrival < horizon
     start = _search_blocks(arrival, first[block], first[block] + size[block], arrival - window)
