@@ -79,12 +79,13 @@ def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], confi
         return with_timeline(generate_workloads(srcs, seeds, config, base_seed, mesh), batched=True)
     source_of = dict(zip(pairs, srcs))
     where = {pair: i for i, pair in enumerate(distinct)}
-    if _shards(mesh, len(pairs)):  # generated sharded too: the last pair repeated to divide evenly
+    sharded = _shards(mesh, len(pairs))
+    if sharded:  # generated sharded too: the last pair repeated to divide evenly
         distinct = distinct + distinct[-1:] * (-len(distinct) % mesh.devices.size)
     made = with_timeline(generate_workloads([source_of[p] for p in distinct], [p[1] for p in distinct], config,
                                             base_seed, mesh), batched=True)
     index = jnp.asarray([where[p] for p in pairs], jnp.int32)
-    if _shards(mesh, len(pairs)):
+    if sharded:
         return take_lanes_sharded(made, index, NamedSharding(mesh, PartitionSpec(LANES)))
     return take_lanes(made, index)
 

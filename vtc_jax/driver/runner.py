@@ -72,9 +72,10 @@ def all_done(carry, *, program: LaneProgram):
 
 
 @functools.partial(jax.jit, static_argnames=("program",))
-def most_events_left(carry, *, program: LaneProgram):
-    """int32[]: the program's estimate of the events its slowest lane has left (0: all done)."""
-    return jnp.max(jax.vmap(program.events_left)(carry))
+def done_and_left(carry, *, program: LaneProgram):
+    """(bool[] every lane is done, int32[] the program's estimate of the events its slowest
+    lane has left)."""
+    return jnp.all(jax.vmap(program.done)(carry)), jnp.max(jax.vmap(program.events_left)(carry))
 
 
 def lanes_status(carry, program: LaneProgram) -> tuple[bool, int | None]:
@@ -82,8 +83,8 @@ def lanes_status(carry, program: LaneProgram) -> tuple[bool, int | None]:
     when it gives none): one small device read between calls."""
     if program.events_left is None:
         return bool(jax.device_get(all_done(carry, program=program))), None
-    left = int(jax.device_get(most_events_left(carry, program=program)))
-    return left == 0 and bool(jax.device_get(all_done(carry, program=program))), left
+    finished, left = jax.device_get(done_and_left(carry, program=program))
+    return bool(finished), int(left)
 
 
 @functools.partial(jax.jit, static_argnames=("program", "config"))
