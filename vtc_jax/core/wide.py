@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
+
 I32 = jnp.int32
 LOW_BITS = 24
 LOW_MASK = (1 << LOW_BITS) - 1
@@ -68,8 +70,8 @@ class Wide:
     def argmin(a, mask):
         """Index of the smallest masked value of a 1-D array (first on ties; 0 if none)."""
         high = jnp.where(mask, a[:, 0], MAX_HIGH)
-        tied = mask & (a[:, 0] == high.min())
-        return jnp.argmin(jnp.where(tied, a[:, 1], MAX_HIGH))
+        tied = mask & (a[:, 0] == over_clients.smallest(high))
+        return over_clients.first_argmin(jnp.where(tied, a[:, 1], MAX_HIGH))
 
     @classmethod
     def min_of(cls, a, mask=None):
@@ -78,8 +80,8 @@ class Wide:
 
     @staticmethod
     def max_of(a):
-        high = a[:, 0].max()
-        return jnp.stack([high, jnp.where(a[:, 0] == high, a[:, 1], -1).max()])
+        high = over_clients.largest(a[:, 0])
+        return jnp.stack([high, over_clients.largest(jnp.where(a[:, 0] == high, a[:, 1], -1))])
 
     @staticmethod
     def broadcast(a, shape):
@@ -150,15 +152,15 @@ class Narrow:
 
     @staticmethod
     def argmin(a, mask):
-        return jnp.argmin(jnp.where(mask, a, MAX_HIGH))
+        return over_clients.first_argmin(jnp.where(mask, a, MAX_HIGH))
 
     @classmethod
     def min_of(cls, a, mask=None):
-        return a.min() if mask is None else jnp.where(mask, a, MAX_HIGH).min()
+        return over_clients.smallest(a if mask is None else jnp.where(mask, a, MAX_HIGH))
 
     @staticmethod
     def max_of(a):
-        return a.max()
+        return over_clients.largest(a)
 
     @staticmethod
     def broadcast(a, shape):

@@ -47,6 +47,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, requeue
@@ -347,7 +348,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     decode = params.costs.decode * work.decoded + params.costs.context * work.attended
     service = view.num.add(state.service, decode)
     counter = view.num.add(state.counter, decode * params.costs.counter_mult)
-    idle = ~servers.get(config.server).busy(state.server) & ~view.backlogged.any()
+    idle = ~servers.get(config.server).busy(state.server) & ~over_clients.any_of(view.backlogged)
     wake = servers.get(config.server).wake
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
@@ -488,7 +489,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     settled = ~server.due(state.server, state.step)
     finished = (state.step >= state.horizon) & settled
     if config.drain:
-        finished |= (state.completed.sum() == workload.num_requests) & settled
+        finished |= (over_clients.total(state.completed) == workload.num_requests) & settled
     if server.preempts:
         state = _begin_if_settled(state, params, workload, active & ~finished & settled, config)
     return dataclasses.replace(state, done=state.done | (active & finished),

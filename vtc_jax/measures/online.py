@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
+
 I32 = jnp.int32
 EXACT_BINS = 64
 BINS_PER_OCTAVE = 8
@@ -242,12 +244,13 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
     drift = num.sub(num.max_of(service), num.min_of(service))
     new_max = mask & num.less(m.max_drift, drift)
     m32 = mask.astype(I32)
-    arrivals = mask & (arrived.sum() > m.span_arrived)  # a request arrived in this step
+    arrived_total = over_clients.total(arrived)
+    arrivals = mask & (arrived_total > m.span_arrived)  # a request arrived in this step
     updates = dict(max_drift=num.where(new_max, drift, m.max_drift),
                    max_drift_step=jnp.where(new_max, step, m.max_drift_step),
-                   span_arrived=jnp.where(arrivals, arrived.sum(), m.span_arrived),
+                   span_arrived=jnp.where(arrivals, arrived_total, m.span_arrived),
                    span_service=num.where(arrivals, service, m.span_service),
-                   span_waiting=jnp.where(arrivals, (arrived - head).sum(), m.span_waiting))
+                   span_waiting=jnp.where(arrivals, over_clients.total(arrived - head), m.span_waiting))
     if m.head_at_start is not None:
         backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
         updates["head_at_start"] = jnp.where(mask, head, m.head_at_start)
@@ -255,7 +258,7 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
         updates.update(decoded_tokens=num.add(m.decoded_tokens, m32 * decoded),
                        decoded_context=num.add(m.decoded_context, m32 * attended))
     if m.occupancy_sum is not None:
-        updates["occupancy_sum"] = num.add(m.occupancy_sum, m32 * context.sum())
+        updates["occupancy_sum"] = num.add(m.occupancy_sum, m32 * over_clients.total(context))
     if m.share_start is not None:
         updates.update(
             share_start=num.where(mask & _crossed(share_window[0], step, next_step), service, m.share_start),

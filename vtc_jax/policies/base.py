@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vtc_jax.core import wide
+from vtc_jax.core import over_clients, wide
 
 I32 = jnp.int32
 
@@ -231,7 +231,7 @@ def argmin_choice(key: jax.Array, eligible: jax.Array, state, num=None) -> Choic
     """The eligible client with the smallest key (ties: smallest index). `key` is int32[K]
     (num None), or exact integers in the number format `num`."""
     client = (num or wide.NARROW).argmin(key, eligible)
-    return Choice(client.astype(I32), eligible.any(), state)
+    return Choice(client.astype(I32), over_clients.any_of(eligible), state)
 
 
 def admissible(eligible: jax.Array, client: jax.Array) -> jax.Array:
@@ -304,7 +304,7 @@ def lift(counter: jax.Array, backlogged: jax.Array, newcomer: jax.Array, first: 
     has_last = use_last_left & (last_left >= 0)
     last_counter = counter[jnp.maximum(last_left, 0)]
     first_floor = num.where(has_last, num.maximum(counter[first], last_counter), counter[first])
-    floor = num.where(backlogged.any(), num.min_of(counter, backlogged), first_floor)
+    floor = num.where(over_clients.any_of(backlogged), num.min_of(counter, backlogged), first_floor)
     return num.where(newcomer, num.maximum(counter, floor), counter)
 
 

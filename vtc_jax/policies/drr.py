@@ -37,6 +37,7 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.policies.base import Choice, Policy, estimated_cost, i32, onehot, prefill_cost, weight_scale
 
@@ -96,16 +97,16 @@ def select(state, view, eligible, params) -> Choice:
     distance = (jnp.arange(k, dtype=I32) - cursor) % k
     carried = (carry >= 0) & eligible[jnp.maximum(carry, 0)] & (need[jnp.maximum(carry, 0)] == 0)
     one_pass = eligible & (need <= 1)
-    in_pass = one_pass.any()
-    s_pass = jnp.argmin(jnp.where(one_pass, distance, k))
-    rounds = need.min()
-    s_bulk = jnp.argmin(jnp.where(eligible & (need == rounds), distance, k))
+    in_pass = over_clients.any_of(one_pass)
+    s_pass = over_clients.first_argmin(jnp.where(one_pass, distance, k))
+    rounds = over_clients.smallest(need)
+    s_bulk = over_clients.first_argmin(jnp.where(eligible & (need == rounds), distance, k))
     client = jnp.where(carried, carry, jnp.where(in_pass, s_pass, s_bulk)).astype(I32)
     visited = eligible & (distance < distance[s_pass])
     add_pass = jnp.where(visited, quantum, 0) + onehot(s_pass, k) * need[s_pass] * quantum[s_pass]
     add_bulk = jnp.where(eligible, rounds * quantum, 0)
     add = jnp.where(carried, 0, jnp.where(in_pass, add_pass, add_bulk))
-    return Choice(client, eligible.any(), dict(state, deficit=deficit + add, chosen_cost=head_cost[client]))
+    return Choice(client, over_clients.any_of(eligible), dict(state, deficit=deficit + add, chosen_cost=head_cost[client]))
 
 
 def on_admit(state, view, admission, params):

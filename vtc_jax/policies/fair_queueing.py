@@ -27,6 +27,7 @@ from fractions import Fraction
 
 import jax.numpy as jnp
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.rows import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, estimated_cost, no_params
 
@@ -64,7 +65,7 @@ def first_by_tag_then_arrival(tags, arrival, eligible, num):
     `num`), ties by the smallest head arrival (int32[K]), then the smallest index."""
     lowest = num.min_of(tags, eligible)
     tied = eligible & ~num.less(lowest, tags)  # tags >= lowest: not above it means equal
-    return jnp.argmin(jnp.where(tied, arrival, jnp.iinfo(jnp.int32).max)).astype(I32)
+    return over_clients.first_argmin(jnp.where(tied, arrival, jnp.iinfo(jnp.int32).max))
 
 
 def _select(tag: str):
@@ -72,7 +73,8 @@ def _select(tag: str):
         start, finish = state["start"][view.head_index], state["finish"][view.head_index]
         client = first_by_tag_then_arrival(start if tag == "start" else finish, view.heads[:, ARRIVAL], eligible,
                                            view.num)
-        return Choice(client, eligible.any(), dict(state, chosen_start=start[client], chosen_finish=finish[client]))
+        return Choice(client, over_clients.any_of(eligible),
+                      dict(state, chosen_start=start[client], chosen_finish=finish[client]))
     return select
 
 
@@ -83,7 +85,7 @@ def on_admit(state, view, admission, params):
 
 
 def on_step(state, view, step_end, params):
-    idle = ~view.backlogged.any()
+    idle = ~over_clients.any_of(view.backlogged)
     num = view.num
     return dict(state, v=num.where(idle, num.maximum(state["v"], state["f_max"]), state["v"]))
 

@@ -23,6 +23,7 @@ from fractions import Fraction
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.policies.base import Choice, Policy, argmin_choice, estimated_cost, onehot
 
@@ -48,7 +49,7 @@ def init(params, shape):
 def select(state, view, eligible, params) -> Choice:
     num, counter, has = view.num, state["counter"], state["has"]
     with_counter = view.backlogged & has
-    floor = num.where(with_counter.any(), num.min_of(counter, with_counter), num.zeros())
+    floor = num.where(over_clients.any_of(with_counter), num.min_of(counter, with_counter), num.zeros())
     lifted = view.backlogged & ~has
     counter = num.where(lifted, num.broadcast(floor, has.shape), counter)
     return argmin_choice(counter, eligible, dict(state, counter=counter, has=has | view.backlogged), num)

@@ -33,6 +33,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ARRIVAL
 from vtc_jax.policies.base import Choice, Policy, flush_subnormal, power, reference_power
@@ -88,7 +89,7 @@ def select(state, view, eligible, params) -> Choice:
     wait = (view.step - view.heads[:, ARRIVAL]).astype(F32)
     score = (1.0 - _normalize(service, eligible)) + _normalize(wait, eligible) / params["ratio"]
     client = jnp.argmax(jnp.where(eligible, score, -jnp.inf)).astype(I32)
-    return Choice(client, eligible.any(), state)
+    return Choice(client, over_clients.any_of(eligible), state)
 
 
 def on_arrival(state, view, arrivals, params):

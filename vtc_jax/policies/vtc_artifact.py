@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import OUTPUT
 from vtc_jax.policies.base import Choice, Policy
@@ -84,7 +85,7 @@ def counters(state):
 
 def select(state, view, eligible, params) -> Choice:
     client = jnp.argmin(jnp.where(eligible, state["counter"], jnp.inf)).astype(I32)
-    return Choice(client, eligible.any(), state)
+    return Choice(client, over_clients.any_of(eligible), state)
 
 
 def on_arrival(state, view, arrivals, params):

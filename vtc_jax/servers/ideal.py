@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import OUTPUT, PROMPT
 from vtc_jax.servers import completions
@@ -55,7 +56,7 @@ def load(state: IdealState) -> Load:
 
 def fits(state: IdealState, params, row, *, generated=None) -> jax.Array:
     """bool[]: context held + the row's prompt <= M (`generated` is always 0 here)."""
-    return state.context.sum() + row[PROMPT] <= params.kv_budget
+    return over_clients.total(state.context) + row[PROMPT] <= params.kv_budget
 
 
 def _onehot(client, k, mask):
@@ -95,7 +96,7 @@ def complete(state: IdealState, step, mask):
 
 
 def busy(state: IdealState) -> jax.Array:
-    return state.running.sum() > 0
+    return over_clients.total(state.running) > 0
 
 
 def validate(options: dict) -> None:

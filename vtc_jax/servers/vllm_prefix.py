@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, step_time, vllm_v1
@@ -287,7 +288,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
     slots = state.alive.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     bs = p["block_size"]
-    waiting = view.waiting.sum()
+    waiting = over_clients.total(view.waiting)
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     walk = jnp.argsort(jnp.where(state.alive, state.adm, INT_MAX)).astype(I32)  # the running list's slots
     nlist = state.nrun

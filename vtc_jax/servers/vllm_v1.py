@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, step_time
@@ -424,7 +425,7 @@ def begin_step(state: VllmState, params, view, step, mask):
     slots = state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
-    waiting = view.waiting.sum()
+    waiting = over_clients.total(view.waiting)
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     (tokens, nrun, free, left, out, nvic, gone), (first, pre, budget, unused) = _newest(state, p, cap, free)
     f, looping = {}, jnp.zeros((), bool)
