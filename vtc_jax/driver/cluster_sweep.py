@@ -6,7 +6,8 @@ source (sweeps.cluster's Poisson traffic, a user's log in `compare`), and
 `ClusterEngine()` returns the cluster's own ClusterResults (its sweep's metrics only).
 `ClusterEngine(per_tenant=True)` returns `TenantResults`: besides those, what the driver's
 per-client tables and load line read (shares of service and demand, waits, the offered
-work), so a cluster row reports per tenant exactly as a MODEL.md row does."""
+work), so a cluster row reports per tenant exactly as a MODEL.md row does; with
+`server_record` also the replicas' per-request record (cluster_latency.py reads it)."""
 
 from __future__ import annotations
 
