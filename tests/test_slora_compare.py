@@ -218,8 +218,8 @@ BAD = [
     (["--server", "slora", "--goodput", "bad:1"], "--goodput 'bad:1'"),
     (["--server", "slora", "--goodput", "ttft:-3"], "positive"),
     (["--server", "slora", "--preset", "qwen2.5-7b-h100"], "--preset is a step-time model of --server vllm"),
-    (["--server", "slora", "--routers", "2", "--requests-out", "r.csv"], "--requests-out applies to one timed server"),
-    (["--goodput", "ttft:5", "--kv-budget", "2048"], "--goodput applies to one timed server"),
+    (["--routers", "2", "--requests-out", "r.csv", "--kv-budget", "2048"], "--requests-out applies to a timed server"),
+    (["--goodput", "ttft:5", "--kv-budget", "2048"], "--goodput applies to a timed server"),
     (["--policies", "fcfs"], "--kv-budget M is required (the ideal server's memory)"),
     (["--server", "slora", "--requests-out", "OUT/results.json"], "name the same output file"),
 ]

@@ -1,8 +1,8 @@
 """`python -m vtc_jax compare`: several policies on your own log (a trace CSV in steps, or a
 timestamped log in seconds with any tenant names), per tenant and policy: shares, waits,
-the backlogged drift and the load line, written as results.json/csv and plots; on one
-`slora` server also its latencies in ms (slora_compare.py), on `vllm` only those
-(timed_compare.py)."""
+the backlogged drift and the load line, written as results.json/csv and plots; on `slora`
+(one server or a cluster's replicas) also its latencies in ms (slora_compare.py), on
+`vllm` only those (timed_compare.py)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def command(args) -> int:
     """The compare command: every policy on the log as rows of one sweep (seeds redraw
     arrivals), its tables printed, results, plots and tenants.png written as one set; with
     --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare);
-    on one slora server the latencies of each policy's lane of the log as it is follow
-    (slora_compare)."""
+    on slora (one server or a cluster's replicas) the latencies of each policy's lane of the
+    log as it is follow (slora_compare)."""
     from vtc_jax.cli import slora_compare
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
@@ -84,8 +84,8 @@ def command(args) -> int:
             raise InputError("--kv-budget M is required (the ideal server's memory)")
     server_options(args)  # refuses another server's flags
     args.step_seconds = input_flags.resolved_step_seconds(args)  # slora: its own clock (1 us) unless given
-    slos = slora_compare.check_flags(args, cluster)
-    latency = slora_compare.reports_latency(args.server, cluster)
+    slos = slora_compare.check_flags(args)
+    latency = slora_compare.reports_latency(args.server)
     for p in args.policies:
         registry.get(p)
     if len(set(args.policies)) != len(args.policies):
@@ -103,7 +103,8 @@ def command(args) -> int:
     check_unused(args, args.policies, gateway)
     settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
     if latency:  # every token's time, for ITL's percentiles
-        settings = slora_compare.with_token_times(settings, trace.output, len(settings) * args.seeds)
+        settings = slora_compare.with_token_times(settings, trace.output, len(settings) * args.seeds
+                                                  * slora_compare.record_copies(args, cluster))
     horizon = args.steps or max(server_drain(trace, s, args.server) for s in settings)
     limit = horizon_limit(args.server, drains=args.steps is None)
     if horizon > limit:  # a cut drain bound would leave requests unserved
@@ -121,7 +122,7 @@ def command(args) -> int:
               "phase_unit": unit, "policies": args.policies}
     if cluster:
         return cluster_compare(args, settings, source, names, per_second, dict(config, cluster=cluster_flags.describe(
-            args, gateway)), settings_from_args(args, gateway, lenient=True))
+            args, gateway)), settings_from_args(args, gateway, lenient=True), trace, input_flags.file_rows(log), slos)
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)
@@ -170,12 +171,18 @@ def _write(args, sweep, result: dict, names: list[str], extra: list = ()) -> int
 CLUSTER_COLUMNS = ("all_backlogged_drift", "all_backlogged_steps", "wait_p50", "wait_p99")
 
 
-def cluster_compare(args, settings, source, names: list[str], per_second: int, config: dict, gateway) -> int:
+def cluster_compare(args, settings, source, names: list[str], per_second: int, config: dict, gateway, trace,
+                    file_row, slos: dict) -> int:
     """Each policy at the replicas of the cluster the flags describe (its routers run
     `gateway`'s policy), as rows of one sweep through the cluster's adapter: the same
-    load line and per-tenant shares as compare, waits also in seconds for a timestamped log."""
+    load line and per-tenant shares as compare, waits also in seconds for a timestamped log;
+    on slora replicas the latencies of each row's lane of the log as it is (`trace`, file
+    order; `file_row`: its rows in the file; `slos`: --goodput's), as on one server
+    (slora_compare.report), written with the other files as one set."""
+    from vtc_jax.cli import slora_compare
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
+    from vtc_jax.driver.cluster_latency import ClusterRecordingEngine
     from vtc_jax.driver.cluster_sweep import ClusterEngine, tenant_metrics
 
     extra = {} if args.ingress is None else {"ingress": args.ingress}
@@ -184,10 +191,15 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "all_backlogged_drift.png", "cluster: drift while every tenant is backlogged, "
                             "per engine policy", "engine_policy", "all_backlogged_drift"),)
+    latency = slora_compare.reports_latency(args.server)
+    recorder = ClusterRecordingEngine(slora_compare.RECORD) if latency else None
     sweep = sweep_mod.Sweep(name="compare", config=config, rows=rows, metrics=tenant_metrics, columns=CLUSTER_COLUMNS,
-                            plots=plots, engine=ClusterEngine(per_tenant=True), clients=True)
+                            plots=plots, engine=recorder or ClusterEngine(per_tenant=True), clients=True)
     draw = not args.no_plots
-    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw)
+    fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw
+                              + (slora_compare.OUTPUTS if latency else []))
+    if latency:
+        slora_compare.check_requests_out(args)
     input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     c = config["cluster"]
@@ -200,7 +212,9 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     print("per tenant (means over seeds; waits from router arrival to admission, in steps"
           + (f" and seconds at {seconds} s per step" if seconds else "") + "):")
     print(format_tenants(result, names, seconds))
-    return _write(args, sweep, result, names)
+    extra = slora_compare.report(args, recorder, rows, trace, names, file_row, slos, settings[0],
+                                 c) if latency else []
+    return _write(args, sweep, result, names, extra)
 
 
 def format_tenants(result: dict, names: list[str], step_seconds: float | None) -> str:

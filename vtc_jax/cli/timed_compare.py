@@ -143,18 +143,32 @@ def command(args) -> int:
     return 0
 
 
-def load_report(cap: capacity.Capacity, arrival_us: np.ndarray) -> dict:
+def load_report(cap: capacity.Capacity, arrival_us: np.ndarray, cluster: dict | None = None) -> dict:
     """The log's offered rate (requests over the span of its arrivals) against the
-    server's capacity measured on the log's own mix (driver/capacity.py)."""
+    server's capacity measured on the log's own mix (driver/capacity.py). On a `cluster`
+    (its "replicas" R, those of the server "server"): against R x that capacity, what
+    the replicas sustain together when every one is kept busy (the figure an operator
+    sizes a fleet by; routing can only lose from it), with one replica's beside it."""
     n = len(arrival_us)
     span_s = float(arrival_us.max() - arrival_us.min()) / 1e6
+    whose, basis, out = "the server's", "measured capacity on this mix", {}
+    if cluster is not None:
+        r = int(cluster["replicas"])
+        whose = "the cluster's"
+        basis = (f"capacity on this mix ({r} replica(s) x one {cluster['server']} server's measured capacity; an upper "
+                 "bound: routing can only lose from it)")
+        out = {"replicas": r, "replica_capacity": cap.to_json()}
+        cap = dataclasses.replace(cap, requests_per_unit=cap.requests_per_unit * r)
+    rate = {key: value for key, value in cap.to_json().items()  # a cluster's saturated run is its replica's
+            if cluster is None or key not in ("saturated_requests", "window", "completions")}
     out = {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None,
-           "capacity": cap.to_json()}
+           "capacity": rate, **out}
     if span_s > 0:
         return dict(out, offered_load=capacity.offered_load(n / span_s, cap),
-                    line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)"))
-    return dict(out, offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); the "
-                                             f"server's measured capacity on this mix is {cap.describe()}")
+                    line=capacity.offered_line(n / span_s, cap, f"the log ({n} requests over {span_s:.4g} s)", whose,
+                                               basis))
+    return dict(out, offered_load=None, line=f"load: the log's {n} requests all arrive at once (no rate); {whose} "
+                                             f"{basis} is {cap.describe()}")
 
 
 def token_times_option(output: np.ndarray, lanes: int) -> dict:
@@ -186,7 +200,10 @@ COLUMNS = (("TTFT p50", "ttft", "p50"), ("TTFT p99", "ttft", "p99"), ("TPOT p50"
 
 
 def format_report(report: dict, names) -> str:
-    head = (f"server {report['server']}, step time {report['step_time']}; "
+    c = report.get("cluster")  # a cluster's replicas (slora_compare.report)
+    where = (f" at each of {c['replicas']} replica(s) behind {c['routers']} router(s) running {c['gateway_policy']}"
+             if c else "")
+    head = (f"server {report['server']}{where}, step time {report['step_time']}; "
             + ", ".join(f"{k} {v}" for k, v in report["settings"].items() if not k.startswith("time_")))
     lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} " + " ".join(f"{label:>9}" for label, _, _ in COLUMNS)
              + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]

@@ -212,10 +212,12 @@ def offered_load(offered_per_unit: float, capacity: Capacity) -> float:
     return offered_per_unit / capacity.per_second
 
 
-def offered_line(offered_per_second: float, capacity: Capacity, what: str) -> str:
-    """One line: the offered rate against the measured capacity, and whether it overloads."""
+def offered_line(offered_per_second: float, capacity: Capacity, what: str, whose: str = "the server's",
+                 basis: str = "measured capacity on this mix") -> str:
+    """One line: the offered rate against the measured capacity, and whether it overloads.
+    `whose` and `basis` name the capacity (a cluster's: R replicas x one server's)."""
     load = offered_load(offered_per_second, capacity)
-    verdict = (f"OVERLOAD: {load:.2f}x the server's capacity was offered; queues grow as long as requests arrive"
-               if load > OVERLOAD else "under the server's capacity" if load < 1 else "at the server's capacity")
-    return (f"load: {what} offers {offered_per_second:.4g} requests/{capacity.unit} against the server's measured "
-            f"capacity on this mix, {capacity.describe()}: offered load {load:.2f} ({verdict})")
+    verdict = (f"OVERLOAD: {load:.2f}x {whose} capacity was offered; queues grow as long as requests arrive"
+               if load > OVERLOAD else f"under {whose} capacity" if load < 1 else f"at {whose} capacity")
+    return (f"load: {what} offers {offered_per_second:.4g} requests/{capacity.unit} against {whose} {basis}, "
+            f"{capacity.describe()}: offered load {load:.2f} ({verdict})")

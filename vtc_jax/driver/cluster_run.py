@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core.errors import InputError
+from vtc_jax.core.rows import OUTPUT
 from vtc_jax.core.wide import WIDE
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
@@ -30,7 +31,15 @@ from vtc_jax.engines.cluster_settings import (
     ClusterParams,
     ClusterSettings,
 )
-from vtc_jax.engines.cluster_state import POOL_FIELDS, ROW_FIELDS, TIMELINE_PAD, ClusterBatch, ClusterState
+from vtc_jax.engines.cluster_state import (
+    POOL_FIELDS,
+    REC_REPLICA,
+    REC_SEQ,
+    ROW_FIELDS,
+    TIMELINE_PAD,
+    ClusterBatch,
+    ClusterState,
+)
 from vtc_jax.engines.settings import MAX_SETTING, Settings, encode_settings, lane_scales
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.workload import Trace, Workload, make_workload, requests_per_client
@@ -161,9 +170,12 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
 
 def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons: Sequence[int], cfg: ClusterConfig,
               *, shared: bool, event_budget: int, expected_events: int | None = None, chunk: int | None = None,
-              mesh=None, progress: Callable | None = None, tenants: Sequence[int] | None = None) -> "ClusterResults":
+              mesh=None, progress: Callable | None = None, tenants: Sequence[int] | None = None,
+              server_record: Callable | None = None) -> "ClusterResults":
     """Run lane i (clusters[i], horizons[i], the shared or lane i's client-major
-    workload, tenants[i] tenants, default K) to its horizon; returns ClusterResults."""
+    workload, tenants[i] tenants, default K) to its horizon; returns ClusterResults.
+    `server_record` (with cfg.record): the replicas' server's per-request record to keep
+    (ClusterResults.request_record)."""
     params = encode(clusters, cfg, horizons, tenants)
     engines = [c.engine for c in clusters]
     workload, rejected, shared = reject_at_arrival(workload, engines, horizons, cfg.num_clients, shared)
@@ -174,7 +186,8 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
     overflow = np.asarray(host.reps.overflow).any(axis=1) | np.asarray(jax.device_get(wl.overflow))
     rows = np.asarray(jax.device_get(wl.requests)) if cfg.record else None
     return ClusterResults.collect(host, done & ~overflow, clusters, cfg, rows, jax.device_get(params),
-                                  _tenants(cfg.num_clients if tenants is None else tenants, len(clusters)), rejected)
+                                  _tenants(cfg.num_clients if tenants is None else tenants, len(clusters)), rejected,
+                                  server_record)
 
 
 def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings], *, num_clients, steps: int,
@@ -219,16 +232,16 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
 
 
 def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4,
-                  server: str = "ideal") -> ClusterConfig:
+                  server: str = "ideal", record: bool = False) -> ClusterConfig:
     """The static config that fits every lane of `srcs` (sources.py) x `clusters` on the
-    replicas' `server`."""
+    replicas' `server` (`record`: keep each request's dispatch, ClusterConfig.record)."""
     uniq = sources.unique(srcs)
     lay = sources.layout(uniq, arrival_width + 2)
     k = uniq[0].num_clients
     return plan_config(clusters, num_clients=k, tenant_rows=lay.num_rows,
                        min_prompt=min(s.lengths()[0] for s in uniq), max_prompt=max(s.lengths()[1] for s in uniq),
                        max_output=max(s.lengths()[2] for s in uniq), max_requests=lay.num_rows,
-                       horizon=uniq[0].horizon, arrival_width=arrival_width, server=server)
+                       horizon=uniq[0].horizon, arrival_width=arrival_width, record=record, server=server)
 
 
 def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[int], *, base_seed: int = 0,
@@ -274,10 +287,23 @@ def lane_bytes(cfg: ClusterConfig) -> int:
     replica = r * ((POOL_FIELDS + 3) * cfg.wait_slots + cfg.calendar_rows + 6 * cfg.slots + 20 * k
                    + (4 * cfg.wait_slots if any(registry.get(p).arrival_rows for p in cfg.engine_policies) else 0))
     other = k * LATENCY_BINS + 3 * g * r * k + 4 * r * k + cfg.ring * g * k * 3
-    return 2 * 4 * (words + tables + replica + other) + 4096
+    tokens = r * int(dict(cfg.server_static).get("token_times", 0))  # each replica's per-token record (TokenTimes)
+    return 2 * 4 * (words + tables + replica + other + tokens) + 4096
 
 
 # ---- results (host) -------------------------------------------------------------------------
+
+def _by_row(per_seq, rec: np.ndarray) -> np.ndarray:
+    """int64[B, rows]: per cluster row, its replica's entry at its dispatch sequence (a
+    replica's server numbers its requests by dispatch sequence: docs/CLUSTER.md,
+    "Replicas"), from `per_seq` [B, R, S] and the dispatch records `rec` int64[B, rows, 4];
+    -1 for a row never dispatched."""
+    per_seq = np.asarray(per_seq, np.int64)
+    replica, seq = rec[..., REC_REPLICA], rec[..., REC_SEQ]
+    lanes = np.arange(rec.shape[0])[:, None]
+    got = per_seq[lanes, np.maximum(replica, 0), np.clip(seq, 0, per_seq.shape[-1] - 1)]
+    return np.where(seq >= 0, got, -1)
+
 
 def _request_times(host: ClusterState, cfg: ClusterConfig, horizon) -> dict:
     """first_token, finish per cluster row (-1: not yet, or in a step still running at the
@@ -287,12 +313,40 @@ def _request_times(host: ClusterState, cfg: ClusterConfig, horizon) -> dict:
     if host.rec is None or times is None:
         return {"first_token": None, "finish": None}
     rec = np.asarray(host.rec, np.int64)
-    replica, seq = rec[..., 1], rec[..., 2]
-    out = {}
-    for name, per_seq in zip(("first_token", "finish"), times(host.reps.server)):  # [B, R, rows]
-        lanes = np.arange(rec.shape[0])[:, None]
-        got = per_seq[lanes, np.maximum(replica, 0), np.clip(seq, 0, per_seq.shape[-1] - 1)]
-        out[name] = np.where((seq >= 0) & (got <= np.asarray(horizon, np.int64)[:, None]), got, -1)
+    return {name: _reached(_by_row(per_seq, rec), horizon)
+            for name, per_seq in zip(("first_token", "finish"), times(host.reps.server))}
+
+
+def _reached(times: np.ndarray, horizon) -> np.ndarray:
+    """int64[B, rows] `times`, -1 past each lane's horizon (int[B]: a step still running
+    at the horizon has not ended)."""
+    return np.where(times <= np.asarray(horizon, np.int64)[:, None], times, -1)
+
+
+def _request_record(host: ClusterState, horizon, rows, server_record: Callable | None) -> dict | None:
+    """The replicas' servers' per-request record per cluster row, or None without the
+    dispatch records or a `server_record` (host server state -> {"scheduled", "first",
+    "finish": int64[B, R, S] by dispatch sequence, "token_at": int64[B, R, T],
+    "token_offset": int64[B, R, S or 0]}: servers/slora.py request_record). Returns
+    scheduled, first, finish int64[B, rows] (-1: never dispatched, not yet, or in a step
+    still running at the lane's horizon, as `_request_times`); token_at int64[B, R * T]:
+    the replicas' per-token records end to end; token_offset int64[B, rows]: where each
+    row's tokens start in it (-1: no whole record: one that ran past its replica's T
+    entries must not read the next replica's)."""
+    if host.rec is None or server_record is None:
+        return None
+    rec = np.asarray(host.rec, np.int64)
+    got = server_record(host.reps.server)
+    out = {name: _reached(_by_row(got[name], rec), horizon) for name in ("scheduled", "first", "finish")}
+    at = np.asarray(got["token_at"], np.int64)
+    b, r, t = at.shape
+    out["token_at"] = at.reshape(b, r * t)
+    if t == 0:
+        out["token_offset"] = np.full(rec.shape[:2], -1, np.int64)
+        return out
+    offset = _by_row(got["token_offset"], rec)
+    whole = (offset >= 0) & (offset + np.asarray(rows, np.int64)[..., OUTPUT] <= t)
+    out["token_offset"] = np.where(whole, np.maximum(rec[..., REC_REPLICA], 0) * t + offset, -1)
     return out
 
 
@@ -319,7 +373,10 @@ class ClusterResults:
     or None (dispatch step, replica, dispatch sequence, admission step per cluster row;
     -1: not yet) with rows: int64[B, G * N, 6] the cluster rows; first_token, finish:
     int64[B, G * N] or None (with records, on a server that keeps request times: per cluster
-    row, -1 not yet); rejected: int64[B, K] (rpm reject mode); iterations: int64[B]."""
+    row, -1 not yet); rejected: int64[B, K] (rpm reject mode); iterations: int64[B];
+    request_record: the replicas' servers' per-request record per cluster row (admission,
+    first token, finish, each token's time: `_request_record`), or None (kept with records
+    when the run asked for it: run_lanes' `server_record`)."""
 
     steps: np.ndarray
     finished: np.ndarray
@@ -345,10 +402,12 @@ class ClusterResults:
     first_token: np.ndarray | None = None
     finish: np.ndarray | None = None
     rejected: np.ndarray | None = None
+    request_record: dict | None = None
 
     @classmethod
     def collect(cls, host: ClusterState, finished, clusters, cfg: ClusterConfig, rows,
-                host_params: ClusterParams, tenants: Sequence[int], rejected=None) -> "ClusterResults":
+                host_params: ClusterParams, tenants: Sequence[int], rejected=None,
+                server_record: Callable | None = None) -> "ClusterResults":
         k = cfg.num_clients
         engines = [padded_settings(c.engine, n, k) for c, n in zip(clusters, tenants)]
         scales = [lane_scales(e, k) for e in engines]
@@ -378,7 +437,8 @@ class ClusterResults:
             records=None if host.rec is None else np.asarray(host.rec, np.int64),
             rows=None if rows is None else np.asarray(rows, np.int64), iterations=np.asarray(host.iterations, np.int64),
             **_request_times(host, cfg, host_params.horizon),
-            rejected=np.zeros((len(tenants), k), np.int64) if rejected is None else np.asarray(rejected, np.int64))
+            rejected=np.zeros((len(tenants), k), np.int64) if rejected is None else np.asarray(rejected, np.int64),
+            request_record=_request_record(host, host_params.horizon, rows, server_record))
 
     # ---- derived measures (float64) ----
 

@@ -6,7 +6,8 @@ source (sweeps.cluster's Poisson traffic, a user's log in `compare`), and
 `ClusterEngine()` returns the cluster's own ClusterResults (its sweep's metrics only).
 `ClusterEngine(per_tenant=True)` returns `TenantResults`: besides those, what the driver's
 per-client tables and load line read (shares of service and demand, waits, the offered
-work), so a cluster row reports per tenant exactly as a MODEL.md row does."""
+work), so a cluster row reports per tenant exactly as a MODEL.md row does; with
+`server_record` also the replicas' per-request record (cluster_latency.py reads it)."""
 
 from __future__ import annotations
 
@@ -81,12 +82,14 @@ class TenantResults(ServedShares):
 
 def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[int], *, base_seed: int = 0,
                      config: ClusterConfig | None = None, mesh=None, progress: Callable | None = None,
-                     server: str = "ideal") -> TenantResults:
+                     server: str = "ideal", server_record: Callable | None = None) -> TenantResults:
     """Lane i: requests from seeds[i] and srcs[i] (sources.py) under clusters[i] (its seeds
     as given: see `lane_settings`), for the sources' horizon, with the per-tenant values of
     TenantResults. A draining source also runs each lane to its own arrival span (the last
     arrival + 1 steps) in the same batch: a run of horizon T reports the state after step
-    T - 1, so that lane's state is the main lane's at the span's end, exactly."""
+    T - 1, so that lane's state is the main lane's at the span's end, exactly.
+    `server_record` (a config with records): the replicas' per-request record to keep
+    (cluster_run.run_lanes)."""
     if not (len(srcs) == len(clusters) == len(seeds)) or not seeds:
         raise InputError(f"{len(srcs)} workloads, {len(clusters)} clusters, {len(seeds)} seeds: need one each per lane")
     cfg = config or source_config(srcs, clusters, server=server)
@@ -111,7 +114,7 @@ def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
         workload = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x]), workload)
     expected = expected_events(uniq, horizon)
     res = run_lanes(workload, lanes, horizons, cfg, shared=False, event_budget=horizon + 4 * cfg.tenant_rows + 2,
-                    expected_events=expected, mesh=mesh, progress=progress)
+                    expected_events=expected, mesh=mesh, progress=progress, server_record=server_record)
     main = _lanes(res, slice(0, b))
     ends = _lanes(res, slice(b, 2 * b)) if drain else main
     admitted, completed = main.admitted.sum(axis=1), main.completed.sum(axis=1)
@@ -154,24 +157,31 @@ class ClusterEngine:
     """The cluster lane behind the sweep driver (vtc_jax.driver.sweep): rows whose settings
     are ClusterSettings; each lane gets its own seeds from its sweep seed (`lane_settings`).
     `per_tenant`: return TenantResults (the driver then adds the load line and per-client
-    values; a draining source's lanes also run to their arrival span: twice the lanes)."""
+    values; a draining source's lanes also run to their arrival span: twice the lanes).
+    `server_record` (with per_tenant): the replicas' server's per-request record (host
+    server state -> dict: servers/slora.py request_record), kept per request in
+    `TenantResults.cluster.request_record` (the config then keeps each dispatch's replica
+    and sequence, which map the one to the other)."""
 
     per_tenant: bool = False
+    server_record: Callable | None = None
     name = "cluster"
 
     @staticmethod
     def group_key(row):
         return (row.server, row.settings.replicas, row.source.horizon, id(row.source))
 
-    @staticmethod
-    def config(rows, record_every: int = 0, measures=None):
-        return source_config([r.source for r in rows], [r.settings for r in rows], server=rows[0].server)
+    def config(self, rows, record_every: int = 0, measures=None):
+        return source_config([r.source for r in rows], [r.settings for r in rows], server=rows[0].server,
+                             record=self.server_record is not None)
 
     def run(self, rows, seeds, config, base_seed: int, mesh, progress):
         clusters = [lane_settings(r.settings, s, base_seed) for r, s in zip(rows, seeds)]
-        simulate = simulate_tenants if self.per_tenant else simulate_sources
-        return simulate([r.source for r in rows], clusters, list(seeds), base_seed=base_seed, config=config,
-                        mesh=mesh, progress=progress)
+        if self.per_tenant:
+            return simulate_tenants([r.source for r in rows], clusters, list(seeds), base_seed=base_seed,
+                                    config=config, mesh=mesh, progress=progress, server_record=self.server_record)
+        return simulate_sources([r.source for r in rows], clusters, list(seeds), base_seed=base_seed, config=config,
+                                mesh=mesh, progress=progress)
 
     def lane_bytes(self, config) -> int:
         return lane_bytes(config) * (2 if self.per_tenant else 1)
