@@ -197,11 +197,11 @@ def test_golden_step_for_step(request, name):
 # Random small lanes against the literal reference.
 
 
-def random_lane(rng: np.random.Generator, policy: str, **options) -> tuple[list[TraceRequest], dict]:
+def random_lane(rng: np.random.Generator, policy: str, blocks=(2, 4, 8), **options) -> tuple[list[TraceRequest], dict]:
     """A small random trace and server: 1-3 clients, 2-14 requests in bursts, prompts
     1-40, outputs 1-12, priorities 0-2 per request (varying within a client); block size
-    2/4/8, a pool from tight (the largest peak plus 0-2 blocks) to ample, 1-5 seats,
-    budgets, chunking and L at random within vLLM's constraints."""
+    one of `blocks`, a pool from tight (the largest peak plus 0-2 blocks) to ample, 1-5
+    seats, budgets, chunking and L at random within vLLM's constraints."""
     count = int(rng.integers(2, 15))
     client = rng.integers(0, int(rng.integers(1, 4)), count)
     bursts = np.sort(rng.integers(0, 30, int(rng.integers(1, 4))))
@@ -209,7 +209,7 @@ def random_lane(rng: np.random.Generator, policy: str, **options) -> tuple[list[
     prompt, output, priority = rng.integers(1, 41, count), rng.integers(1, 13, count), rng.integers(0, 3, count)
     requests = [TraceRequest(arrival=int(arrival[r]), client=f"c{client[r]}", prompt=int(prompt[r]),
                              output=int(output[r]), priority=int(priority[r])) for r in range(count)]
-    block = int(rng.choice([2, 4, 8]))
+    block = int(rng.choice(list(blocks)))
     peaks = [-(-(r.prompt + r.output - 1) // block) for r in requests]
     usable = max(peaks) + int(rng.integers(0, 3)) if rng.random() < 0.6 else int(rng.integers(max(peaks), sum(peaks) + 1))
     seats = int(rng.integers(1, 6))
@@ -243,6 +243,35 @@ def test_random_lanes_match_the_reference():
     got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
     for k, (mine, real) in enumerate(zip(got, want)):
         assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+
+
+def test_block_sizes_not_powers_of_two_match_the_reference():
+    """Block counts are shifts when every lane's block size is a power of two (as vLLM's
+    are, and every lane above); a batch with other sizes divides (servers/block_math.py):
+    80 lanes of block sizes 3, 5, 6 and 4 in one batch, against the reference."""
+    rng = np.random.default_rng(77)
+    lanes = [random_lane(rng, policy, blocks=(3, 5, 6, 4)) for policy in ("fcfs", "priority") for _ in range(40)]
+    assert not all(vllm_v1.block_math.block_shift(config["block_size"]) >= 0 for _, config in lanes)
+    want = [simulate(reqs, config) for reqs, config in lanes]
+    got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
+    for k, (mine, real) in enumerate(zip(got, want)):
+        assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+
+
+def test_block_counts_shift_exactly_for_powers_of_two():
+    """blocks_for: the shift equals ceil(tokens / size) for every power-of-two size, the
+    division for any size; block_shift is -1 off the powers; the static flag follows."""
+    bm = vllm_v1.block_math
+    tokens = np.concatenate([np.arange(0, 300), np.array([2**29 - 1, 2**30, 2**31 - 2**12])]).astype(np.int32)
+    for size in (1, 2, 3, 16, 24, 128, 4096):
+        want = -(-tokens.astype(np.int64) // size)
+        shift = bm.block_shift(size)
+        assert (shift >= 0) == (size & (size - 1) == 0)
+        np.testing.assert_array_equal(bm.blocks_for(tokens, np.int32(size), np.int32(shift), False), want)
+        if shift >= 0:
+            np.testing.assert_array_equal(bm.blocks_for(tokens, np.int32(size), np.int32(shift), True), want)
+    flag = lambda sizes: dict(vllm_v1.static_options([{"block_size": b} for b in sizes]))["pow2_blocks"]  # noqa: E731
+    assert flag([16, 1, 128]) and not flag([16, 24])
 
 
 # ----------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.servers.base import prefix_sum
 
 I32 = jnp.int32
 
@@ -52,11 +51,13 @@ def push(stacks: Stacks, mask, client, index, generated):
     """Push entries i (in order) where mask[i]: client, index, generated int32[S].
     Returns (stacks, overflow bool[])."""
     k, d = stacks.index.shape
+    s = client.shape[0]
     mine = (client[None, :] == jnp.arange(k)[:, None]) & mask[None, :]  # [K, S]
-    # Each entry's place on its client's stack: the depth plus the earlier entries of its
-    # client, as one-hot sums (no gather) of a prefix count.
-    upto = prefix_sum(mine.astype(I32))
-    pos = jnp.where(mine, stacks.depth[:, None] + upto - 1, 0).sum(axis=0, dtype=I32)
+    # Each entry's place on its client's stack: the depth plus the earlier pushed entries
+    # of its client, one [S, S] count (a prefix sum over [K, S] fused into its consumer was
+    # recomputed per element: the costliest kernel of a vllm event).
+    earlier = (client[:, None] == client[None, :]) & mask[None, :] & jnp.tri(s, k=-1, dtype=bool)
+    pos = stacks.depth[jnp.clip(client, 0, k - 1)] + earlier.sum(axis=1, dtype=I32)
     ok = mask & (pos < d)
     c = jnp.where(ok, client, k)  # out of range: dropped
     p = jnp.where(ok, pos, 0)

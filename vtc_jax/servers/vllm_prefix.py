@@ -37,7 +37,7 @@ import numpy as np
 from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
-from vtc_jax.servers import base, step_time, vllm_v1
+from vtc_jax.servers import base, block_math, step_time, vllm_v1
 from vtc_jax.servers import vllm_blocks as vb
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
@@ -227,9 +227,6 @@ def init(shape: ServerShape) -> PrefixState:
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, blocks))
 
 
-def _cdiv(a, b):
-    return (a + (b - 1)) // b
-
 
 def _per_client(values, client, mask, k):
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
@@ -275,7 +272,7 @@ def _grow(pool, state: PrefixState, p: dict, slot, n, on):
     checked its new blocks are free): take them, hash the blocks this step fills."""
     bs = p["block_size"]
     c = state.computed[slot]
-    need = jnp.where(on, jnp.maximum(_cdiv(c + n, bs) - pool.held[slot], 0), 0)
+    need = jnp.where(on, jnp.maximum(block_math.ceil_div(c + n, bs) - pool.held[slot], 0), 0)
     pool = vb.take(pool, slot, need, p["num_blocks"])
     group, length, order = _slot_prefix(state, p, slot)
     return vb.hash_blocks(pool, slot, jnp.where(on, c + n, 0), group, length, order, bs)
@@ -308,7 +305,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
         st = dataclasses.replace(state, **f)
         s = walk[jnp.minimum(i, slots - 1)]
         live = st.alive[s]
-        need = _cdiv(st.computed[s] + n, bs) - st.pool.held[s]
+        need = block_math.ceil_div(st.computed[s] + n, bs) - st.pool.held[s]
         short = live & (need > vb.num_free(st.pool, p["num_blocks"]))
         v = _victim(st, params, st.alive)
         # Preempt v (its blocks, with any tokens it got this step, come back), or schedule s:
@@ -363,8 +360,8 @@ def _admission(state: PrefixState, p: dict, row, generated):
     ask = jnp.minimum(total - hits * bs, state.cap)
     n = jnp.minimum(ask, state.left)
     free = vb.num_free(state.pool, p["num_blocks"])
-    whole = jnp.maximum(_cdiv(total, bs) - hits, 0) + evictable
-    chunk = jnp.maximum(_cdiv(hits * bs + n, bs) - hits, 0) + evictable
+    whole = jnp.maximum(block_math.ceil_div(total, bs) - hits, 0) + evictable
+    chunk = jnp.maximum(block_math.ceil_div(hits * bs + n, bs) - hits, 0) + evictable
     ok = (~state.preempted & (state.left > 0) & (state.nrun < p["seats"]) & (p["chunked"] | (ask <= state.left))
           & (whole <= free) & (chunk <= free))
     return ok, n, hits, copy, evictable, chunk

@@ -53,7 +53,7 @@ import numpy as np
 from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
-from vtc_jax.servers import base, step_time
+from vtc_jax.servers import base, block_math, step_time
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
 
@@ -110,7 +110,8 @@ def encode(options: dict) -> dict:
     """The traced settings; the policy and the victim rule as int32 codes (their index in
     POLICIES, VICTIMS): lanes of one batch may differ."""
     s = settings(options)
-    return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
+    return {"block_size": np.int32(s["block_size"]), "block_shift": np.int32(block_math.block_shift(s["block_size"])),
+            "num_blocks": np.int32(s["num_gpu_blocks"]),
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
@@ -274,6 +275,8 @@ class VllmState:
     log: ScheduleLog
     victims: jax.Array
     walks: bool = dataclasses.field(default=True, metadata={"static": True})  # some lane's rule is not `newest`
+    # every lane's block size is a power of two: block counts are shifts (`_blocks`)
+    pow2_blocks: bool = dataclasses.field(default=False, metadata={"static": True})
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
@@ -294,14 +297,17 @@ def init(shape: ServerShape) -> VllmState:
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True))
+        victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True),
+        pow2_blocks=dict(shape.static).get("pow2_blocks", False))
 
 
 def static_options(options: list) -> tuple:
     """(("walks", some lane's victim rule is not `newest`: else vLLM's walk, vllm_victims.py, is left out of
-    the program), ("token_times", the most entries any lane asks for: 0, no record))."""
+    the program), ("token_times", the most entries any lane asks for: 0, no record), ("pow2_blocks", every
+    lane's block size is a power of two, as vLLM's are: block counts are then shifts))."""
     return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
-            ("token_times", max(settings(o)["token_times"] for o in options)))
+            ("token_times", max(settings(o)["token_times"] for o in options)),
+            ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -313,10 +319,9 @@ def slot_tiers(slots: int) -> tuple:
     return tuple(SLOT_TIER << (2 * i) for i in range(8) if SLOT_TIER << (2 * i) < slots)
 
 
-def _cdiv(a, b):
-    """ceil(a / b) of non-negative a and positive b: a truncating division (lax.div; `//`
-    adds a sign correction, several ops per element under vmap)."""
-    return jax.lax.div(a + (b - 1), jnp.asarray(b, a.dtype))
+def _blocks(tokens, state: VllmState, p: dict):
+    """The blocks that many tokens hold (block_math.blocks_for)."""
+    return block_math.blocks_for(tokens, p["block_size"], p["block_shift"], state.pow2_blocks)
 
 
 def _excl_cumsum(x):
@@ -372,19 +377,19 @@ def _newest(state: VllmState, p: dict, cap, free):
     entries), nvic, gone bool[S]: out's entries that are victims, newest first), the
     walk's start for the other rules (slot, tokens int32[S] before it, budget and free
     blocks left there))."""
-    bs, slots = p["block_size"], state.client.shape[0]
+    slots = state.client.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     listed = pos < state.nrun
     # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
     total = state.prompt + state.generated
     need = jnp.where(listed, jnp.minimum(jnp.minimum(total - state.computed, cap), p["budget"] + 1), 0)
-    held = jnp.where(listed, _cdiv(state.computed, bs), 0)
+    held = jnp.where(listed, _blocks(state.computed, state, p), 0)
     sums = base.prefix_sum(jnp.stack([need, held[::-1]]))  # both scans in one
     before = p["budget"] - (sums[0] - need)  # budget left at each slot
     tail = sums[1][::-1]  # blocks held by slots >= m, non-increasing in m
     n = jnp.clip(before, 0, need)
     walked = listed & (before > 0)
-    want = base.prefix_sum(jnp.where(walked, _cdiv(state.computed + n, bs) - held, 0))  # blocks taken by slots <= i
+    want = base.prefix_sum(jnp.where(walked, _blocks(state.computed + n, state, p) - held, 0))  # blocks taken by slots <= i
     # m_i: the start of the shortest tail whose blocks, freed, cover want_i: m_i = min(#{m
     # in [0, S] : tail_m >= want_i - free} - 1, nrun) (tail padded with a final 0, and
     # non-increasing). Slot i is scheduled when m_i > i, that is when the blocks held
@@ -462,7 +467,7 @@ def fits(state: VllmState, params, row, *, generated):
     # Seats, not slots: a lane whose slots are fewer than its seats reports overflow in
     # `admit` (flagged, never reported) rather than turning vLLM's admission away.
     return (~state.preempted & (state.left > 0) & (state.nrun < p["seats"])
-            & (_cdiv(total, p["block_size"]) <= state.free) & (p["chunked"] | (ask <= state.left)))
+            & (_blocks(total, state, p) <= state.free) & (p["chunked"] | (ask <= state.left)))
 
 
 def admit(state: VllmState, params, row, client, value, step, mask, *, index, generated):
@@ -479,7 +484,7 @@ def admit(state: VllmState, params, row, client, value, step, mask, *, index, ge
         generated=put(state.generated, generated), tokens=put(state.tokens, n),
         order=put(state.order, row[ORDER]), nrun=state.nrun + mask.astype(I32),
         running=state.running + ((jnp.arange(state.running.shape[0]) == client) & mask).astype(I32),
-        free=state.free - jnp.where(mask, _cdiv(n, p["block_size"]), 0), left=state.left - jnp.where(mask, n, 0),
+        free=state.free - jnp.where(mask, _blocks(n, state, p), 0), left=state.left - jnp.where(mask, n, 0),
         out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[first].set(step, mode="drop"),
                                 times=base.token_rows(state.out.times, index, row[OUTPUT], mask)))
     return new, mask & (state.nrun >= slots)
@@ -514,7 +519,7 @@ def end_step(state: VllmState, params, mask):
     new = dataclasses.replace(
         state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin, ended=stamp,
         just_finished=nfin > 0,
-        free=state.free + jnp.where(finished, _cdiv(computed, p["block_size"]), 0).sum(dtype=I32),
+        free=state.free + jnp.where(finished, _blocks(computed, state, p), 0).sum(dtype=I32),
         out=dataclasses.replace(state.out, first_token=first, times=times), log=log, preempted=jnp.zeros((), bool),
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),

@@ -26,15 +26,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.servers import block_math
+
 I32 = jnp.int32
 VICTIMS = ("newest", "priority", "counter")
 NEWEST, PRIORITY, COUNTER = range(3)
 FIELDS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
 OUT = ("client", "index", "generated")  # what a victim takes back to its queue (its row: the workload's)
 
-
-def _cdiv(a, b):
-    return (a + (b - 1)) // b
 
 
 def pick(code, f: dict, nrun, band, counter, num):
@@ -90,14 +89,14 @@ def walk(f: dict, nrun, start, free, budget, out: dict, nvic, cap, block_size, c
         f, nrun, i, n, budget, free, out, nvic = carry
         ii = jnp.minimum(i, slots - 1)
         c = f["computed"][ii]
-        need = _cdiv(c + n, block_size) - _cdiv(c, block_size)
+        need = block_math.ceil_div(c + n, block_size) - block_math.ceil_div(c, block_size)
         short = free < need
         # Preempt one victim (its blocks, with any tokens it got this step, come back).
         v = pick(code, f, nrun, band, counter, num)
         back = f["tokens"][v]
         p_out = {name: out[name].at[nvic].set(f[name][v]) for name in OUT}
         p_f, p_nrun, p_i = _remove(f, v), nrun - 1, i - (v < i).astype(I32)
-        p_budget, p_free = budget + back, free + _cdiv(f["computed"][v] + back, block_size)
+        p_budget, p_free = budget + back, free + block_math.ceil_div(f["computed"][v] + back, block_size)
         # Itself: the walk goes on with the next request (now at i), asked afresh.
         p_n = jnp.where(v == i, ask(p_f, p_i, p_nrun, p_budget), n)
         # Or schedule n tokens for the request at i and move on.
