@@ -27,9 +27,11 @@ def _literal_push(index, generated, depth, mask, client, rows, gens):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_push_pop_and_tops_equal_literal_stacks(seed):
+    assert 33 <= requeue.SQUARE_SLOTS < 130  # both of push's forms are drawn below
     rng = np.random.default_rng(seed)
     for _ in range(40):
-        k, s, d = int(rng.choice([1, 2, 3, 9])), int(rng.choice([1, 5, 32, 33])), int(rng.integers(1, 12))
+        # slot counts on both sides of requeue.SQUARE_SLOTS (the [S, S] count and the prefix sum)
+        k, s, d = int(rng.choice([1, 2, 3, 9])), int(rng.choice([1, 5, 32, 33, 64, 65, 130])), int(rng.integers(1, 12))
         index = rng.integers(0, 100, (k, d))
         generated = rng.integers(0, 9, (k, d))
         depth = rng.integers(0, d + 1, k)

@@ -20,8 +20,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.servers.base import prefix_sum
 
 I32 = jnp.int32
+# Up to this many entries (slots) a push counts earlier victims as one [S, S] pass; above, a
+# prefix sum over [K, S] (S^2 grows past it: the slot tiers run to 512 and beyond).
+SQUARE_SLOTS = 64
 
 
 @jax.tree_util.register_dataclass
@@ -56,8 +60,12 @@ def push(stacks: Stacks, mask, client, index, generated):
     # Each entry's place on its client's stack: the depth plus the earlier pushed entries
     # of its client, one [S, S] count (a prefix sum over [K, S] fused into its consumer was
     # recomputed per element: the costliest kernel of a vllm event).
-    earlier = (client[:, None] == client[None, :]) & mask[None, :] & jnp.tri(s, k=-1, dtype=bool)
-    pos = stacks.depth[jnp.clip(client, 0, k - 1)] + earlier.sum(axis=1, dtype=I32)
+    if s <= SQUARE_SLOTS:
+        earlier = (client[:, None] == client[None, :]) & mask[None, :] & jnp.tri(s, k=-1, dtype=bool)
+        pos = stacks.depth[jnp.clip(client, 0, k - 1)] + earlier.sum(axis=1, dtype=I32)
+    else:  # O(K S log S), not O(S^2), for the larger slot tiers
+        upto = prefix_sum(mine.astype(I32))
+        pos = jnp.where(mine, stacks.depth[:, None] + upto - 1, 0).sum(axis=0, dtype=I32)
     ok = mask & (pos < d)
     c = jnp.where(ok, client, k)  # out of range: dropped
     p = jnp.where(ok, pos, 0)
