@@ -22,6 +22,7 @@ import numpy as np
 from vtc_jax.core.rows import ARRIVAL, ORDER
 from vtc_jax.driver.cluster_run import ClusterResults
 from vtc_jax.driver.cluster_sweep import ClusterEngine
+from vtc_jax.driver.server_latency import RecordingEngine
 from vtc_jax.inputs.workload import INT32_MAX
 
 RECORD_TIMES = ("scheduled", "first", "finish", "token_offset")  # per request; "token_at" is per token
@@ -49,30 +50,19 @@ def lane_request_record(results: ClusterResults, lane: int) -> dict:
     return out
 
 
-class ClusterRecordingEngine:
-    """The cluster engine with per-tenant results (ClusterEngine(per_tenant=True)) that also
-    keeps, per sweep row, its lane with seed 0's per-request record (the log as it is:
-    sources.replays_exactly), in `records` ({id(row): lane_request_record}), and whether
-    that lane finished (`finished`: {id(row): bool}): what server_latency.RecordingEngine
-    keeps for one server. `server_record`: the replicas' server's record (host server state
-    -> dict, servers/slora.py request_record). The run is the cluster engine's, unchanged
-    but for the dispatch records it keeps."""
-
-    name = "cluster"
+class ClusterRecordingEngine(RecordingEngine):
+    """server_latency.RecordingEngine on the cluster engine with per-tenant results
+    (ClusterEngine(per_tenant=True)): per sweep row, its lane with seed 0's per-request
+    record by request number (`lane_request_record`) and whether that lane finished.
+    `server_record`: the replicas' server's record (host server state -> dict,
+    servers/slora.py request_record). The run is the cluster engine's, unchanged but for
+    the dispatch records it keeps."""
 
     def __init__(self, server_record: Callable):
-        self._engine = ClusterEngine(per_tenant=True, server_record=server_record)
-        self.records, self.finished = {}, {}
-        for method in ("group_key", "config", "lane_bytes", "steps"):
-            setattr(self, method, getattr(self._engine, method))
+        super().__init__(server_record, ClusterEngine(per_tenant=True, server_record=server_record))
 
-    def run(self, rows, seeds, config, base_seed: int, mesh, progress):
-        results = self._engine.run(rows, seeds, config, base_seed, mesh, progress)
-        for lane, (row, seed) in enumerate(zip(rows, seeds)):
-            if int(seed) == 0:
-                self.records[id(row)] = lane_request_record(results.cluster, lane)
-                self.finished[id(row)] = bool(results.finished[lane])
-        return results
+    def _lane_records(self, results) -> Callable[[int], dict]:
+        return lambda lane: lane_request_record(results.cluster, lane)
 
 
 __all__ = ["ClusterRecordingEngine", "lane_request_record"]

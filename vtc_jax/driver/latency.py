@@ -234,17 +234,18 @@ class RequestTimes:
 
 
 class ModelEngineWrapper:
-    """The MODEL.md engine adapter (driver/sweep.py) under another object: everything but
-    `run` is the model engine's, so a subclass's `run` reads more from the same run."""
+    """A sweep engine adapter (driver/sweep.py; default the MODEL.md engine's) under
+    another object: everything but `run` is the wrapped engine's, so a subclass's `run`
+    reads more from the same run."""
 
-    name = "model"
+    def __init__(self, engine=None):
+        if engine is None:
+            from vtc_jax.driver.sweep import MODEL_ENGINE  # sweep imports this module
 
-    def __init__(self):
-        from vtc_jax.driver.sweep import MODEL_ENGINE  # sweep imports this module
-
-        self._engine = MODEL_ENGINE
+            engine = MODEL_ENGINE
+        self._engine, self.name = engine, engine.name
         for method in ("group_key", "config", "lane_bytes", "steps"):
-            setattr(self, method, getattr(MODEL_ENGINE, method))
+            setattr(self, method, getattr(engine, method))
 
 
 class RequestTimesEngine(ModelEngineWrapper):

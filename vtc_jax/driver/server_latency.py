@@ -70,24 +70,35 @@ def _lane(batched: dict, lane: int) -> dict:
 
 
 class RecordingEngine(ModelEngineWrapper):
-    """The model engine that also keeps, per sweep row, the server's per-request record of
-    its lane with seed 0 (the log as it is: sources.replays_exactly), in `records`
-    ({id(row): record}), and whether that lane finished (`finished`: {id(row): bool}).
-    The run is the model engine's, unchanged."""
+    """The model engine (or `engine`) that also keeps, per sweep row, the server's
+    per-request record of its lane with seed 0 (the log as it is:
+    sources.replays_exactly), in `records` ({id(row): record}), and whether that lane
+    finished (`finished`: {id(row): bool}). The run is the wrapped engine's, unchanged."""
 
-    def __init__(self, record: Record):
-        super().__init__()
+    def __init__(self, record: Record, engine=None):
+        super().__init__(engine)
         self._record, self.records, self.finished = record, {}, {}
 
     def run(self, rows, seeds, config, base_seed: int, mesh, progress):
         results = self._engine.run(rows, seeds, config, base_seed, mesh, progress)
-        batched = None  # read once per run: with the per-token record it holds T entries a lane
+        lane_of = self._lane_records(results)
         for lane, (row, seed) in enumerate(zip(rows, seeds)):
             if int(seed) == 0:
-                batched = self._record(results.server_state) if batched is None else batched
-                self.records[id(row)] = _lane(batched, lane)
+                self.records[id(row)] = lane_of(lane)
                 self.finished[id(row)] = bool(results.finished[lane])
         return results
+
+    def _lane_records(self, results) -> Callable[[int], dict]:
+        """lane -> its record. The batched record is read once per run, on the first lane
+        asked for (with the per-token record it holds T entries a lane)."""
+        batched = []
+
+        def lane_of(lane: int) -> dict:
+            if not batched:
+                batched.append(self._record(results.server_state))
+            return _lane(batched[0], lane)
+
+        return lane_of
 
 
 def measure_capacity(prompt, output, settings: Settings, server: str, record: Record) -> capacity.Capacity:

@@ -227,7 +227,6 @@ def init(shape: ServerShape) -> PrefixState:
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, blocks))
 
 
-
 def _per_client(values, client, mask, k):
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
 

@@ -35,7 +35,6 @@ FIELDS = ("client", "value", "index", "prompt", "output", "computed", "generated
 OUT = ("client", "index", "generated")  # what a victim takes back to its queue (its row: the workload's)
 
 
-
 def pick(code, f: dict, nrun, band, counter, num):
     """int32[]: the slot of the victim among slots [0, nrun) of the slot arrays `f`
     (admission order) under rule `code`; `band` int32[K], `counter` per client in the
