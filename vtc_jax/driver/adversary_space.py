@@ -261,7 +261,7 @@ def layout_candidates(arrival, prompt, output, pad: int) -> Workload:
     holds its N requests sorted by (arrival, number), ORDER = the rank in (arrival, number)
     order over all clients, then `pad` rows that never arrive), first/size int32[B, K],
     num_requests int32[B] (= K * N: every request arrives before T), overflow bool[B] and
-    timeline int32[B, R + TIMELINE_PAD, 2].
+    timeline int32[B, R + TIMELINE_PAD, 3].
     """
     arrival, prompt, output = (np.asarray(x, np.int64) for x in (arrival, prompt, output))
     b, k, n = arrival.shape
@@ -279,7 +279,8 @@ def layout_candidates(arrival, prompt, output, pad: int) -> Workload:
     # rows last in row order, each with its block; built here so that the engine does not
     # build (and compile) it on every call.
     order = np.argsort(rows[:, :, ORDER], axis=1, kind="stable")
-    timeline = np.stack([order, order // (n + pad)], axis=-1).astype(np.int32)
+    timeline = np.stack([order, order // (n + pad), np.take_along_axis(rows[:, :, ARRIVAL], order, axis=1)],
+                        axis=-1).astype(np.int32)
     timeline = np.concatenate([timeline, np.repeat(timeline[:, -1:], TIMELINE_PAD, axis=1)], axis=1)
     return Workload(requests=rows, first=first, size=np.full((b, k), n + pad, np.int32),
                     num_requests=np.full(b, k * n, np.int32), overflow=np.zeros(b, bool), timeline=timeline)

@@ -27,6 +27,7 @@ from vtc_jax.driver.lane_workloads import (generate_workloads, lane_keys, shared
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
+from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
 from vtc_jax.engines.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
@@ -108,9 +109,11 @@ def calendar_rows(max_output: int) -> int:
 def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
                   wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
-                  policies: Sequence[str] | None = None, server: str = "ideal", log_steps: int = 0) -> EngineConfig:
+                  policies: Sequence[str] | None = None, server: str = "ideal", log_steps: int = 0,
+                  quiet_window: int = QUIET_WINDOW) -> EngineConfig:
     """The static config that fits every lane of `settings` on server `server` (a
-    servers.registry name; `log_steps`: steps of schedule it logs, for servers that do)."""
+    servers.registry name; `log_steps`: steps of schedule it logs, for servers that do;
+    `quiet_window`: engines/quiet.py, 0 to run every step in events of its own)."""
     policies = tuple(policies) if policies is not None else policy_names(settings)
     chosen = servers.get(server)  # an unknown name is one InputError naming the choices
     options = [dict(s.server_options) for s in dict.fromkeys(settings)]
@@ -127,7 +130,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,
-        log_steps=log_steps,
+        log_steps=log_steps, quiet_window=quiet_window,
         server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
 
 
@@ -295,7 +298,7 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None,
-               server: str = "ideal", log_steps: int = 0):
+               server: str = "ideal", log_steps: int = 0, quiet_window: int = QUIET_WINDOW):
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
@@ -342,7 +345,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                            record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies,
-                           server=server, log_steps=log_steps)
+                           server=server, log_steps=log_steps, quiet_window=quiet_window)
     return config, horizons, servers.get(server).events_per_step * longest + 3 * most + 1, max(expected)
 
 
@@ -351,7 +354,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
                allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
                progress: Callable | None = None, wide: bool | None = None, server: str = "ideal",
-               log_steps: int = 0) -> LaneResults:
+               log_steps: int = 0, quiet_window: int = QUIET_WINDOW) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
     Args:
@@ -371,12 +374,14 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
         every value fits int32, else WIDE; results are identical).
       server: the server every lane runs (servers.registry; default `ideal`, MODEL.md's).
       log_steps: steps of schedule the server logs (servers that log, e.g. vllm; 0: none).
+      quiet_window: quiet steps an event may run in bulk (engines/quiet.py; 0: none; any
+        value gives the same results).
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
-                                                    server, log_steps)
+                                                    server, log_steps, quiet_window)
     pad = workload_pad(arrival_width)
     shared = all(t is traces[0] for t in traces)
     if shared:

@@ -12,8 +12,13 @@ One lane is one simulated server. Its `State` advances by *events*, one per call
   * ADMIT   : otherwise, the policy's candidate exists, is eligible (`select`) and fits:
               admit it (phase 2);
   * FINISH  : otherwise, step t ends: decode (phase 3), t += 1 (or, when nothing runs or
-              waits, a jump to the next arrival: idle steps cost nothing), then in the
-              same event the first completion and the first arrivals of the new step.
+              waits, a jump to the next arrival: idle steps cost nothing; or a stretch of
+              quiet steps, below), then in the same event the first completion and the
+              first arrivals of the new step.
+
+Quiet steps (engines/quiet.py): when no waiting request fits and none will before a
+completion, a FINISH event also runs the steps up to it, which only decode (and take
+arrivals to clients already backlogged), in bulk: the same integers in far fewer events.
 
 A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
 COMPLETE per request and one extra ARRIVE per `arrival_width` arrivals of a step past the
@@ -50,7 +55,7 @@ import jax.numpy as jnp
 from vtc_jax.core import over_clients
 from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
-from vtc_jax.engines import limits, requeue
+from vtc_jax.engines import limits, quiet, requeue
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import Params
 from vtc_jax.inputs.workload import TIMELINE_PAD, Workload
@@ -59,7 +64,7 @@ from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, add_at, admissible,
                                    put_at)
 from vtc_jax.servers import registry as servers
-from vtc_jax.servers.base import ServerShape
+from vtc_jax.servers.base import ServerShape, Work
 
 I32 = jnp.int32
 
@@ -86,6 +91,8 @@ class EngineConfig:
       num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
       arrival_width: arrivals taken in one event, all clients together (any value up to
         workload.TIMELINE_PAD is exact).
+      quiet_window: quiet steps one FINISH event may run after its own (0: none); it reads
+        that many timeline entries ahead (any value up to workload.TIMELINE_PAD is exact).
       drain: run until every request completed (the horizon is then a safety bound).
       measures: which optional measures to accumulate.
       server: the server's registry name (servers/registry.py).
@@ -108,6 +115,7 @@ class EngineConfig:
     record_every: int = 0
     num_checkpoints: int = 0
     arrival_width: int = 4
+    quiet_window: int = quiet.WINDOW
     drain: bool = False
     measures: MeasureConfig = MeasureConfig()
     server: str = "ideal"
@@ -339,27 +347,40 @@ def _keep(old: dict, new: dict, mask) -> dict:
     return jax.tree_util.tree_map(lambda a, b: a if a is b else jnp.where(mask, b, a), old, new)
 
 
-def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, config: EngineConfig):
+def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
+           config: EngineConfig):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
-    runs or waits: to the next arrival or the horizon). Returns the new state."""
-    t = state.step
+    runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
+    `quiet_window` entries, past the quiet steps that follow t). Returns the new state."""
+    t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
     server, work = servers.get(config.server).end_step(state.server, params, mask)
     decode = params.costs.decode * work.decoded + params.costs.context * work.attended
-    service = view.num.add(state.service, decode)
-    counter = view.num.add(state.counter, decode * params.costs.counter_mult)
+    service = num.add(state.service, decode)
     idle = ~servers.get(config.server).busy(state.server) & ~over_clients.any_of(view.backlogged)
     wake = servers.get(config.server).wake
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
+    arrived, taken, at_ends = state.arrived, jnp.zeros((), I32), {}
+    if ahead is not None:
+        stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, view.heads, server,
+                                decode, mask & ~idle, ahead)
+        server, arrived, taken = stretch.server, arrived + stretch.joined, stretch.taken
+        more = params.costs.decode * stretch.work.decoded + params.costs.context * stretch.work.attended
+        at_ends = dict(quiet_steps=stretch.steps, step_service=service,
+                     arrival_service=num.add(service, decode * stretch.since_arrival))
+        work = Work(decoded=work.decoded + stretch.work.decoded, attended=work.attended + stretch.work.attended,
+                    elapsed=work.elapsed + stretch.steps, detail=work.detail)
+        decode, service = decode + more, num.add(service, more)
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t, detail=work.detail)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
                      for name in config.policies}
-    measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, state.arrived,
+    measures = on_finish(state.measures, mask, t, next_t, service, state.arrived - view.waiting, arrived,
                          load.running, load.context, work.decoded, work.attended, params.share_window, params.resource,
-                         config.record_every, view.num)
+                         config.record_every, num, **at_ends)
     return dataclasses.replace(
-        state, step=next_t, service=service, counter=counter, server=server,
+        state, step=next_t, service=service, counter=num.add(state.counter, decode * params.costs.counter_mult),
+        server=server, arrived=arrived, next=state.next + taken,
         begun=None if state.begun is None else state.begun & ~mask,
         policy=_keep(state.policy, policy_states, mask),
         limits=limits.on_step(state.limits, t, next_t, mask, params), measures=measures)
@@ -458,8 +479,9 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     params = lane.params
     active = ~state.done
     heads, head_index = _heads(state)
-    window = arrival_window(state, workload, config)
-    next_arrival = window[2][0, ARRIVAL]
+    jump = quiet.window(config)
+    ahead = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, max(jump, 1))
+    next_arrival = ahead[0, 2]
     in_horizon = state.step < state.horizon
     server = servers.get(config.server)
     due = server.due(state.server, state.step)
@@ -478,12 +500,13 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     finishing = ready & ~admitting
 
     state = admit(state, view, choice, params, workload, admitting, config)
-    state = finish(state, view, workload, params, finishing, next_arrival, config)
+    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config)
     view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)
+    window = arrival_window(state, workload, config)  # read after a quiet stretch's joins
     arriving = (active & (state.step < state.horizon) & ~server.due(state.server, state.step)
-                & (next_arrival <= state.step))
+                & (window[2][0, ARRIVAL] <= state.step))
     view = _view(state, params, heads, head_index, view.estimates, config)
     state = take_arrivals(state, view, workload, params, arriving, window, config)
     settled = ~server.due(state.server, state.step)

@@ -175,9 +175,11 @@ class Workload:
         all of them to complete).
       overflow: bool[]  a generated block had more arrivals than rows: the lane is flagged
         as not finished (never silently shortened).
-      timeline: int32[R + P, 2]  (row, client) of every row in (arrival, ORDER) order,
-        padding last, then P more padding entries: the order in which requests arrive, so
-        that an arrival event reads a few rows, not one per client (`add_timeline` fills it).
+      timeline: int32[R + P, 3]  (row, client, arrival) of every row in (arrival, ORDER)
+        order, padding last, then P more padding entries: the order in which requests
+        arrive, so that an arrival event reads a few rows, not one per client, and the
+        engine sees when the next requests arrive without reading their rows
+        (`add_timeline` fills it).
     """
 
     requests: jax.Array
@@ -189,6 +191,7 @@ class Workload:
 
 
 TIMELINE_PAD = 64  # entries past the end of a timeline: the widest arrival window
+TIMELINE_FIELDS = 3  # a timeline entry: (row, client, arrival)
 
 
 def padding_rows(count: int) -> np.ndarray:
@@ -261,7 +264,7 @@ def timeline_host(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
     """numpy `timeline` of request rows int32[R, 5] in blocks starting at `first`."""
     order = np.argsort(rows[:, ORDER], kind="stable")
     block = np.searchsorted(first, order, side="right") - 1
-    out = np.stack([order, block], axis=1).astype(np.int32)
+    out = np.stack([order, block, rows[order, ARRIVAL]], axis=1).astype(np.int32)
     return np.concatenate([out, np.repeat(out[-1:], TIMELINE_PAD, axis=0)])
 
 
@@ -312,8 +315,8 @@ def add_timeline(workload: Workload, order: jax.Array | None = None) -> Workload
         block = (jnp.searchsorted(first, order, side="right", method="compare_all") - 1).astype(jnp.int32)
     else:  # many: each row's block by an O(R) count of block starts, read once per entry
         block = block_of_rows(first, rows.shape[0])[order]
-    timeline = jnp.stack([order, block], axis=1)
-    timeline = jnp.concatenate([timeline, jnp.broadcast_to(timeline[-1:], (TIMELINE_PAD, 2))])
+    timeline = jnp.stack([order, block, rows[order, ARRIVAL]], axis=1)
+    timeline = jnp.concatenate([timeline, jnp.broadcast_to(timeline[-1:], (TIMELINE_PAD, TIMELINE_FIELDS))])
     return dataclasses.replace(workload, timeline=timeline)
 
 

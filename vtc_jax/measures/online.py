@@ -234,22 +234,36 @@ def _crossed(edge, step, next_step):
 
 
 def on_finish(m: Measures, mask, step, next_step, service, head, arrived, running, context, decoded, attended,
-              share_window, resource, record_every: int, num) -> Measures:
+              share_window, resource, record_every: int, num, *, quiet_steps=None, step_service=None,
+              arrival_service=None) -> Measures:
     """Step `step` ends where `mask` and the lane moves on to `next_step` (> step + 1 after
     an idle jump); `service` is W after it, `head`/`arrived` the FIFO pointers (arrivals of
     the step all in), `running` and `context` (int32[K]) the requests running and the KV
     tokens they held, `decoded` and `attended` (int32[K]) the tokens the step decoded and
     the context those decodes read (the server's Work; on the ideal server every running
-    request decodes, so they equal running and context)."""
-    drift = num.sub(num.max_of(service), num.min_of(service))
+    request decodes, so they equal running and context).
+
+    With `quiet_steps` (int32[] n, engine.py), the call ends step `step` and the n quiet
+    steps after it: `step_service` is W after step `step`, `service` after the last quiet
+    step and `arrival_service` after the last of them with an arrival (`step_service`
+    where none). W is linear over them and the clients backlogged in them stay so (those
+    after the step's admissions), so the drifts' extremes are at the two ends. `decoded`,
+    `attended` are their sums."""
+    drift, drift_step, jumped = _drift(service, num), step, next_step > step + 1
+    if quiet_steps is not None:
+        first = _drift(step_service, num)
+        later = num.less(first, drift)  # strictly larger at the end: first reached there
+        drift, drift_step = num.where(later, drift, first), jnp.where(later, step + quiet_steps, step)
+        jumped = next_step > step + 1 + quiet_steps
     new_max = mask & num.less(m.max_drift, drift)
     m32 = mask.astype(I32)
     arrived_total = over_clients.total(arrived)
     arrivals = mask & (arrived_total > m.span_arrived)  # a request arrived in this step
     updates = dict(max_drift=num.where(new_max, drift, m.max_drift),
-                   max_drift_step=jnp.where(new_max, step, m.max_drift_step),
+                   max_drift_step=jnp.where(new_max, drift_step, m.max_drift_step),
                    span_arrived=jnp.where(arrivals, arrived_total, m.span_arrived),
-                   span_service=num.where(arrivals, service, m.span_service),
+                   span_service=num.where(arrivals, service if arrival_service is None else arrival_service,
+                                          m.span_service),
                    span_waiting=jnp.where(arrivals, over_clients.total(arrived - head), m.span_waiting))
     if m.head_at_start is not None:
         backlogged = m.head_at_start < arrived  # after the step's arrivals, before admission
@@ -285,8 +299,16 @@ def on_finish(m: Measures, mask, step, next_step, service, head, arrived, runnin
             bucket = jnp.minimum(step // record_every, rows - 1)
             updates["backlogged_in"] = m.backlogged_in.at[bucket].set(m.backlogged_in[bucket] | (backlogged & inside))
     if m.pair_drift is not None:
-        updates.update(_pair_drift(m, mask, service, backlogged, next_step > step + 1, num))
+        if quiet_steps is None:
+            updates.update(_pair_drift(m, mask, service, backlogged, jumped, num))
+        else:  # step `step`, then the quiet steps as one more (their backlogged clients: after its admissions)
+            first = dataclasses.replace(m, **_pair_drift(m, mask, step_service, backlogged, jumped, num))
+            updates.update(_pair_drift(first, mask & (quiet_steps > 0), service, head < arrived, jnp.zeros((), bool), num))
     return dataclasses.replace(m, **updates)
+
+
+def _drift(service, num):
+    return num.sub(num.max_of(service), num.min_of(service))
 
 
 def _pair_drift(m: Measures, mask, service, backlogged, jumped, num) -> dict:
@@ -299,8 +321,8 @@ def _pair_drift(m: Measures, mask, service, backlogged, jumped, num) -> dict:
     diff = num.sub(service[f], service[g])
     before = num.sub(m.service_at_start[f], m.service_at_start[g])
     starting = joint & ~m.in_period
-    hi = num.where(starting, num.maximum(before, diff), num.maximum(m.period_max, diff))
-    lo = num.where(starting, num.minimum(before, diff), num.minimum(m.period_min, diff))
+    hi = num.maximum(num.where(starting, before, m.period_max), diff)
+    lo = num.minimum(num.where(starting, before, m.period_min), diff)
     best = num.where(joint, num.maximum(m.pair_drift, num.sub(hi, lo)), m.pair_drift)
     return dict(in_period=jnp.where(mask, joint & ~jumped, m.in_period),
                 period_max=num.where(mask & joint, hi, m.period_max),

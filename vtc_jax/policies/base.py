@@ -181,6 +181,11 @@ class Policy:
         (random.Random), so a new policy is fuzzed over its options too.
       arrival_rows: `on_arrival` reads the arriving requests' rows and estimates
         (Arrivals.rows, Arrivals.estimates); otherwise they are not gathered.
+      quiet: a step in which nothing is admitted or completes and every arrival joins a
+        client that is already backlogged changes neither the policy's state nor the
+        engine's counters (no `on_step`; `on_arrival` ignores such joins): the engine may
+        then run a stretch of such steps in one event (servers/base.py, quiet steps)
+        without calling the hooks for them. False (the default) for any other policy.
     """
 
     name: str
@@ -200,6 +205,7 @@ class Policy:
     validate: Callable[..., None] | None = None
     fuzz_options: Callable[..., dict] | None = None
     arrival_rows: bool = False
+    quiet: bool = False
 
     # Defaults: a hook a policy does not define leaves its state alone.
     def arrive(self, state, view, arrivals, params):

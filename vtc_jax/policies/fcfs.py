@@ -34,6 +34,6 @@ def _needs_limit(settings) -> None:
 
 
 FCFS = Policy(name="fcfs", summary="first come, first served: the oldest waiting request",
-              encode=no_params, init=no_state, select=select, reference=Reference)
+              encode=no_params, init=no_state, select=select, reference=Reference, quiet=True)
 RPM = dataclasses.replace(FCFS, name="rpm", summary="FCFS with a per-client requests-per-window limit (--rpm R)",
                           reads=("rpm_limit",), validate=_needs_limit)

@@ -60,6 +60,6 @@ class ReferenceVTC(ReferenceLCF):
 
 
 LCF = Policy(name="lcf", summary="least counter first: the backlogged client with the smallest counter, no lift",
-             encode=encode, init=no_state, select=select, reference=ReferenceLCF, reads=("weights",))
+             encode=encode, init=no_state, select=select, reference=ReferenceLCF, reads=("weights",), quiet=True)
 VTC = dataclasses.replace(LCF, name="vtc", summary="Virtual Token Counter: least counter first with the lift rule",
                           on_arrival=on_arrival, reference=ReferenceVTC, reads=("weights", "lift_last_left"))

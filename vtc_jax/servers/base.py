@@ -72,6 +72,21 @@ Optionally, `request_times(host_state) -> (first, finish)`: host side, the first
 finish times the server keeps per request number (ORDER), int arrays [..., R] (-1: not
 yet); the cluster reports them per request (its replicas number requests by dispatch).
 
+Optionally, quiet steps, so that the engine runs a stretch of steps in which nothing is
+admitted or completes in one event (a step whose only news is decode):
+
+  quiet_steps(state, params, step, smallest_prompt, limit: int) -> int32[]
+                                                  right after step `step`'s end_step: the
+                                                  n in [0, limit] steps after it in which no
+                                                  request finishes (none at the end of steps
+                                                  `step` .. `step + n - 1`) and no request
+                                                  of at least `smallest_prompt` prompt
+                                                  tokens would fit;
+  run_quiet(state, params, steps) -> (state, Work)
+                                                  `steps` (int32[] >= 0) such steps at once:
+                                                  the state and Work (summed) after them, as
+                                                  `steps` calls of end_step would leave them.
+
 Optionally, `slot_tiers(slots) -> tuple[int, ...]`: smaller slot counts to try first. A
 server whose events cost O(slots) and whose runs hold far fewer requests than its proven
 bound gives them: the driver runs every lane with the first, then reruns with the next
@@ -276,3 +291,7 @@ class Server:
     clock_seconds: float | None = None
     slot_tiers: Callable[[int], tuple] | None = None
     static_options: Callable[[list], tuple] | None = None
+    # quiet steps (see the module docstring): quiet_steps(state, params, step, smallest_prompt, limit) and
+    # run_quiet(state, params, steps); None: the engine runs every step in events of its own
+    quiet_steps: Callable[..., jax.Array] | None = None
+    run_quiet: Callable[..., tuple[Any, Work]] | None = None

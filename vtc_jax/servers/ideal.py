@@ -95,6 +95,28 @@ def complete(state: IdealState, step, mask):
     return state, Finished(client=client, prompt=prompt, output=output, value=value)
 
 
+def quiet_steps(state: IdealState, params, step, smallest_prompt, limit: int) -> jax.Array:
+    """int32[] in [0, limit]: after step `step`'s decode, the steps that follow in which
+    nothing completes (calendar rows `step` .. `step + n - 1` are empty) and no request of
+    `smallest_prompt` tokens or more fits: the context held only grows while nothing
+    completes, so what does not fit now fits at none of them. 0 while the context is so
+    large that `limit` steps of it could pass int32 (run_quiet's sums)."""
+    held = over_clients.total(state.context)
+    blocked = (smallest_prompt > params.kv_budget - held) & (held <= np.iinfo(np.int32).max // (2 * limit + 2))
+    rows = state.calendar.head.shape[0]
+    ahead = jnp.arange(limit, dtype=I32)
+    empty = state.calendar.head[(step + ahead) % rows] < 0
+    leading = over_clients.smallest(jnp.where(empty, limit, ahead))  # the first row that is not empty
+    return jnp.where(blocked, leading, 0)
+
+
+def run_quiet(state: IdealState, params, steps):
+    """`steps` quiet steps at once: every running request decodes `steps` tokens."""
+    work = Work(decoded=state.running * steps,
+                attended=state.context * steps + state.running * (steps * (steps - 1) // 2), elapsed=steps)
+    return dataclasses.replace(state, context=state.context + state.running * steps), work
+
+
 def busy(state: IdealState) -> jax.Array:
     return over_clients.total(state.running) > 0
 
@@ -153,7 +175,8 @@ def census(host: IdealState, num_clients: int) -> np.ndarray:
 IDEAL = Server(name="ideal", description="the MODEL.md server: memory bounds admission only, one token per step",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
-               never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options)
+               never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options,
+               quiet_steps=quiet_steps, run_quiet=run_quiet)
 
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Quiet steps: a stretch of steps that only decode, run in one engine event.
+
+When no waiting request fits and none will before a completion, the steps up to the next
+completion admit nothing and complete nothing; a request that arrives in them and joins a
+client that is already backlogged changes no head, no lift and no choice. On a server that
+can run such steps at once (servers/base.py: quiet_steps, run_quiet) and with only `quiet`
+policies (policies/base.py), the engine's FINISH event for step t also runs the n quiet
+steps t + 1 .. t + n (engine.finish): their joins in bulk (read from the timeline's next
+entries), their decode charged at once, the measures at the stretch's two ends (W is
+linear in between when beta = 0, so every drift's extremes are there). Same integers as
+one event per step; on the seed workload about 0.3 events per step instead of 1.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vtc_jax.core import over_clients
+from vtc_jax.core.rows import PROMPT
+from vtc_jax.inputs.workload import TIMELINE_PAD
+from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
+
+I32 = jnp.int32
+WINDOW = 16  # default EngineConfig.quiet_window: timeline entries a FINISH reads ahead
+
+
+def window(config) -> int:
+    """Quiet steps a FINISH event may run for this EngineConfig (0: none; static): only on
+    a server with quiet steps, with every policy of the batch `quiet`, and without what
+    acts per step (the estimator, policies that read arriving rows, checkpoints, the
+    ledger, occupancy, demand, share and resource measures). Limits (rpm, KV caps, bands)
+    only make fewer clients eligible, which cannot make a request fit."""
+    server, m = servers.get(config.server), config.measures
+    if not 0 <= config.quiet_window <= TIMELINE_PAD:
+        raise ValueError(f"quiet_window must be in [0, {TIMELINE_PAD}] (the timeline's padding)")
+    per_step = (config.estimator or config.arrival_rows or config.record_every or m.ledger or m.occupancy
+                or m.demand or m.share or m.resource)
+    if server.quiet_steps is None or per_step or not all(registry.get(n).quiet for n in config.policies):
+        return 0
+    return config.quiet_window
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Stretch:
+    """Quiet steps after a step t: steps int32[] (n, 0: none); server: the server's state
+    after them; work: their Work, summed; joined: int32[K] requests that joined in them;
+    taken: int32[] those requests (timeline entries consumed); since_arrival: int32[] the
+    last of those steps with an arrival, minus t (0: none)."""
+
+    steps: jax.Array
+    server: Any
+    work: Any
+    joined: jax.Array
+    taken: jax.Array
+    since_arrival: jax.Array
+
+
+def stretch(config, params, step, horizon, backlogged, heads, server_state, decode, mask, ahead) -> Stretch:
+    """Where `mask` (step t = `step` has ended, not by an idle jump; `server_state` after
+    it; `decode` int32[K] its charges; `backlogged` bool[K] and `heads` int32[K, 5] as the
+    step's admissions left them): the n quiet steps t + 1 .. t + n, which need
+      - no request to fit at any of them and none to complete at the end of t .. t + n - 1
+        (the server's quiet_steps, for the smallest prompt at a backlogged head);
+      - every request arriving at them to join a backlogged client and to be in `ahead`
+        (int32[J, 3], the timeline's entries from `next`: all arrive after t), its last
+        entry excluded (what follows it is unknown); and t + n < `horizon`;
+      - beta = 0 (the drift is then linear over the stretch) and a step's charges small
+        enough that J + 1 of them stay below 2^31.
+    """
+    width = ahead.shape[0]
+    server = servers.get(config.server)
+    entry_client, entry_arrival = ahead[:, 1], ahead[:, 2]
+    prompts = jnp.where(backlogged, heads[:, PROMPT], jnp.iinfo(I32).max)
+    # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
+    # once, where it would fuse a chain of selects into each of its many consumers.
+    is_client = entry_client[:, None] == jnp.arange(config.num_clients, dtype=I32)
+    joinable = over_clients.any_of(is_client & backlogged) & (jnp.arange(width) < width - 1)
+    stop = entry_arrival[over_clients.smallest(jnp.where(joinable, width - 1, jnp.arange(width, dtype=I32)))]
+    bound = (jnp.iinfo(I32).max - 1) // (width + 1)
+    allowed = (mask & over_clients.any_of(backlogged) & (params.costs.context == 0)
+               & (over_clients.largest(decode) <= bound)
+               & (over_clients.largest(decode * params.costs.counter_mult) <= bound))
+    n = jnp.minimum(server.quiet_steps(server_state, params, step, over_clients.smallest(prompts), width),
+                    jnp.minimum(stop - step - 1, horizon - step - 1))
+    n = jnp.where(allowed, n, 0)
+    after, work = server.run_quiet(server_state, params, n)
+    joins = entry_arrival <= step + n  # a prefix of `ahead`, every one joinable
+    taken = joins.sum(dtype=I32)
+    last = entry_arrival[jnp.maximum(taken - 1, 0)]
+    return Stretch(steps=n, server=after, work=work, joined=(is_client & joins[:, None]).sum(axis=0, dtype=I32),
+                   taken=taken, since_arrival=jnp.where(taken > 0, last - step, 0))
