@@ -90,7 +90,7 @@ def stretch(config, params, step, horizon, backlogged, heads, server_state, deco
                     jnp.minimum(stop - step - 1, horizon - step - 1))
     n = jnp.where(allowed, n, 0)
     after, work = server.run_quiet(server_state, params, n)
-    joins = entry_arrival <= step + n  # a prefix of `ahead`, every one joinable
+    joins = mask & (entry_arrival <= step + n)  # a prefix of `ahead`, every one joinable
     taken = joins.sum(dtype=I32)
     last = entry_arrival[jnp.maximum(taken - 1, 0)]
     return Stretch(steps=n, server=after, work=work, joined=(is_client & joins[:, None]).sum(axis=0, dtype=I32),
