@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
+from vtc_jax.core.once import once
 from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, quiet, requeue
@@ -497,7 +498,8 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     if server.preempts:
         ready = ready & state.begun  # (only the first event of a run can find a step not begun)
     admitting = ready & choice.has & fits
-    finishing = ready & ~admitting
+    admitting, finishing, client = once(admitting, ready & ~admitting, choice.client)
+    choice = dataclasses.replace(choice, client=client)
 
     state = admit(state, view, choice, params, workload, admitting, config)
     state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config)

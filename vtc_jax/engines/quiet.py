@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
+from vtc_jax.core.once import once
 from vtc_jax.core.rows import PROMPT
 from vtc_jax.inputs.workload import TIMELINE_PAD
 from vtc_jax.policies import registry
@@ -88,10 +89,10 @@ def stretch(config, params, step, horizon, backlogged, heads, server_state, deco
                & (over_clients.largest(decode * params.costs.counter_mult) <= bound))
     n = jnp.minimum(server.quiet_steps(server_state, params, step, over_clients.smallest(prompts), width),
                     jnp.minimum(stop - step - 1, horizon - step - 1))
-    n = jnp.where(allowed, n, 0)
+    n = once(jnp.where(allowed, n, 0))
     after, work = server.run_quiet(server_state, params, n)
     joins = mask & (entry_arrival <= step + n)  # a prefix of `ahead`, every one joinable
-    taken = joins.sum(dtype=I32)
+    taken = once(joins.sum(dtype=I32))
     last = entry_arrival[jnp.maximum(taken - 1, 0)]
     return Stretch(steps=n, server=after, work=work, joined=(is_client & joins[:, None]).sum(axis=0, dtype=I32),
                    taken=taken, since_arrival=jnp.where(taken > 0, last - step, 0))
