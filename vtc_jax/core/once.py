@@ -17,11 +17,14 @@ import jax.numpy as jnp
 
 
 def once(*values: jax.Array):
-    """`values` (int32 or bool arrays, any shapes) unchanged, each computed once."""
-    out = []
-    for value in values:
-        flat = value.reshape(-1)
-        zero = flat[0].astype(jnp.int32) & 0  # 0, but not a constant
-        buffer = jnp.zeros(flat.shape[0] + 1, flat.dtype)
-        out.append(jax.lax.dynamic_update_slice(buffer, flat, (zero,))[:-1].reshape(value.shape))
+    """`values` (int32 or bool arrays, any shapes) unchanged, each computed once (all of
+    them through one buffer: one more kernel per call)."""
+    flat = [v.reshape(-1).astype(jnp.int32) for v in values]
+    joined = jnp.concatenate(flat)
+    zero = joined[0] & 0  # 0, but not a constant
+    stored = jax.lax.dynamic_update_slice(jnp.zeros(joined.shape[0] + 1, jnp.int32), joined, (zero,))
+    out, at = [], 0
+    for v, f in zip(values, flat):
+        out.append(stored[at:at + f.shape[0]].reshape(v.shape).astype(v.dtype))
+        at += f.shape[0]
     return out[0] if len(out) == 1 else tuple(out)

@@ -372,6 +372,8 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
         work = Work(decoded=work.decoded + stretch.work.decoded, attended=work.attended + stretch.work.attended,
                     elapsed=work.elapsed + stretch.steps, detail=work.detail)
         decode, service = decode + more, num.add(service, more)
+        # W's two ends, read by every measure's output: computed once
+        service, at_ends["step_service"] = once(service, at_ends["step_service"])
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t, detail=work.detail)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
@@ -429,6 +431,7 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     earlier = (client[:, None] == client[None, :]) & joins[None, :] & jnp.tri(width, k=-1, dtype=bool)
     before = earlier.sum(axis=1, dtype=I32)
     opens = joins & (before == 0) & ~view.backlogged[client]  # a newcomer's first request
+    joins, opens = once(joins, opens)  # read by every output of the event
     newcomer = put_at(jnp.zeros(k, bool), client, True, opens)  # (opening entries are of distinct clients)
     joining = add_at(jnp.zeros(k, I32), client, 1, joins)  # (computed only for a policy that reads it)
     first = client[jnp.argmax(opens)]  # the first newcomer in trace order
