@@ -59,7 +59,7 @@ from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, quiet, requeue
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import Params
-from vtc_jax.inputs.workload import TIMELINE_PAD, Workload
+from vtc_jax.inputs.workload import TIMELINE_FIELDS, TIMELINE_PAD, Workload
 from vtc_jax.measures.online import MeasureConfig, Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, add_at, admissible,
@@ -484,6 +484,8 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     active = ~state.done
     heads, head_index = _heads(state)
     jump = quiet.window(config)
+    if workload.timeline.shape[-1] != TIMELINE_FIELDS:
+        raise ValueError(f"the timeline's entries need {TIMELINE_FIELDS} fields (row, client, arrival)")
     ahead = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, max(jump, 1))
     next_arrival = ahead[0, 2]
     in_horizon = state.step < state.horizon
