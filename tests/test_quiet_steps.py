@@ -15,6 +15,7 @@ from vtc_jax import run_traces
 from vtc_jax.engines import quiet
 from vtc_jax.engines.engine import EngineConfig
 from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.policies import registry
 from vtc_jax.servers import completions, ideal
 from vtc_jax.servers.base import ServerShape
 from vtc_jax.testing.lanes import random_lanes, run_reference
@@ -97,6 +98,9 @@ def test_window_is_off_where_a_feature_acts_per_step():
     for change in off:
         assert quiet.window(dataclasses.replace(base, **change)) == 0, change
     assert quiet.window(dataclasses.replace(base, rpm=True, kv_cap=True, bands=True)) == quiet.WINDOW
+    stepping = dataclasses.replace(registry.get("fcfs"), name="fcfs_stepping", on_step=lambda s, v, e, p: s)
+    with registry.provisionally(stepping):  # a quiet policy given a step hook is never run in bulk
+        assert quiet.window(dataclasses.replace(base, policies=("fcfs_stepping",))) == 0
     with pytest.raises(ValueError):
         quiet.window(dataclasses.replace(base, quiet_window=65))
 

@@ -41,7 +41,8 @@ def window(config) -> int:
         raise ValueError(f"quiet_window must be in [0, {TIMELINE_PAD}] (the timeline's padding)")
     per_step = (config.estimator or config.arrival_rows or config.record_every or m.ledger or m.occupancy
                 or m.demand or m.share or m.resource)
-    if server.quiet_steps is None or per_step or not all(registry.get(n).quiet for n in config.policies):
+    quiet = all(registry.get(n).quiet and registry.get(n).on_step is None for n in config.policies)
+    if server.quiet_steps is None or per_step or not quiet:
         return 0
     return config.quiet_window
 
