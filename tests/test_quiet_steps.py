@@ -24,10 +24,14 @@ QUIET_POLICIES = ("fcfs", "lcf", "vtc")
 MEASURES = MeasureConfig(pair_drift=True, latency=True)
 
 
-def _saturated(seed: int, num_clients: int, count: int = 16, max_arrival: int = 30):
-    """Random traces whose outputs outlast their arrivals: memory fills, queues stay."""
+def _saturated(seed: int, num_clients: int, count: int = 16, max_arrival: int = 30, limits: bool = True):
+    """Random traces whose outputs outlast their arrivals: memory fills, queues stay.
+    Without `limits` no lane has an rpm limit or bands, so the engine may also use the
+    policy's candidate (not only the smallest head) to find stretches."""
+    adjust = None if limits else (lambda rng, s, reqs: dataclasses.replace(s, rpm_limit=None, rpm_mode="delay", bands=None))
     return random_lanes(random.Random(seed), count, num_clients=num_clients, policies=QUIET_POLICIES,
-                        every_policy=True, num_requests=(8, 40), max_arrival=max_arrival, max_output=40)
+                        every_policy=True, num_requests=(8, 40), max_arrival=max_arrival, max_output=40,
+                        adjust=adjust)
 
 
 def _assert_same_results(a, b, context: str, skip=("events",)) -> None:
@@ -48,10 +52,12 @@ def _assert_same_results(a, b, context: str, skip=("events",)) -> None:
 @pytest.mark.parametrize("num_clients", [1, 2, 3, 5])
 @pytest.mark.parametrize("mode", ["drain", "fixed", "burst"])
 def test_quiet_stretches_give_every_result_of_step_by_step(num_clients, mode):
-    """"fixed" cuts runs while requests still arrive (arrivals at the horizon never join);
-    "burst" packs arrivals into 6 steps taken one per event, so events begin with arrivals
-    pending (which a stretch must leave to the arrival event and its lift)."""
-    lanes = _saturated(500 + 10 * num_clients + len(mode), num_clients, max_arrival=6 if mode == "burst" else 30)
+    """"fixed" cuts runs while requests still arrive (arrivals at the horizon never join),
+    with rpm limits and bands in some lanes; "burst" packs arrivals into 6 steps taken one
+    per event, so events begin with arrivals pending (which a stretch must leave to the
+    arrival event and its lift); "drain" and "burst" have no limits (the candidate rule)."""
+    lanes = _saturated(500 + 10 * num_clients + len(mode), num_clients, max_arrival=6 if mode == "burst" else 30,
+                       limits=mode == "fixed")
     steps = 17 if mode == "fixed" else None
     run = lambda window: run_traces(lanes.traces, lanes.settings, num_clients=num_clients, steps=steps,  # noqa: E731
                                     measures=MEASURES, quiet_window=window, arrival_width=1 if mode == "burst" else 4)

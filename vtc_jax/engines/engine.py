@@ -349,7 +349,7 @@ def _keep(old: dict, new: dict, mask) -> dict:
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
-           config: EngineConfig):
+           config: EngineConfig, choice=None):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
     `quiet_window` entries, past the quiet steps that follow t). Returns the new state."""
@@ -363,8 +363,14 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     arrived, taken, at_ends = state.arrived, jnp.zeros((), I32), {}
     if ahead is not None:
+        candidate = None
+        if choice is not None and not (config.rpm or config.kv_cap or config.bands):  # eligibility is fixed
+            def choose(steps):  # the policy's choice `steps` steps later (counters linear, all else fixed)
+                later = num.add(view.counter, decode * params.costs.counter_mult * steps)
+                return select(state, view._replace(counter=later), params, config).client
+            candidate = (choice.client, choose)
         stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, view.heads, server,
-                                decode, mask & ~idle, ahead)
+                                decode, mask & ~idle, ahead, candidate)
         server, arrived, taken = stretch.server, arrived + stretch.joined, stretch.taken
         more = params.costs.decode * stretch.work.decoded + params.costs.context * stretch.work.attended
         at_ends = dict(quiet_steps=stretch.steps, step_service=service,
@@ -507,7 +513,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     choice = dataclasses.replace(choice, client=client)
 
     state = admit(state, view, choice, params, workload, admitting, config)
-    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config)
+    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config, choice)
     view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)

@@ -63,12 +63,16 @@ class Stretch:
     since_arrival: jax.Array
 
 
-def stretch(config, params, step, horizon, backlogged, heads, server_state, decode, mask, ahead) -> Stretch:
+def stretch(config, params, step, horizon, backlogged, heads, server_state, decode, mask, ahead,
+            candidate=None) -> Stretch:
     """Where `mask` (step t = `step` has ended, not by an idle jump; `server_state` after
     it; `decode` int32[K] its charges; `backlogged` bool[K] and `heads` int32[K, 5] as the
     step's admissions left them): the n quiet steps t + 1 .. t + n, which need
       - no request to fit at any of them and none to complete at the end of t .. t + n - 1
-        (the server's quiet_steps, for the smallest prompt at a backlogged head);
+        (the server's quiet_steps, for the smallest prompt at a backlogged head; or, with
+        `candidate` = (client int32[], choose), for the prompt of the candidate that did
+        not fit at t, where `choose(s)` is the policy's choice s steps later and equals it
+        at the stretch's last step: a quiet policy's choice is then the same throughout);
       - every request arriving at them to join a backlogged client and to be in `ahead`
         (int32[J, 3], the timeline's entries from `next`: all arrive after t), its last
         entry excluded (what follows it is unknown); and t + n < `horizon`;
@@ -88,8 +92,12 @@ def stretch(config, params, step, horizon, backlogged, heads, server_state, deco
     allowed = (mask & over_clients.any_of(backlogged) & (params.costs.context == 0)
                & (over_clients.largest(decode) <= bound)
                & (over_clients.largest(decode * params.costs.counter_mult) <= bound))
-    n = jnp.minimum(server.quiet_steps(server_state, params, step, over_clients.smallest(prompts), width),
-                    jnp.minimum(stop - step - 1, horizon - step - 1))
+    reach = jnp.minimum(jnp.minimum(stop - step - 1, horizon - step - 1), width)
+    smallest = over_clients.smallest(prompts)
+    if candidate is not None:
+        client, choose = candidate
+        smallest = jnp.where(choose(reach) == client, heads[client, PROMPT], smallest)
+    n = jnp.minimum(server.quiet_steps(server_state, params, step, smallest, width), reach)
     n = once(jnp.where(allowed, n, 0))
     after, work = server.run_quiet(server_state, params, n)
     joins = mask & (entry_arrival <= step + n)  # a prefix of `ahead`, every one joinable
