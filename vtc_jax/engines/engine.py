@@ -349,7 +349,7 @@ def _keep(old: dict, new: dict, mask) -> dict:
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
-           config: EngineConfig, choice=None):
+           config: EngineConfig, choice):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
     `quiet_window` entries, past the quiet steps that follow t). Returns the new state."""
@@ -364,7 +364,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     arrived, taken, at_ends = state.arrived, jnp.zeros((), I32), {}
     if ahead is not None:
         candidate = None
-        if choice is not None and not (config.rpm or config.kv_cap or config.bands):  # eligibility is fixed
+        if not (config.rpm or config.kv_cap or config.bands):  # eligibility is fixed through the stretch
             def choose(steps):  # the policy's choice `steps` steps later (counters linear, all else fixed)
                 later = num.add(view.counter, decode * params.costs.counter_mult * steps)
                 return select(state, view._replace(counter=later), params, config).client
