@@ -349,10 +349,12 @@ def _keep(old: dict, new: dict, mask) -> dict:
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
-           config: EngineConfig, choice):
+           config: EngineConfig, candidate):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
-    `quiet_window` entries, past the quiet steps that follow t). Returns the new state."""
+    `quiet_window` entries, past the quiet steps that follow t). `candidate`: (client
+    int32[], prompt int32[]) the policy's candidate, which did not fit (or none is
+    eligible). Returns the new state."""
     t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
     server, work = servers.get(config.server).end_step(state.server, params, mask)
@@ -363,14 +365,14 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     arrived, taken, at_ends = state.arrived, jnp.zeros((), I32), {}
     if ahead is not None:
-        candidate = None
+        chosen = None
         if not (config.rpm or config.kv_cap or config.bands):  # eligibility is fixed through the stretch
             def choose(steps):  # the policy's choice `steps` steps later (counters linear, all else fixed)
                 later = num.add(view.counter, decode * params.costs.counter_mult * steps)
                 return select(state, view._replace(counter=later), params, config).client
-            candidate = (choice.client, choose)
-        stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, view.heads, server,
-                                decode, mask & ~idle, ahead, candidate)
+            chosen = (*candidate, choose)
+        stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, view.heads[:, PROMPT],
+                                server, decode, mask & ~idle, ahead, chosen)
         server, arrived, taken = stretch.server, arrived + stretch.joined, stretch.taken
         more = params.costs.decode * stretch.work.decoded + params.costs.context * stretch.work.attended
         at_ends = dict(quiet_steps=stretch.steps, step_service=service,
@@ -488,7 +490,6 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     """One event of one lane (see the module docstring)."""
     params = lane.params
     active = ~state.done
-    heads, head_index = _heads(state)
     jump = quiet.window(config)
     if workload.timeline.shape[-1] != TIMELINE_FIELDS:
         raise ValueError(f"the timeline's entries need {TIMELINE_FIELDS} fields (row, client, arrival)")
@@ -498,22 +499,22 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     server = servers.get(config.server)
     due = server.due(state.server, state.step)
     pending = in_horizon & (next_arrival <= state.step)
-    view = _view(state, params, heads, head_index,
-                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
-                 config)
-    choice = select(state, view, params, config)
-    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[1][choice.client]
-    fits = server.fits(state.server, params, heads[choice.client], generated=generated,
-                       **({"client": choice.client} if server.fits_client else {}))
     ready = active & in_horizon & ~due & ~pending
     if server.preempts:
         ready = ready & state.begun  # (only the first event of a run can find a step not begun)
-    admitting = ready & choice.has & fits
-    admitting, finishing, client = once(admitting, ready & ~admitting, choice.client)
-    choice = dataclasses.replace(choice, client=client)
-
-    state = admit(state, view, choice, params, workload, admitting, config)
-    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config, choice)
+    view, choice, fits = _candidate(state, params, config)
+    admitting, client = once(ready & choice.has & fits, choice.client)
+    state = admit(state, view, dataclasses.replace(choice, client=client), params, workload, admitting, config)
+    # The step ends in this event when its candidate now does not fit: from this state the
+    # next event would end it, so ending it here changes nothing but the count of events.
+    view, choice, fits = _candidate(state, params, config)
+    finishing, client, prompt, prompts, backlogged = once(
+        ready & ~server.due(state.server, state.step) & ~(choice.has & fits), choice.client,
+        view.heads[choice.client, PROMPT], view.heads[:, PROMPT], view.backlogged)
+    view = view._replace(heads=view.heads.at[:, PROMPT].set(prompts), backlogged=backlogged)
+    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config,
+                   (client, prompt))
+    heads, head_index = view.heads, view.head_index
     view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)
@@ -530,6 +531,21 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
         state = _begin_if_settled(state, params, workload, active & ~finished & settled, config)
     return dataclasses.replace(state, done=state.done | (active & finished),
                                iterations=state.iterations + active.astype(I32))
+
+
+def _candidate(state: State, params: Params, config: EngineConfig):
+    """(view, choice, fits bool[]): the lane's view, its policy's candidate and whether
+    the candidate's request fits the server now."""
+    heads, head_index = _heads(state)
+    view = _view(state, params, heads, head_index,
+                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
+                 config)
+    choice = select(state, view, params, config)
+    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[1][choice.client]
+    server = servers.get(config.server)
+    fits = server.fits(state.server, params, heads[choice.client], generated=generated,
+                       **({"client": choice.client} if server.fits_client else {}))
+    return view, choice, fits
 
 
 def _begin_if_settled(state: State, params: Params, workload: Workload, mask, config: EngineConfig) -> State:

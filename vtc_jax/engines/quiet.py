@@ -21,13 +21,12 @@ import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
 from vtc_jax.core.once import once
-from vtc_jax.core.rows import PROMPT
 from vtc_jax.inputs.workload import TIMELINE_PAD
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
 
 I32 = jnp.int32
-WINDOW = 16  # default EngineConfig.quiet_window: timeline entries a FINISH reads ahead
+WINDOW = 32  # default EngineConfig.quiet_window: timeline entries a FINISH reads ahead
 
 
 def window(config) -> int:
@@ -63,16 +62,18 @@ class Stretch:
     since_arrival: jax.Array
 
 
-def stretch(config, params, step, horizon, backlogged, heads, server_state, decode, mask, ahead,
+def stretch(config, params, step, horizon, backlogged, prompts, server_state, decode, mask, ahead,
             candidate=None) -> Stretch:
     """Where `mask` (step t = `step` has ended, not by an idle jump; `server_state` after
-    it; `decode` int32[K] its charges; `backlogged` bool[K] and `heads` int32[K, 5] as the
-    step's admissions left them): the n quiet steps t + 1 .. t + n, which need
+    it; `decode` int32[K] its charges; `backlogged` bool[K] and `prompts` int32[K], each
+    client's head's prompt, as the step's admissions left them): the n quiet steps
+    t + 1 .. t + n, which need
       - no request to fit at any of them and none to complete at the end of t .. t + n - 1
         (the server's quiet_steps, for the smallest prompt at a backlogged head; or, with
-        `candidate` = (client int32[], choose), for the prompt of the candidate that did
-        not fit at t, where `choose(s)` is the policy's choice s steps later and equals it
-        at the stretch's last step: a quiet policy's choice is then the same throughout);
+        `candidate` = (client int32[], prompt int32[], choose), for the prompt of the
+        candidate that did not fit at t, where `choose(s)` is the policy's choice s steps
+        later and equals it at the stretch's last step: a quiet policy's choice is then
+        the same throughout);
       - every request arriving at them to join a backlogged client and to be in `ahead`
         (int32[J, 3], the timeline's entries from `next`: all arrive after t), its last
         entry excluded (what follows it is unknown); and t + n < `horizon`;
@@ -82,7 +83,7 @@ def stretch(config, params, step, horizon, backlogged, heads, server_state, deco
     width = ahead.shape[0]
     server = servers.get(config.server)
     entry_client, entry_arrival = ahead[:, 1], ahead[:, 2]
-    prompts = jnp.where(backlogged, heads[:, PROMPT], jnp.iinfo(I32).max)
+    prompts = jnp.where(backlogged, prompts, jnp.iinfo(I32).max)
     # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
     # once, where it would fuse a chain of selects into each of its many consumers.
     is_client = entry_client[:, None] == jnp.arange(config.num_clients, dtype=I32)
@@ -95,8 +96,8 @@ def stretch(config, params, step, horizon, backlogged, heads, server_state, deco
     reach = jnp.minimum(jnp.minimum(stop - step - 1, horizon - step - 1), width)
     smallest = over_clients.smallest(prompts)
     if candidate is not None:
-        client, choose = candidate
-        smallest = jnp.where(choose(reach) == client, heads[client, PROMPT], smallest)
+        client, prompt, choose = candidate
+        smallest = jnp.where(choose(reach) == client, prompt, smallest)
     n = jnp.minimum(server.quiet_steps(server_state, params, step, smallest, width), reach)
     n = once(jnp.where(allowed, n, 0))
     after, work = server.run_quiet(server_state, params, n)
