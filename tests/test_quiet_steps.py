@@ -50,17 +50,21 @@ def _assert_same_results(a, b, context: str, skip=("events",)) -> None:
 
 
 @pytest.mark.parametrize("num_clients", [1, 2, 3, 5])
-@pytest.mark.parametrize("mode", ["drain", "fixed", "burst"])
+@pytest.mark.parametrize("mode", ["drain", "fixed", "burst", "checkpoints"])
 def test_quiet_stretches_give_every_result_of_step_by_step(num_clients, mode):
     """"fixed" cuts runs while requests still arrive (arrivals at the horizon never join),
     with rpm limits and bands in some lanes; "burst" packs arrivals into 6 steps taken one
     per event, so events begin with arrivals pending (which a stretch must leave to the
-    arrival event and its lift); "drain" and "burst" have no limits (the candidate rule)."""
+    arrival event and its lift); "checkpoints" records W every 3 steps (stretches end on a
+    checkpoint's step); "drain", "burst" and "checkpoints" have no limits (the candidate
+    rule)."""
     lanes = _saturated(500 + 10 * num_clients + len(mode), num_clients, max_arrival=6 if mode == "burst" else 30,
                        limits=mode == "fixed")
     steps = 17 if mode == "fixed" else None
+    every = 3 if mode == "checkpoints" else 0
     run = lambda window: run_traces(lanes.traces, lanes.settings, num_clients=num_clients, steps=steps,  # noqa: E731
-                                    measures=MEASURES, quiet_window=window, arrival_width=1 if mode == "burst" else 4)
+                                    measures=MEASURES, quiet_window=window, record_every=every,
+                                    arrival_width=1 if mode == "burst" else 4)
     each_step = run(0)
     for window in (2, 5, quiet.WINDOW):
         bulk = run(window)
@@ -97,13 +101,14 @@ def test_wide_numbers_take_the_same_stretches():
 def test_window_is_off_where_a_feature_acts_per_step():
     base = EngineConfig(num_clients=2, num_rows=8, calendar_rows=8, slots=4, measures=MEASURES)
     assert quiet.window(base) == quiet.WINDOW
-    off = [dict(policies=("vtc", "drr")), dict(record_every=1), dict(estimator=True), dict(arrival_rows=True),
+    off = [dict(policies=("vtc", "drr")), dict(estimator=True), dict(arrival_rows=True),
            dict(measures=MeasureConfig(ledger=True)), dict(measures=MeasureConfig(occupancy=True)),
            dict(measures=MeasureConfig(share=True)), dict(measures=MeasureConfig(resource=True)),
            dict(server="ideal_reserve"), dict(server="vllm"), dict(quiet_window=0)]
     for change in off:
         assert quiet.window(dataclasses.replace(base, **change)) == 0, change
     assert quiet.window(dataclasses.replace(base, rpm=True, kv_cap=True, bands=True)) == quiet.WINDOW
+    assert quiet.window(dataclasses.replace(base, record_every=3, num_checkpoints=9)) == quiet.WINDOW
     stepping = dataclasses.replace(registry.get("fcfs"), name="fcfs_stepping", on_step=lambda s, v, e, p: s)
     with registry.provisionally(stepping):  # a quiet policy given a step hook is never run in bulk
         assert quiet.window(dataclasses.replace(base, policies=("fcfs_stepping",))) == 0

@@ -32,14 +32,15 @@ WINDOW = 32  # default EngineConfig.quiet_window: timeline entries a FINISH read
 def window(config) -> int:
     """Quiet steps a FINISH event may run for this EngineConfig (0: none; static): only on
     a server with quiet steps, with every policy of the batch `quiet`, and without what
-    acts per step (the estimator, policies that read arriving rows, checkpoints, the
-    ledger, occupancy, demand, share and resource measures). Limits (rpm, KV caps, bands)
+    acts per step (the estimator, policies that read arriving rows, the ledger, occupancy,
+    demand, share and resource measures). Checkpoints of W (`record_every`) end stretches
+    (`stretch`). Limits (rpm, KV caps, bands)
     only make fewer clients eligible, which cannot make a request fit."""
     server, m = servers.get(config.server), config.measures
     if not 0 <= config.quiet_window <= TIMELINE_PAD:
         raise ValueError(f"quiet_window must be in [0, {TIMELINE_PAD}] (the timeline's padding)")
-    per_step = (config.estimator or config.arrival_rows or config.record_every or m.ledger or m.occupancy
-                or m.demand or m.share or m.resource)
+    per_step = (config.estimator or config.arrival_rows or m.ledger or m.occupancy or m.demand or m.share
+                or m.resource)
     quiet = all(registry.get(n).quiet and registry.get(n).on_step is None for n in config.policies)
     if server.quiet_steps is None or per_step or not quiet:
         return 0
@@ -77,6 +78,8 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
       - every request arriving at them to join a backlogged client and to be in `ahead`
         (int32[J, 3], the timeline's entries from `next`: all arrive after t), its last
         entry excluded (what follows it is unknown); and t + n < `horizon`;
+      - with checkpoints (config.record_every), t not a checkpoint's step and no
+        checkpoint's step before t + n (the event records W after t + n);
       - beta = 0 (the drift is then linear over the stretch) and a step's charges small
         enough that J + 1 of them stay below 2^31.
     """
@@ -94,6 +97,10 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
                & (over_clients.largest(decode) <= bound)
                & (over_clients.largest(decode * params.costs.counter_mult) <= bound))
     reach = jnp.minimum(jnp.minimum(stop - step - 1, horizon - step - 1), width)
+    if config.record_every:  # checkpoints hold W after steps (i + 1) * every - 1; an event records one
+        every = config.record_every
+        left = every - (step + 1) % every  # steps from t to the next checkpoint (every: t is one)
+        reach = jnp.where(left == every, 0, jnp.minimum(reach, left))  # end on it, never pass it
     smallest = over_clients.smallest(prompts)
     if candidate is not None:
         client, prompt, choose = candidate
