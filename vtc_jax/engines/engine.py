@@ -10,7 +10,9 @@ One lane is one simulated server. Its `State` advances by *events*, one per call
               trace order) that have arrived join (phase 1; the policy's arrival hook,
               e.g. VTC's lift, runs here);
   * ADMIT   : otherwise, the policy's candidate exists, is eligible (`select`) and fits:
-              admit it (phase 2);
+              admit it (phase 2); and when the candidate after it does not fit, the
+              FINISH below in the same event (from that state the next event would be
+              that FINISH: one event fewer, the same states);
   * FINISH  : otherwise, step t ends: decode (phase 3), t += 1 (or, when nothing runs or
               waits, a jump to the next arrival: idle steps cost nothing; or a stretch of
               quiet steps, below), then in the same event the first completion and the
