@@ -27,10 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = runner.run
 
 
-def assert_same_results(got, want) -> None:
-    """Every field of two LaneResults equal (NaN equal to NaN; the server state leaf by
-    leaf), and the exact values read from them."""
+def assert_same_results(got, want, skip=()) -> None:
+    """Every field of two LaneResults equal but those in `skip` (NaN equal to NaN; the
+    server state leaf by leaf), and the exact values read from them."""
     for field in dataclasses.fields(want):
+        if field.name in skip:
+            continue
         a, b = getattr(got, field.name), getattr(want, field.name)
         flat_a, tree_a = jax.tree_util.tree_flatten(a)
         flat_b, tree_b = jax.tree_util.tree_flatten(b)
@@ -87,7 +89,14 @@ def test_regrouped_equals_mixed_across_every_policy(monkeypatch):
         grouped, grouped_runs = _run(monkeypatch, True, run_traces, traces, settings, policies=names, **kwargs)
         assert mixed_runs == [tuple(names)]
         assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in the config's order
-        assert_same_results(grouped, mixed)
+        assert_same_results(grouped, mixed, skip=("events",))
+        # A quiet policy's own sub-batch may run quiet steps in bulk (engines/quiet.py),
+        # which the mixed program, tracing policies that are not quiet, never does: the
+        # same results in fewer events. Every other lane takes the same events.
+        quiet = np.asarray([registry.get(s.policy).quiet for s in settings])
+        np.testing.assert_array_equal(grouped.events[~quiet], mixed.events[~quiet])
+        assert (grouped.events[quiet] <= mixed.events[quiet]).all()
+        assert (grouped.events[quiet] < mixed.events[quiet]).any()
         assert mixed.finished.all()
         for i in (3, len(names) + 7, len(names) - 1):  # lane order kept: lane i is the lane run alone
             alone = run_traces([traces[i]], [settings[i]], **kwargs)
