@@ -38,7 +38,9 @@ from vtc_jax.driver import runner
 from vtc_jax.engines.engine import PROGRAM
 from vtc_jax.measures.online import MeasureConfig
 
-CHUNK = 200  # events per compiled call: lanes finish within a chunk of each other
+# Events a lane may take one per step: every step, and an admission, completion and
+# arrival per request (bench_engine's bound).
+EXPECTED = profile_event.STEPS + 3 * int(sum(profile_event.TWO_RATES) * profile_event.STEPS)
 ALL_MEASURES = ("ledger", "occupancy", "demand", "share", "latency", "resource", "pair_drift")
 
 
@@ -60,12 +62,12 @@ def configured(lanes: int, measures: MeasureConfig, record_every: int):
 
 
 def run_to_end(config, batch):
-    """The carry after every lane finished (chunks of CHUNK events)."""
-    carry = runner.init(batch, None, program=PROGRAM, config=config)
-    while True:
-        carry = runner.advance(carry, batch, None, np.int32(CHUNK), program=PROGRAM, config=config)
-        if bool(runner.all_done(carry, program=PROGRAM)):
-            return jax.block_until_ready(carry)
+    """The host carry after every lane finished (the project's runner, as bench_engine's
+    engine alone: its event budget from the requests, its chunks from what it expects)."""
+    host, done = runner.run(PROGRAM, config, batch, None, event_budget=4 * EXPECTED, expected_events=EXPECTED)
+    if not np.asarray(done).all():
+        raise RuntimeError("a lane did not finish")
+    return host
 
 
 def main(argv=None) -> int:

@@ -535,17 +535,22 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
                                iterations=state.iterations + active.astype(I32))
 
 
+def _lane_view(state: State, params: Params, config: EngineConfig) -> View:
+    """The lane's view of `state`: its heads (stacks' tops first) and their estimates."""
+    heads, head_index = _heads(state)
+    return _view(state, params, heads, head_index,
+                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
+                 config)
+
+
 def _candidate(state: State, params: Params, config: EngineConfig):
     """(view, choice, fits bool[]): the lane's view, its policy's candidate and whether
     the candidate's request fits the server now."""
-    heads, head_index = _heads(state)
-    view = _view(state, params, heads, head_index,
-                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
-                 config)
+    view = _lane_view(state, params, config)
     choice = select(state, view, params, config)
     generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[1][choice.client]
     server = servers.get(config.server)
-    fits = server.fits(state.server, params, heads[choice.client], generated=generated,
+    fits = server.fits(state.server, params, view.heads[choice.client], generated=generated,
                        **({"client": choice.client} if server.fits_client else {}))
     return view, choice, fits
 
@@ -557,11 +562,7 @@ def _begin_if_settled(state: State, params: Params, workload: Workload, mask, co
     here (one event per step fewer, the same states)."""
     next_arrival = arrival_window(state, workload, config)[2][0, ARRIVAL]
     beginning = mask & (state.step < state.horizon) & (next_arrival > state.step) & ~state.begun
-    heads, head_index = _heads(state)
-    view = _view(state, params, heads, head_index,
-                 _estimates(state, params, config, jnp.arange(config.num_clients, dtype=I32), heads, state.head),
-                 config)
-    return begin(state, view, params, workload, beginning, config)
+    return begin(state, _lane_view(state, params, config), params, workload, beginning, config)
 
 
 def lane_done(state: State) -> jax.Array:
