@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import importlib.util
 import random
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import pytest
 from vtc_jax import POLICIES, Settings, registry, run_traces
 from vtc_jax.driver import policy_groups, runner
 from vtc_jax.driver import run as run_mod
+from vtc_jax.engines.engine import EngineBatch, LaneInput
+from vtc_jax.engines.settings import encode_settings
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.testing.lanes import random_lanes
@@ -49,12 +53,12 @@ def assert_same_results(got, want, skip=()) -> None:
 
 
 def _run(monkeypatch, regroup: bool, run, *args, **kwargs):
-    """`run(*args, **kwargs)` with the regrouping rule forced to `regroup`, and which
-    configs' policies the runner was given."""
+    """`run(*args, **kwargs)` with the regrouping rule forced to `regroup`, and the
+    configs the runner was given."""
     seen = []
 
     def recording(program, config, *a, **k):
-        seen.append(config.policies)
+        seen.append(config)
         return RUN(program, config, *a, **k)
 
     with monkeypatch.context() as patch:
@@ -87,8 +91,8 @@ def test_regrouped_equals_mixed_across_every_policy(monkeypatch):
         kwargs = dict(num_clients=3, steps=40, record_every=5, measures=MeasureConfig.of([]))
         mixed, mixed_runs = _run(monkeypatch, False, run_traces, traces, settings, policies=names, **kwargs)
         grouped, grouped_runs = _run(monkeypatch, True, run_traces, traces, settings, policies=names, **kwargs)
-        assert mixed_runs == [tuple(names)]
-        assert grouped_runs == [(p,) for p in names]  # one sub-batch per policy, in the config's order
+        assert [c.policies for c in mixed_runs] == [tuple(names)]
+        assert [c.policies for c in grouped_runs] == [(p,) for p in names]  # one sub-batch per policy, in the config's order
         assert_same_results(grouped, mixed, skip=("events",))
         # A quiet policy's own sub-batch may run quiet steps in bulk (engines/quiet.py),
         # which the mixed program, tracing policies that are not quiet, never does: the
@@ -114,7 +118,7 @@ def test_regrouped_equals_mixed_on_shared_drained_vllm(monkeypatch):
     kwargs = dict(server="vllm", log_steps=16, measures=MeasureConfig.of(["latency", "ledger"]))
     mixed, _ = _run(monkeypatch, False, run_mod.replay_lanes, trace, settings, **kwargs)
     grouped, runs = _run(monkeypatch, True, run_mod.replay_lanes, trace, settings, **kwargs)
-    assert {r for r in runs} == {("fcfs",), ("vtc",)}
+    assert {c.policies for c in runs} == {("fcfs",), ("vtc",)}
     assert_same_results(grouped, mixed)
     assert mixed.finished.all()
 
@@ -127,8 +131,27 @@ def test_generated_sweep_lanes_regrouped(monkeypatch):
     seeds = [0, 0, 0, 1, 1, 1]
     mixed, _ = _run(monkeypatch, False, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
     grouped, runs = _run(monkeypatch, True, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
-    assert runs == [("vtc",), ("las",)]
+    assert [c.policies for c in runs] == [("vtc",), ("las",)]
     assert_same_results(grouped, mixed)
+
+
+def test_limits_traced_only_for_the_sub_batches_that_have_them(monkeypatch):
+    """A sub-batch traces the rpm delay, KV caps and bands only when one of its lanes has
+    them (with the rpm delay traced a quiet policy could not run quiet steps): fcfs lanes
+    without limits run with none, and every lane's results are the mixed program's."""
+    traffic = overload([0.5, 0.25], 80)
+    settings = [Settings("fcfs", kv_budget=1024), Settings("rpm", kv_budget=1024, rpm_limit=2, rpm_window=7),
+                Settings("vtc", kv_budget=1024, kv_cap=(900, 1024)), Settings("las", kv_budget=1024, bands=(1, 0)),
+                Settings("fcfs", kv_budget=1024), Settings("vtc", kv_budget=1024)]
+    seeds = [0, 0, 1, 1, 2, 2]
+    mixed, mixed_runs = _run(monkeypatch, False, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
+    grouped, runs = _run(monkeypatch, True, run_mod.simulate_traffic, [traffic] * 6, settings, seeds)
+    assert [(c.rpm, c.kv_cap, c.bands) for c in mixed_runs] == [(True, True, True)]
+    flags = {c.policies[0]: (c.rpm, c.kv_cap, c.bands) for c in runs}
+    assert flags == {"fcfs": (False, False, False), "rpm": (True, False, False), "vtc": (False, True, False),
+                     "las": (False, False, True)}
+    assert_same_results(grouped, mixed, skip=("events",))
+    assert mixed.finished.all()
 
 
 def test_progress_adds_up_over_sub_batches():
@@ -237,4 +260,73 @@ def test_unsplit_batches_run_as_given():
         calls.clear()
         assert policy_groups.run(run_batch, cfg, vtc, batch, None, regroup=regroup, event_budget=10)[0] == "host"
         assert calls == [(cfg, batch)]
-    assert policy_groups.policy_config(wider, "vtc") == config
+    assert policy_groups.policy_config(wider, "vtc", vtc) == config
+
+
+def test_device_plan():
+    """Each sub-batch in turn to the device with the fewest lanes so far (ties: the first)."""
+    assert policy_groups.device_plan([5, 3, 3, 1], 2) == [[0, 3], [1, 2]]
+    assert policy_groups.device_plan([2, 2, 2], 3) == [[0], [1], [2]]
+    assert policy_groups.device_plan([1, 1, 1, 1, 1], 2) == [[0, 2, 4], [1, 3]]
+
+
+def _two_devices():
+    """A mesh-like object of two devices (the one CPU device twice: the sub-batches still
+    run a thread each, on meshes of one device)."""
+    cpu = jax.local_devices()[0]
+    return types.SimpleNamespace(devices=np.asarray([cpu, cpu], dtype=object))
+
+
+def test_sub_batches_run_a_device_each_at_once():
+    """With as many sub-batches as devices, each runs on a mesh of one device, in a thread
+    of its own: the carry is the one of the sub-batches run one after another, leaf by
+    leaf, and progress adds up."""
+    traffic = overload([0.5, 0.25], 60)
+    settings = [Settings(p, kv_budget=1024) for p in ("vtc", "las", "drr", "vtc", "las")]
+    seeds = [0, 1, 2, 3, 4]
+    config = run_mod.traffic_config([traffic] * 5, settings, measures=MeasureConfig.of(["latency"]))
+    workload = run_mod.with_timeline(run_mod.generate_workloads(run_mod._traffic_sources([traffic] * 5), seeds, config),
+                                     batched=True)
+    params, _ = encode_settings(settings, 2, config.policies)
+    batch = EngineBatch(lane=LaneInput(params=params, horizon=jax.numpy.full(5, 60, jax.numpy.int32)), workload=workload)
+    calls, reports = [], []
+
+    def run_in_tiers(config, batch, shared, **kwargs):
+        calls.append((config.policies, kwargs["mesh"].devices.size, threading.get_ident()))
+        return run_mod.run_in_tiers(config, batch, shared, **kwargs)
+
+    def regrouped(**kwargs):
+        return policy_groups.run(run_in_tiers, config, settings, batch, None, regroup=True, event_budget=4096, **kwargs)
+
+    at_once, done = regrouped(mesh=_two_devices(), progress=lambda *r: reports.append(r))
+    assert sorted(c[0] for c in calls) == [("drr",), ("las",), ("vtc",)]
+    assert all(c[1] == 1 for c in calls) and len({c[2] for c in calls}) == 2
+    calls.clear()
+    in_turn, done_in_turn = regrouped()  # this process's one CPU device: one after another
+    assert len({c[2] for c in calls}) == 1
+    assert done.all() and done_in_turn.all()
+    for a, b in zip(jax.tree_util.tree_leaves(at_once), jax.tree_util.tree_leaves(in_turn)):
+        np.testing.assert_array_equal(a, b)
+    assert reports and [r[0] for r in reports] == sorted(r[0] for r in reports)
+
+
+def test_a_failed_sub_batch_stops_the_others():
+    """A sub-batch that fails is the batch's error; the others stop at their next call."""
+    calls = []
+
+    def run_batch(config, batch, shared, *, progress, **kwargs):
+        if config.policies == ("las",):
+            raise ValueError("broken")
+        for i in range(200):
+            time.sleep(0.01)
+            calls.append(i)
+            progress(i, 200, 0.0)
+        return "host", np.ones(1, bool)
+
+    settings = [Settings("vtc", kv_budget=64), Settings("las", kv_budget=64)]
+    config = dataclasses.replace(_vtc_config(), policies=("vtc", "las"))
+    with pytest.raises(ValueError, match="broken"):
+        policy_groups._run_sub_batches(
+            lambda i, mesh, report: run_batch(policy_groups.policy_config(config, config.policies[i], settings[i:i + 1]),
+                                              None, None, progress=report), [1, 1], _two_devices(), None)
+    assert len(calls) < 200

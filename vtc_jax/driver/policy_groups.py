@@ -20,16 +20,20 @@ what earlier batches of the same config paid (its constants were measured with
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import threading
 import time
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from vtc_jax.driver import runner
+from vtc_jax.driver.devices import LANES, lane_mesh
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.policies import registry
@@ -92,13 +96,17 @@ def planned_events(config: EngineConfig, lanes: int, run_args: dict) -> int:
     return lanes * int(run_args.get("expected_events") or run_args["event_budget"])
 
 
-def policy_config(config: EngineConfig, policy: str) -> EngineConfig:
-    """`config` tracing `policy` alone, with arrival rows and the estimator only if it
-    reads them (a policy that does not use the estimator sees zero estimates in any batch:
-    engine._own_estimates)."""
+def policy_config(config: EngineConfig, policy: str, settings: Sequence[Settings]) -> EngineConfig:
+    """`config` tracing `policy` alone for lanes of `settings`: arrival rows and the
+    estimator only if the policy reads them (a policy that does not use the estimator sees
+    zero estimates in any batch: engine._own_estimates), the rpm delay, KV caps and bands
+    only if one of these lanes has them (a lane without one is eligible as if the part
+    were absent; with rpm traced, no quiet step could choose ahead: engines/quiet.py)."""
     chosen = registry.get(policy)
     return dataclasses.replace(config, policies=(policy,), estimator=chosen.uses_estimator,
-                               arrival_rows=chosen.arrival_rows)
+                               arrival_rows=chosen.arrival_rows, rpm=config.rpm and any(s.rpm_delays for s in settings),
+                               kv_cap=config.kv_cap and any(s.kv_cap is not None for s in settings),
+                               bands=config.bands and any(s.bands is not None for s in settings))
 
 
 @jax.jit
@@ -133,30 +141,90 @@ def merge(template, parts: Sequence[tuple[np.ndarray, object]]):
 
 
 class SplitProgress:
-    """The runner's progress callback for a batch run as sequential sub-batches: each part
-    reports its events weighted by its share of the lanes, so the batch's count goes from
-    0 to about the events per lane, as one run's would (a part's retries of some lanes,
-    slot tiers, count its most events), and seconds from the first part's start."""
+    """The runner's progress callback for a batch run as sub-batches: each part reports
+    its events weighted by its share of the lanes, so the batch's count goes from 0 to
+    about the events per lane, as one run's would (a part's retries of some lanes, slot
+    tiers, count its most events), and seconds from the first part's start. Parts may
+    report from several threads: one at a time."""
 
     def __init__(self, progress: Callable[[int, int, float], None], sizes: Sequence[int]):
         self.progress, self.started = progress, None
         self.share = np.asarray(sizes, np.float64) / max(sum(sizes), 1)
         self.spent = np.zeros(len(sizes))
+        self.lock = threading.Lock()
 
     def part(self, i: int) -> Callable[[int, int, float], None]:
         def report(spent: int, expected: int, seconds: float):
-            self.started = self.started or time.perf_counter() - seconds
-            self.spent[i] = max(self.spent[i], spent)
-            total = int(round(float(self.share @ self.spent)))
-            self.progress(total, max(int(expected), total), time.perf_counter() - self.started)
+            with self.lock:
+                self.started = self.started or time.perf_counter() - seconds
+                self.spent[i] = max(self.spent[i], spent)
+                total = int(round(float(self.share @ self.spent)))
+                self.progress(total, max(int(expected), total), time.perf_counter() - self.started)
         return report
+
+
+def device_plan(sizes: Sequence[int], num_devices: int) -> list[list[int]]:
+    """For each of `num_devices` devices, the sub-batches (indices into `sizes`, their
+    lane counts) it runs one after another: each in turn to the device with the fewest
+    lanes so far (ties: the first). Fixed by the sizes, so a sweep's chunks compile each
+    policy for one device only."""
+    plan, load = [[] for _ in range(num_devices)], [0] * num_devices
+    for i, size in enumerate(sizes):
+        d = load.index(min(load))
+        plan[d].append(i)
+        load[d] += size
+    return plan
+
+
+class _Stopped(Exception):
+    """A sub-batch's thread stops between compiled calls: the batch was abandoned."""
+
+
+def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tuple], sizes: Sequence[int], mesh: Mesh,
+                     split: SplitProgress | None) -> list[tuple]:
+    """[run_one(i, mesh_i, progress_i) for each sub-batch i of `sizes` lanes]. With a
+    device per sub-batch at least (as many sub-batches as the mesh's devices, > 1), the devices run theirs at once, a thread
+    each (device_plan; XLA releases the GIL): a small sub-batch sharded over every device
+    pays each event's fixed cost on each of them, one per device pays it once (the
+    11-policy mix of benchmarks/RESULTS.md: 1.55x the mean of each policy alone run one
+    after another). Otherwise one after another over the whole mesh (mesh_i None)."""
+    devices, count = list(mesh.devices.flat), len(sizes)
+    if count < max(2, len(devices)):
+        return [run_one(i, None, split and split.part(i)) for i in range(count)]
+    stop, out = threading.Event(), [None] * count
+
+    def watched(i: int) -> Callable:
+        def report(*args):
+            if stop.is_set():
+                raise _Stopped
+            if split is not None:
+                split.part(i)(*args)
+        return report
+
+    def device(d: int, indices: list[int]) -> None:
+        one = Mesh(np.asarray([devices[d]]), (LANES,))
+        for i in indices:
+            out[i] = run_one(i, one, watched(i))
+
+    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
+        futures = [pool.submit(device, d, indices) for d, indices in enumerate(device_plan(sizes, len(devices)))]
+        try:
+            finished, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = [f for f in futures if f in finished and f.exception() is not None]
+            if failed:
+                failed[0].result()
+        except BaseException:  # Ctrl-C or a failed part: the other threads stop at their next call
+            stop.set()
+            raise
+    return out
 
 
 def run(run_batch: Callable, config: EngineConfig, settings: Sequence[Settings], batch: EngineBatch, shared, *,
         regroup: bool | None = None, **run_args):
     """`run_batch(config, batch, shared, **run_args)` -> (host carry, done bool[B]), or,
     when the batch mixes policies and `regroup` (default: `worth_regrouping`), the same
-    from one `run_batch` per policy (`run_args` as runner.run's: `progress` is split)."""
+    from one `run_batch` per policy (`run_args` as runner.run's: `progress` is split; the
+    sub-batches run a device each when there are enough of them, see _run_sub_batches)."""
     groups = policy_lanes(settings, config.policies)
     ruled = regroup is None
     if ruled:
@@ -168,11 +236,17 @@ def run(run_batch: Callable, config: EngineConfig, settings: Sequence[Settings],
         return host, done
     template = jax.eval_shape(functools.partial(runner.init, program=PROGRAM, config=config), batch, shared)
     progress = run_args.pop("progress", None)
+    mesh = run_args.pop("mesh", None) or lane_mesh()
     split = SplitProgress(progress, [len(lanes) for _, lanes in groups]) if progress is not None else None
-    parts, done = [], np.zeros(len(settings), bool)
-    for i, (policy, lanes) in enumerate(groups):
+
+    def run_one(i: int, device: Mesh | None, report: Callable | None):
+        policy, lanes = groups[i]
+        own = policy_config(config, policy, [settings[j] for j in lanes])
         part = sub_batch(config, settings, batch, lanes, policy)
-        host, d = run_batch(policy_config(config, policy), part, shared, progress=split and split.part(i), **run_args)
-        parts.append((lanes, host))
+        return run_batch(own, part, shared, mesh=device or mesh, progress=report, **run_args)
+
+    hosts = _run_sub_batches(run_one, [len(lanes) for _, lanes in groups], mesh, split)
+    done = np.zeros(len(settings), bool)
+    for (_, lanes), (_, d) in zip(groups, hosts):
         done[lanes] = np.asarray(d)
-    return merge(template, parts), done
+    return merge(template, [(lanes, host) for (_, lanes), (host, _) in zip(groups, hosts)]), done
