@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import LANES, lane_mesh
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
-from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.engines.settings import Settings, encode_settings, limit_flags
 from vtc_jax.policies import registry
 
 # Measured on the 2-core CPU (`bench_engine --lanes 4096 --dispatch-only`, 2026-12-02: vtc
@@ -106,10 +106,9 @@ def policy_config(config: EngineConfig, policy: str, settings: Sequence[Settings
     only if one of these lanes has them (a lane without one is eligible as if the part
     were absent; with rpm traced, no quiet step could choose ahead: engines/quiet.py)."""
     chosen = registry.get(policy)
+    limits = {name: getattr(config, name) and needed for name, needed in limit_flags(settings).items()}
     return dataclasses.replace(config, policies=(policy,), estimator=chosen.uses_estimator,
-                               arrival_rows=chosen.arrival_rows, rpm=config.rpm and any(s.rpm_delays for s in settings),
-                               kv_cap=config.kv_cap and any(s.kv_cap is not None for s in settings),
-                               bands=config.bands and any(s.bands is not None for s in settings))
+                               arrival_rows=chosen.arrival_rows, **limits)
 
 
 @jax.jit
@@ -185,12 +184,13 @@ class _Stopped(Exception):
 
 def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tuple], sizes: Sequence[int], mesh: Mesh,
                      split: SplitProgress | None) -> list[tuple]:
-    """[run_one(i, mesh_i, progress_i) for each sub-batch i of `sizes` lanes]. With a
-    device per sub-batch at least (as many sub-batches as the mesh's devices, > 1), the devices run theirs at once, a thread
-    each (device_plan; XLA releases the GIL): a small sub-batch sharded over every device
-    pays each event's fixed cost on each of them, one per device pays it once (the
-    11-policy mix of benchmarks/RESULTS.md: 1.55x the mean of each policy alone run one
-    after another). Otherwise one after another over the whole mesh (mesh_i None)."""
+    """[run_one(i, mesh_i, progress_i) for each sub-batch i of `sizes` lanes]. With at
+    least as many sub-batches as the mesh's devices (and > 1), the devices run theirs at
+    once, a thread each (device_plan; XLA releases the GIL): a small sub-batch sharded
+    over every device pays each event's fixed cost on each of them, one per device pays
+    it once (the 11-policy mix of benchmarks/RESULTS.md: 1.55x the mean of each policy
+    alone run one after another). Otherwise one after another over the whole mesh
+    (mesh_i None)."""
     devices, count = list(mesh.devices.flat), len(sizes)
     if count < max(2, len(devices)):
         return [run_one(i, None, split and split.part(i)) for i in range(count)]

@@ -28,7 +28,8 @@ from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
-from vtc_jax.engines.settings import INT32_MAX, Settings, encode_settings, lane_scales, policy_names
+from vtc_jax.engines.settings import (INT32_MAX, Settings, encode_settings, lane_scales, limit_flags,
+                                     policy_names)
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
 from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, make_workload, requests_per_client
@@ -124,9 +125,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
     return EngineConfig(
         num_clients=num_clients, num_rows=num_rows, calendar_rows=calendar_rows(max_output),
         slots=chosen.plan_slots(options, slots, num_rows), policies=policies,
-        rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
-        bands=any(s.bands is not None for s in settings),
-        estimator=any(registry.get(p).uses_estimator for p in policies),
+        **limit_flags(settings), estimator=any(registry.get(p).uses_estimator for p in policies),
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,

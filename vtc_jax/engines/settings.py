@@ -316,6 +316,13 @@ def policy_names(settings: Sequence[Settings]) -> tuple[str, ...]:
     return tuple(n for n in registry.names() if n in present)
 
 
+def limit_flags(settings: Sequence[Settings]) -> dict[str, bool]:
+    """Which optional limits any lane of `settings` has: the EngineConfig flags `rpm`
+    (an rpm delay), `kv_cap` and `bands` (a config traces each only when needed)."""
+    return dict(rpm=any(s.rpm_delays for s in settings), kv_cap=any(s.kv_cap is not None for s in settings),
+                bands=any(s.bands is not None for s in settings))
+
+
 def encode_settings(settings: Sequence[Settings], num_clients: int,
                     policies: Sequence[str] | None = None, server: str = "ideal") -> tuple[Params, Scales]:
     """Encode lanes' settings as a batched `Params` (leading axis B = len(settings)).
