@@ -49,8 +49,11 @@ def _assert_same_results(a, b, context: str, skip=("events",)) -> None:
                 np.testing.assert_array_equal(u, v, err_msg=f"{context}: {field.name}")
 
 
-@pytest.mark.parametrize("num_clients", [1, 2, 3, 5])
-@pytest.mark.parametrize("mode", ["drain", "fixed", "burst", "checkpoints"])
+MODES = ("drain", "fixed", "burst", "checkpoints")
+
+
+# From K = 8 (policies.base.SCATTER_CLIENTS) a stretch gathers its entries' clients.
+@pytest.mark.parametrize("num_clients,mode", [(k, m) for k in (1, 2, 3, 5) for m in MODES] + [(9, "burst"), (9, "fixed")])
 def test_quiet_stretches_give_every_result_of_step_by_step(num_clients, mode):
     """"fixed" cuts runs while requests still arrive (arrivals at the horizon never join),
     with rpm limits and bands in some lanes; "burst" packs arrivals into 6 steps taken one

@@ -351,12 +351,13 @@ def _keep(old: dict, new: dict, mask) -> dict:
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
-           config: EngineConfig, candidate):
+           config: EngineConfig, candidate, head_prompts):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
     `quiet_window` entries, past the quiet steps that follow t). `candidate`: (client
     int32[], prompt int32[]) the policy's candidate, which did not fit (or none is
-    eligible). Returns the new state."""
+    eligible); `head_prompts` int32[K]: view.heads[:, PROMPT], computed once (the stretch
+    reads it). Returns the new state."""
     t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
     server, work = servers.get(config.server).end_step(state.server, params, mask)
@@ -373,7 +374,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
                 later = num.add(view.counter, decode * params.costs.counter_mult * steps)
                 return select(state, view._replace(counter=later), params, config).client
             chosen = (*candidate, choose)
-        stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, view.heads[:, PROMPT],
+        stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, head_prompts,
                                 server, decode, mask & ~idle, ahead, chosen)
         server, arrived, taken = stretch.server, arrived + stretch.joined, stretch.taken
         more = params.costs.decode * stretch.work.decoded + params.costs.context * stretch.work.attended
@@ -513,10 +514,10 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     finishing, client, prompt, prompts, backlogged = once(
         ready & ~server.due(state.server, state.step) & ~(choice.has & fits), choice.client,
         view.heads[choice.client, PROMPT], view.heads[:, PROMPT], view.backlogged)
-    view = view._replace(heads=view.heads.at[:, PROMPT].set(prompts), backlogged=backlogged)
-    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config,
-                   (client, prompt))
     heads, head_index = view.heads, view.head_index
+    view = view._replace(backlogged=backlogged)
+    state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config,
+                   (client, prompt), prompts)
     view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)

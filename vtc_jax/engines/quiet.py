@@ -24,6 +24,7 @@ from vtc_jax.core import over_clients
 from vtc_jax.core.once import once
 from vtc_jax.inputs.workload import TIMELINE_PAD
 from vtc_jax.policies import registry
+from vtc_jax.policies.base import SCATTER_CLIENTS, add_at
 from vtc_jax.servers import registry as servers
 
 I32 = jnp.int32
@@ -88,10 +89,16 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
     server = servers.get(config.server)
     entry_client, entry_arrival = ahead[:, 1], ahead[:, 2]
     prompts = jnp.where(backlogged, prompts, jnp.iinfo(I32).max)
-    # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
-    # once, where it would fuse a chain of selects into each of its many consumers.
-    is_client = entry_client[:, None] == jnp.arange(config.num_clients, dtype=I32)
-    joinable = over_clients.any_of(is_client & backlogged) & (jnp.arange(width) < width - 1)
+    k = config.num_clients
+    if k < SCATTER_CLIENTS:
+        # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
+        # once, where it would fuse a chain of selects into each of its many consumers.
+        is_client = entry_client[:, None] == jnp.arange(k, dtype=I32)
+        joinable = over_clients.any_of(is_client & backlogged)
+    else:  # [J, K] would be 2,784 compares per event at K = 87: gather each entry's client
+        known = (entry_client >= 0) & (entry_client < k)
+        joinable = once(known & backlogged[jnp.clip(entry_client, 0, k - 1)])
+    joinable = joinable & (jnp.arange(width) < width - 1)
     stop = entry_arrival[over_clients.smallest(jnp.where(joinable, width - 1, jnp.arange(width, dtype=I32)))]
     bound = (jnp.iinfo(I32).max - 1) // (width + 1)
     allowed = (mask & over_clients.any_of(backlogged) & (params.costs.context == 0)
@@ -112,5 +119,9 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
     joins = mask & (entry_arrival <= step + n)  # a prefix of `ahead`, every one joinable
     taken = once(joins.sum(dtype=I32))
     last = entry_arrival[jnp.maximum(taken - 1, 0)]
-    return Stretch(steps=n, server=after, work=work, joined=(is_client & joins[:, None]).sum(axis=0, dtype=I32),
+    if k < SCATTER_CLIENTS:
+        joined = (is_client & joins[:, None]).sum(axis=0, dtype=I32)
+    else:
+        joined = once(add_at(jnp.zeros(k, I32), entry_client, 1, joins))
+    return Stretch(steps=n, server=after, work=work, joined=joined,
                    taken=taken, since_arrival=jnp.where(taken > 0, last - step, 0))
