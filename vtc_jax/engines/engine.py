@@ -356,8 +356,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
     `quiet_window` entries, past the quiet steps that follow t). `candidate`: (client
     int32[], prompt int32[]) the policy's candidate, which did not fit (or none is
-    eligible); `head_prompts` int32[K]: view.heads[:, PROMPT], computed once (the stretch
-    reads it). Returns the new state."""
+    eligible); `head_prompts` int32[K]: view.heads[:, PROMPT], computed once."""
     t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
     server, work = servers.get(config.server).end_step(state.server, params, mask)
