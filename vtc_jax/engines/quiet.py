@@ -24,7 +24,7 @@ from vtc_jax.core import over_clients
 from vtc_jax.core.once import once
 from vtc_jax.inputs.workload import TIMELINE_PAD
 from vtc_jax.policies import registry
-from vtc_jax.policies.base import SCATTER_CLIENTS, add_at
+from vtc_jax.policies.base import SCATTER_CLIENTS, add_at, admissible
 from vtc_jax.servers import registry as servers
 
 I32 = jnp.int32
@@ -96,8 +96,7 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
         is_client = entry_client[:, None] == jnp.arange(k, dtype=I32)
         joinable = over_clients.any_of(is_client & backlogged)
     else:  # [J, K] would be 2,784 compares per event at K = 87: gather each entry's client
-        known = (entry_client >= 0) & (entry_client < k)
-        joinable = once(known & backlogged[jnp.clip(entry_client, 0, k - 1)])
+        joinable = once(admissible(backlogged, entry_client))  # in [0, K) and backlogged
     joinable = joinable & (jnp.arange(width) < width - 1)
     stop = entry_arrival[over_clients.smallest(jnp.where(joinable, width - 1, jnp.arange(width, dtype=I32)))]
     bound = (jnp.iinfo(I32).max - 1) // (width + 1)

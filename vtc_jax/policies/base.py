@@ -241,8 +241,9 @@ def argmin_choice(key: jax.Array, eligible: jax.Array, state, num=None) -> Choic
 
 
 def admissible(eligible: jax.Array, client: jax.Array) -> jax.Array:
-    """bool[]: `client` (int32[]) is in [0, K) and `eligible` (bool[K]) lets it through. The
-    engines admit a policy's choice only where this holds (a policy cannot bypass limits)."""
+    """bool[]: `client` (int32[]; or int32[W], giving bool[W]) is in [0, K) and `eligible`
+    (bool[K]) lets it through. The engines admit a policy's choice only where this holds
+    (a policy cannot bypass limits)."""
     k = eligible.shape[0]
     return (client >= 0) & (client < k) & eligible[jnp.clip(client, 0, k - 1)]
 
