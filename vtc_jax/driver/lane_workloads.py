@@ -67,27 +67,42 @@ def _shards(mesh: Mesh | None, lanes: int) -> bool:
     return mesh is not None and mesh.devices.size > 1 and lanes % mesh.devices.size == 0
 
 
-def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
-                     base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
-    """`generate_workloads` with its timeline, each distinct (source, seed) generated once
-    and gathered into every lane that uses it (a sweep's settings share their seeds'
-    requests: generation is paid once per seed, not once per setting). With `mesh`, the
-    lanes are sharded over it (when they divide evenly), as the runner will run them."""
+def distinct_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
+                       base_seed: int = 0, mesh: Mesh | None = None) -> tuple[Workload, np.ndarray]:
+    """Each distinct (source, seed) of the lanes generated once, with its timeline, and
+    int32[B] the row of it lane i uses (a sweep's settings share their seeds' requests:
+    generation is paid once per seed, not once per setting). With `mesh` of several
+    devices they are generated sharded over it (the last one repeated to divide evenly)."""
     pairs = [(id(src), int(seed)) for src, seed in zip(srcs, seeds)]
     distinct = list(dict.fromkeys(pairs))
-    if len(distinct) == len(pairs):
-        return with_timeline(generate_workloads(srcs, seeds, config, base_seed, mesh), batched=True)
-    source_of = dict(zip(pairs, srcs))
     where = {pair: i for i, pair in enumerate(distinct)}
-    sharded = _shards(mesh, len(pairs))
-    if sharded:  # generated sharded too: the last pair repeated to divide evenly
+    index = np.asarray([where[p] for p in pairs], np.int32)
+    source_of = dict(zip(pairs, srcs))
+    if len(distinct) < len(pairs) and _shards(mesh, len(pairs)):
         distinct = distinct + distinct[-1:] * (-len(distinct) % mesh.devices.size)
     made = with_timeline(generate_workloads([source_of[p] for p in distinct], [p[1] for p in distinct], config,
                                             base_seed, mesh), batched=True)
-    index = jnp.asarray([where[p] for p in pairs], jnp.int32)
-    if sharded:
-        return take_lanes_sharded(made, index, NamedSharding(mesh, PartitionSpec(LANES)))
-    return take_lanes(made, index)
+    return made, index
+
+
+def lanes_of(made: Workload, index: np.ndarray, mesh: Mesh | None = None) -> Workload:
+    """Lanes `index` (int32[B]) of `made` (`distinct_workloads`): `made` itself when
+    that is every lane of it in order (nothing copied), else gathered (straight into lanes
+    sharded over `mesh` when they divide evenly)."""
+    if len(index) == made.requests.shape[0] and np.array_equal(index, np.arange(len(index))):
+        return made
+    if _shards(mesh, len(index)):
+        return take_lanes_sharded(made, jnp.asarray(index), NamedSharding(mesh, PartitionSpec(LANES)))
+    return take_lanes(made, jnp.asarray(index))
+
+
+def shared_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], config: EngineConfig,
+                     base_seed: int = 0, mesh: Mesh | None = None) -> Workload:
+    """`generate_workloads` with its timeline, each distinct (source, seed) generated once
+    and gathered into every lane that uses it. With `mesh`, the lanes are sharded over it
+    (when they divide evenly), as the runner will run them."""
+    made, index = distinct_workloads(srcs, seeds, config, base_seed, mesh)
+    return lanes_of(made, index, mesh)
 
 
 @jax.jit

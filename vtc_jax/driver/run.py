@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +20,10 @@ from jax.sharding import Mesh
 
 from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import policy_groups, runner
+from vtc_jax.driver import lane_passes, policy_groups, runner
 from vtc_jax.driver.devices import lane_mesh
-from vtc_jax.driver.lane_workloads import (generate_workloads, lane_keys, shared_workloads, take_lanes,
-                                           with_timeline)
+from vtc_jax.driver.lane_workloads import (distinct_workloads, generate_workloads, lane_keys, lanes_of,
+                                           shared_workloads, take_lanes, with_timeline)
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
@@ -153,13 +153,40 @@ def reject_at_arrival(workload: Workload, settings: Sequence[Settings], horizons
     return dataclasses.replace(out, timeline=None), np.asarray(rejected, np.int64), False  # rows moved: no timeline
 
 
+class LaneRun(NamedTuple):
+    """A batch's run before `collect`, every field per lane (leading axis B): the engine's
+    final carry (numpy leaves), done bool[B], and the streams' counts (int64[B, K]
+    arrived, float64[B, K] offered, int64[B] max prompt, float64[B, C, K] demand, int64[B]
+    last arrival, int64[B, K] rejected; results.lane_workload_stats)."""
+    host: object
+    done: np.ndarray
+    arrived: np.ndarray
+    offered: np.ndarray
+    max_prompt: np.ndarray
+    demand: np.ndarray
+    last_arrival: np.ndarray
+    rejected: np.ndarray
+
+
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
                   config: EngineConfig, shared: bool, event_budget: int, expected_events: int | None = None,
                   chunk: int | None = None, mesh: Mesh | None = None,
                   progress: Callable[[int, int, float], None] | None = None) -> LaneResults:
     """Run lane i (settings[i], horizons[i], the shared workload or lane i of a batched
     one) to its horizon; the common path of every runner."""
-    params, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
+    lanes = run_lanes(workload, settings, horizons, config=config, shared=shared, event_budget=event_budget,
+                      expected_events=expected_events, chunk=chunk, mesh=mesh, progress=progress)
+    return collect_lanes(lanes, config, settings)
+
+
+def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *, config: EngineConfig,
+              shared: bool, event_budget: int, expected_events: int | None = None, chunk: int | None = None,
+              mesh: Mesh | None = None, progress: Callable[[int, int, float], None] | None = None,
+              stats: dict | None = None) -> LaneRun:
+    """`run_workloads` up to `collect`: its lanes' `LaneRun`. `stats`: a dict kept across
+    calls on one and the same `workload` object (a chunk's passes), so that the streams'
+    counts of equal inputs (steps and costs) are computed once."""
+    params, _ = encode_settings(settings, config.num_clients, config.policies, config.server)
     horizons = np.asarray(horizons, np.int64)
     b = len(settings)
     given_shared = shared
@@ -173,16 +200,36 @@ def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Se
                                    mesh=mesh or lane_mesh(), progress=progress)
     steps = np.asarray(host.step, np.int64)
     buckets = config.num_checkpoints if config.measures.demand else 0
-    arrived_offered, offered, max_prompt, demand, last_arrival = lane_workload_stats(
-        workload, steps, params, given_shared, config.num_clients, buckets, config.record_every)
+    arrived_offered, offered, max_prompt, demand, last_arrival = _workload_stats(
+        workload, steps, params, given_shared, config, buckets, {} if stats is None else stats)
     arrived_streams = arrived_offered  # without RPM rejection every offered request is in the stream
     if rejecting:
         arrived_streams = lane_workload_stats(lane_workload, steps, params, shared, config.num_clients)[0]
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
     if config.drain:  # every request of a drained lane's served stream (RPM rejections removed) arrives
         done = done & (arrived_streams.sum(axis=1) == existing_requests(lane_workload, shared, b))
-    return collect(host, done, config, settings, scales, arrived_streams, offered, max_prompt, rejected, demand,
-                   last_arrival)
+    return LaneRun(host, done, arrived_streams, offered, max_prompt, demand, last_arrival,
+                   rejected)
+
+
+def _workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, config: EngineConfig,
+                    buckets: int, memo: dict) -> tuple:
+    """`lane_workload_stats`, computed once per distinct input in `memo` (which keeps the
+    workload alive while it lives, so that its id names it)."""
+    costs = params.costs
+    key = (id(workload), shared, buckets, steps.tobytes(),
+           *(np.asarray(x).tobytes() for x in (costs.prefill, costs.decode, costs.context, costs.charge_cached)))
+    if key not in memo:
+        memo[key] = workload, lane_workload_stats(workload, steps, params, shared, config.num_clients, buckets,
+                                                  config.record_every)
+    return memo[key][1]
+
+
+def collect_lanes(lanes: LaneRun, config: EngineConfig, settings: Sequence[Settings]) -> LaneResults:
+    """The `LaneResults` of a `LaneRun` of lanes `settings`."""
+    _, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
+    return collect(lanes.host, lanes.done, config, settings, scales, lanes.arrived, lanes.offered, lanes.max_prompt,
+                   lanes.rejected, lanes.demand, lanes.last_arrival)
 
 
 def slot_tiers(config: EngineConfig) -> list[int]:
@@ -530,13 +577,23 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
     validate_lanes(srcs, settings, config)
     horizon = srcs[0].horizon
     mesh = mesh or lane_mesh()
-    workload = shared_workloads(srcs, seeds, config, base_seed, mesh)
-    budget = servers.get(config.server).events_per_step * horizon + 3 * config.num_rows + 1
+    made, index = distinct_workloads(srcs, seeds, config, base_seed, mesh)
     # From the sources' expectation, not the draw: the chunk size (a static argument of
     # the compiled call) must not change from one batch of seeds to the next.
-    expected = horizon + int(2 * max(s.expected_requests() for s in sources.unique(srcs)))
-    return run_workloads(workload, settings, [horizon] * len(settings), config=config, shared=False,
-                         event_budget=budget, expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
+    run_args = dict(config=config, shared=False, chunk=chunk, mesh=mesh,
+                    event_budget=servers.get(config.server).events_per_step * horizon + 3 * config.num_rows + 1,
+                    expected_events=horizon + int(2 * max(s.expected_requests() for s in sources.unique(srcs))))
+    passes = lane_passes.plan([(id(src), s) for src, s in zip(srcs, settings)], made.requests.shape[0], mesh)
+    if passes is None:
+        return run_workloads(lanes_of(made, index, mesh), settings, [horizon] * len(settings), progress=progress,
+                             **run_args)
+    split = policy_groups.SplitProgress(progress, [len(p) for p in passes]) if progress is not None else None
+    stats, parts = {}, []
+    for i, p in enumerate(passes):
+        workload = lanes_of(made, index[p], mesh)
+        parts.append(run_lanes(workload, [settings[j] for j in p], [horizon] * len(p), progress=split and split.part(i),
+                               stats=stats if workload is made else None, **run_args))
+    return collect_lanes(lane_passes.join(parts, passes, len(settings)), config, settings)
 
 
 def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], seeds: Sequence[int],
@@ -545,6 +602,6 @@ def simulate_traffic(traffics: Sequence[Traffic], settings: Sequence[Settings], 
     return simulate_sources(_traffic_sources(traffics), settings, seeds, **kwargs)
 
 
-__all__ = ["run_traces", "replay", "replay_lanes", "simulate_traffic", "simulate_sources", "traffic_config",
+__all__ = ["run_traces", "shared_workloads", "replay", "replay_lanes", "simulate_traffic", "simulate_sources", "traffic_config",
            "source_config", "run_workloads", "check_exact_limits", "server_drain", "plan_lanes", "lane_keys",
            "generate_workloads", "ESTIMATORS"]

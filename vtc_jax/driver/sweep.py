@@ -14,7 +14,9 @@ the artifact profile: artifact_run.ARTIFACT_ENGINE):
   group_key(row)                          rows with equal keys share one config;
   config(rows, record_every, measures)    the static config of a group (one compile);
   run(rows, seeds, config, base_seed, mesh, progress)  one chunk of lanes -> results
-  lane_bytes(config)                      device bytes one lane needs (chunk sizing).
+  lane_bytes(config)                      device bytes one lane needs (chunk sizing);
+  pass_seeds(config, seeds, rows, chunk, mesh)  optional: seeds per chunk when its
+                                          rows run one pass each over them, or None.
 
 Besides each sweep's own metrics, every row reports the load line (offered against served
 weighted tokens per step, requests left waiting) and per-client shares and waits.
@@ -33,7 +35,7 @@ import jax
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import run
+from vtc_jax.driver import lane_passes, run
 from vtc_jax.driver.devices import available_bytes, gather_lanes, lane_mesh, process_share
 from vtc_jax.driver.results import bound_metrics, load_values
 from vtc_jax.engines.settings import Settings
@@ -209,6 +211,19 @@ class ModelEngine:
         measures = 4 * (3 * config.num_checkpoints * k + 2 * 264 * k + 3 * k * k)
         policy_tables = 16 * r if any(registry.get(p).arrival_rows for p in config.policies) else 0
         return 2 * (words + measures + policy_tables) + 4096
+
+    def pass_seeds(self, config, seeds: int, rows: int, requested: int | None, mesh) -> int | None:
+        """Seeds per chunk when a chunk of `rows` rows runs one pass per row over its seeds'
+        requests, generated once (driver/lane_passes.py): as many as `chunk_size` gives one
+        compiled call of lanes (`requested`: --chunk), and as the host holds the state of
+        rows x that many lanes (the run's results); None when passes do not pay
+        (lane_passes.worth_passes), and the chunk is sized in lanes instead."""
+        budget, lane = available_bytes(mesh), self.lane_bytes(config)
+        devices = mesh.devices.size
+        size = chunk_size(seeds, lane, requested, budget, multiple=devices, platform=mesh.devices.flat[0].platform)
+        state = lane - 2 * 4 * NUM_WORDS * config.num_rows  # a lane's bytes without its requests
+        size = min(size, budget // 2 // max(rows * state, 1) // devices * devices)
+        return size if lane_passes.worth_passes(size, mesh) else None
 
     @staticmethod
     def steps(config, rows) -> int:
@@ -435,7 +450,8 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
     for key, idx in groups.items():
         config = configs[key]
         # Seed-major: a chunk holds whole seeds of every row of the group, so an engine
-        # can generate each seed's requests once for all of its settings.
+        # can generate each seed's requests once for all of its settings (and, with
+        # `pass_seeds`, run each row as a pass of its own over them: lane_passes.py).
         lanes = [r * len(seeds) + s for s in range(len(seeds)) for r in idx]
         mine = [lane for lane in lanes if start <= lane < stop]
         if not mine:
@@ -443,7 +459,13 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
         size = chunk_size(len(mine), engine.lane_bytes(config), chunk, available_bytes(mesh),
                           multiple=math.lcm(mesh.devices.size, len(idx)) if chunk is None else mesh.devices.size,
                           platform=mesh.devices.flat[0].platform)
-        used_chunk = max(used_chunk, size)
+        call = size  # lanes per compiled call
+        per_pass = getattr(engine, "pass_seeds", None)
+        if per_pass is not None and len(idx) > 1:  # the chunk's rows run one pass each over its seeds
+            seeds_per_chunk = per_pass(config, -(-len(mine) // len(idx)), len(idx), chunk, mesh)
+            if seeds_per_chunk is not None:
+                size, call = seeds_per_chunk * len(idx), seeds_per_chunk
+        used_chunk = max(used_chunk, call)
         for first in range(0, len(mine), size):
             batch = [mine[(first + j) % len(mine)] for j in range(size)]  # the last chunk repeats lanes
             keep = min(size, len(mine) - first)
