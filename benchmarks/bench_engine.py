@@ -45,7 +45,7 @@ from vtc_jax.cli.common import guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run as run_mod
-from vtc_jax.driver import policy_groups
+from vtc_jax.driver import policy_groups, tiers
 from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.inputs.traffic import overload
@@ -102,7 +102,7 @@ def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: li
 
     def once():
         t = time.perf_counter()
-        host, done = policy_groups.run(run_mod.run_in_tiers, config, settings, batch, None, regroup=regroup,
+        host, done = policy_groups.run(tiers.run_in_tiers, config, settings, batch, None, regroup=regroup,
                                        event_budget=4 * expected, expected_events=expected)
         if not np.asarray(done).all():
             raise RuntimeError("a lane did not finish")

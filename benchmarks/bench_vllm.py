@@ -8,7 +8,7 @@ requests per step, prompts U[64, 512], outputs U[32, 384], 6000 steps, policy vt
 baseline too:
   engine alone   the compiled runner on pre-generated requests (best of --repeats), for
                  each server, in the server's slot tiers as the driver runs it
-                 (driver/run.py run_in_tiers);
+                 (driver/tiers.py run_in_tiers);
   end to end     one simulate_traffic call (generation, the run, results to the host);
   reference      vtc_jax/testing/vllm_reference.py (pure Python, the literal scheduler)
                  on one lane under fcfs, as the plain sequential implementation.
@@ -32,6 +32,7 @@ from vtc_jax.cli.common import guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver import run as run_mod
+from vtc_jax.driver import tiers
 from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.inputs.traffic import overload
@@ -63,7 +64,7 @@ def engine_alone(lanes: int, server: str, repeats: int) -> tuple[float, float, i
 
     def once():
         t = time.perf_counter()
-        host, done = run_mod.run_in_tiers(config, batch, None, event_budget=4 * expected, expected_events=expected)
+        host, done = tiers.run_in_tiers(config, batch, None, event_budget=4 * expected, expected_events=expected)
         if not np.asarray(done).all():
             raise RuntimeError("a lane did not finish")
         return time.perf_counter() - t, int(np.asarray(host.iterations).max())

@@ -51,7 +51,7 @@ from benchmarks.bench_engine import measures_of
 from vtc_jax.cli.common import guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
-from vtc_jax.driver import runner
+from vtc_jax.driver import runner, tiers
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings
 from vtc_jax.inputs.traffic import overload
@@ -71,7 +71,7 @@ def build(lanes: int, clients: int, measures: MeasureConfig, server: str = "idea
     settings = [Settings("vtc", KV_BUDGET, server_options=bench_vllm.SERVERS[server])] * lanes
     config = run_mod.traffic_config([traffic] * lanes, settings, measures=measures, server=server)
     if server != "ideal":
-        config = dataclasses.replace(config, slots=run_mod.slot_tiers(config)[0])
+        config = dataclasses.replace(config, slots=tiers.slot_tiers(config)[0])
     srcs = run_mod._traffic_sources([traffic] * lanes)
     workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
     params, _ = encode_settings(settings, clients, config.policies, server)

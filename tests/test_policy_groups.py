@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from vtc_jax import POLICIES, Settings, registry, run_traces
-from vtc_jax.driver import policy_groups, runner
+from vtc_jax.driver import policy_groups, runner, tiers
 from vtc_jax.driver import run as run_mod
 from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.settings import encode_settings
@@ -293,7 +293,7 @@ def test_sub_batches_run_a_device_each_at_once():
 
     def run_in_tiers(config, batch, shared, **kwargs):
         calls.append((config.policies, kwargs["mesh"].devices.size, threading.get_ident()))
-        return run_mod.run_in_tiers(config, batch, shared, **kwargs)
+        return tiers.run_in_tiers(config, batch, shared, **kwargs)
 
     def regrouped(**kwargs):
         return policy_groups.run(run_in_tiers, config, settings, batch, None, regroup=True, event_budget=4096, **kwargs)

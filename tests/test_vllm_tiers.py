@@ -1,4 +1,4 @@
-"""Slot tiers (driver/run.py `run_in_tiers`, servers/vllm_v1.py `slot_tiers`): lanes run
+"""Slot tiers (driver/tiers.py `run_in_tiers`, servers/vllm_v1.py `slot_tiers`): lanes run
 first with fewer slots and only those that overflow rerun with more; every result, the
 server's final state and its schedule log included, is the one run with all the slots."""
 

@@ -20,13 +20,13 @@ from jax.sharding import Mesh
 
 from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver import lane_passes, policy_groups, runner
+from vtc_jax.driver import lane_passes, policy_groups, tiers
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.lane_workloads import (distinct_workloads, generate_workloads, lane_keys, lanes_of,
-                                           shared_workloads, take_lanes, with_timeline)
+                                           shared_workloads, with_timeline)
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
-from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
+from vtc_jax.engines.engine import EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
 from vtc_jax.engines.settings import (INT32_MAX, Settings, encode_settings, lane_scales, limit_flags,
                                      policy_names)
@@ -195,7 +195,7 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
     lane_workload = with_timeline(lane_workload, batched=not shared)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
                         workload=None if shared else lane_workload)
-    host, done = policy_groups.run(run_in_tiers, config, settings, batch, lane_workload if shared else None,
+    host, done = policy_groups.run(tiers.run_in_tiers, config, settings, batch, lane_workload if shared else None,
                                    event_budget=event_budget, chunk=chunk, expected_events=expected_events,
                                    mesh=mesh or lane_mesh(), progress=progress)
     steps = np.asarray(host.step, np.int64)
@@ -230,69 +230,6 @@ def collect_lanes(lanes: LaneRun, config: EngineConfig, settings: Sequence[Setti
     _, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
     return collect(lanes.host, lanes.done, config, settings, scales, lanes.arrived, lanes.offered, lanes.max_prompt,
                    lanes.rejected, lanes.demand, lanes.last_arrival)
-
-
-def slot_tiers(config: EngineConfig) -> list[int]:
-    """The slot counts a run tries, smallest first, ending at config.slots (the server's
-    `slot_tiers`; just config.slots for a server without them)."""
-    chosen = servers.get(config.server)
-    tiers = chosen.slot_tiers(config.slots) if chosen.slot_tiers is not None else ()
-    return sorted({int(s) for s in tiers if 0 < s < config.slots}) + [config.slots]
-
-
-def run_in_tiers(config: EngineConfig, batch: EngineBatch, shared, **run_args):
-    """`runner.run` of every lane with the smallest slot tier, then of the lanes that
-    overflowed it with the next, and so on (a server's events cost O(slots), its runs
-    often hold far fewer requests than its bound). A lane that did not overflow is what it
-    would be with more slots (servers/base.py), so its state is widened to config.slots
-    with the server's empty slots and the results are those of one run with config.slots."""
-    tiers = slot_tiers(config)
-    lanes = np.arange(jax.tree_util.tree_leaves(batch)[0].shape[0])
-    host = done = None
-    previous = config
-    for slots in tiers:
-        tier = dataclasses.replace(config, slots=slots)
-        part = batch if host is None else take_lanes(batch, jnp.asarray(lanes, jnp.int32))
-        h, d = runner.run(PROGRAM, tier, part, shared, **run_args)
-        if host is None:
-            host, done = h, np.asarray(d).copy()
-        else:
-            host = _merge_lanes(widen_server(host, config, previous, tier), h, lanes)
-            done[lanes] = d
-        previous = tier
-        lanes = lanes[np.asarray(h.overflow, bool)]
-        if lanes.size == 0:
-            break
-    return widen_server(host, config, previous, config), done
-
-
-def widen_server(host, config: EngineConfig, small: EngineConfig, large: EngineConfig):
-    """Host lanes run with `small`'s slots, as with `large`'s: each server-state leaf whose
-    shape grew is the server's empty `init` leaf with the smaller one in its corner."""
-    if small.slots == large.slots:
-        return host
-    chosen = servers.get(config.server)
-    before = jax.eval_shape(lambda: chosen.init(small.server_shape))
-    empty = jax.device_get(chosen.init(large.server_shape))
-
-    def embed(blank, shape, leaf):
-        if blank.shape == shape.shape:
-            return leaf
-        out = np.broadcast_to(np.asarray(blank), leaf.shape[:1] + blank.shape).copy()
-        out[(slice(None),) + tuple(slice(0, n) for n in shape.shape)] = leaf
-        return out
-
-    return dataclasses.replace(host, server=jax.tree_util.tree_map(embed, empty, before, host.server))
-
-
-def _merge_lanes(host, rerun, lanes: np.ndarray):
-    """`host` with its lanes `lanes` replaced by `rerun`'s (host numpy trees of equal shapes)."""
-    def put(a, b):
-        a = np.array(a, copy=True)
-        a[lanes] = b
-        return a
-
-    return jax.tree_util.tree_map(put, host, rerun)
 
 
 @jax.jit

@@ -1,0 +1,80 @@
+"""A server's slot tiers: a batch run with the smallest slot count first, then only its
+lanes that overflowed it with the next, and so on (servers.base `slot_tiers`: an event
+costs O(slots), and a run often holds far fewer requests than its bound). The results are
+those of one run with the config's slots."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vtc_jax.driver import runner
+from vtc_jax.driver.lane_workloads import take_lanes
+from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig
+from vtc_jax.servers import registry as servers
+
+
+def slot_tiers(config: EngineConfig) -> list[int]:
+    """The slot counts a run tries, smallest first, ending at config.slots (the server's
+    `slot_tiers`; just config.slots for a server without them)."""
+    chosen = servers.get(config.server)
+    tiers = chosen.slot_tiers(config.slots) if chosen.slot_tiers is not None else ()
+    return sorted({int(s) for s in tiers if 0 < s < config.slots}) + [config.slots]
+
+
+def run_in_tiers(config: EngineConfig, batch: EngineBatch, shared, **run_args):
+    """`runner.run` of every lane with the smallest slot tier, then of the lanes that
+    overflowed it with the next, and so on (a server's events cost O(slots), its runs
+    often hold far fewer requests than its bound). A lane that did not overflow is what it
+    would be with more slots (servers/base.py), so its state is widened to config.slots
+    with the server's empty slots and the results are those of one run with config.slots."""
+    tiers = slot_tiers(config)
+    lanes = np.arange(jax.tree_util.tree_leaves(batch)[0].shape[0])
+    host = done = None
+    previous = config
+    for slots in tiers:
+        tier = dataclasses.replace(config, slots=slots)
+        part = batch if host is None else take_lanes(batch, jnp.asarray(lanes, jnp.int32))
+        h, d = runner.run(PROGRAM, tier, part, shared, **run_args)
+        if host is None:
+            host, done = h, np.asarray(d).copy()
+        else:
+            host = _merge_lanes(widen_server(host, config, previous, tier), h, lanes)
+            done[lanes] = d
+        previous = tier
+        lanes = lanes[np.asarray(h.overflow, bool)]
+        if lanes.size == 0:
+            break
+    return widen_server(host, config, previous, config), done
+
+
+def widen_server(host, config: EngineConfig, small: EngineConfig, large: EngineConfig):
+    """Host lanes run with `small`'s slots, as with `large`'s: each server-state leaf whose
+    shape grew is the server's empty `init` leaf with the smaller one in its corner."""
+    if small.slots == large.slots:
+        return host
+    chosen = servers.get(config.server)
+    before = jax.eval_shape(lambda: chosen.init(small.server_shape))
+    empty = jax.device_get(chosen.init(large.server_shape))
+
+    def embed(blank, shape, leaf):
+        if blank.shape == shape.shape:
+            return leaf
+        out = np.broadcast_to(np.asarray(blank), leaf.shape[:1] + blank.shape).copy()
+        out[(slice(None),) + tuple(slice(0, n) for n in shape.shape)] = leaf
+        return out
+
+    return dataclasses.replace(host, server=jax.tree_util.tree_map(embed, empty, before, host.server))
+
+
+def _merge_lanes(host, rerun, lanes: np.ndarray):
+    """`host` with its lanes `lanes` replaced by `rerun`'s (host numpy trees of equal shapes)."""
+    def put(a, b):
+        a = np.array(a, copy=True)
+        a[lanes] = b
+        return a
+
+    return jax.tree_util.tree_map(put, host, rerun)
