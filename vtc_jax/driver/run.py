@@ -4,7 +4,8 @@
 runner (runner.py: chunked compiled calls until every lane is done or the event budget,
 which always suffices for a valid input, is spent), and collects `LaneResults`, flagging
 any lane that did not finish (a drained lane also when a request it holds never arrived).
-`run_traces` / `replay_lanes` / `replay` feed it traces, `simulate_traffic` generated traffic.
+`run_traces` / `replay_lanes` / `replay` feed it traces, `simulate_traffic` generated traffic
+(a sweep chunk's settings as passes over its seeds' requests: `run_lanes`, lane_passes.py).
 """
 
 from __future__ import annotations
@@ -494,7 +495,9 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
                      policies: Sequence[str] | None = None, progress: Callable | None = None,
                      server: str = "ideal") -> LaneResults:
     """Generate lane i's requests from `seeds[i]` and `srcs[i]` and run them under
-    `settings[i]`, all lanes in one compiled batch, for the sources' horizon.
+    `settings[i]`, all lanes in one compiled batch, for the sources' horizon (each distinct
+    source and seed generated once; on CPU, lanes that share them run one pass per setting
+    when that pays, lane_passes.py: the same results).
 
     Args:
       srcs: one Source per lane (sources.py; one kind, equal horizon and clients).
