@@ -71,8 +71,9 @@ def distinct_workloads(srcs: Sequence[sources.Source], seeds: Sequence[int], con
                        base_seed: int = 0, mesh: Mesh | None = None) -> tuple[Workload, np.ndarray]:
     """Each distinct (source, seed) of the lanes generated once, with its timeline, and
     int32[B] the row of it lane i uses (a sweep's settings share their seeds' requests:
-    generation is paid once per seed, not once per setting). With `mesh` of several
-    devices they are generated sharded over it (the last one repeated to divide evenly)."""
+    generation is paid once per seed, not once per setting). With `mesh`, generated where
+    the runner will run them (when lanes share seeds and divide evenly over its devices,
+    the last distinct one is repeated so that the distinct ones divide evenly too)."""
     pairs = [(id(src), int(seed)) for src, seed in zip(srcs, seeds)]
     distinct = list(dict.fromkeys(pairs))
     where = {pair: i for i, pair in enumerate(distinct)}

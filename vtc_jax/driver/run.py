@@ -29,7 +29,7 @@ from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
 from vtc_jax.engines.engine import EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
-from vtc_jax.engines.settings import (INT32_MAX, Settings, encode_settings, lane_scales, limit_flags,
+from vtc_jax.engines.settings import (INT32_MAX, Scales, Settings, encode_settings, lane_scales, limit_flags,
                                      policy_names)
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
@@ -156,9 +156,10 @@ def reject_at_arrival(workload: Workload, settings: Sequence[Settings], horizons
 
 class LaneRun(NamedTuple):
     """A batch's run before `collect`, every field per lane (leading axis B): the engine's
-    final carry (numpy leaves), done bool[B], and the streams' counts (int64[B, K]
-    arrived, float64[B, K] offered, int64[B] max prompt, float64[B, C, K] demand, int64[B]
-    last arrival, int64[B, K] rejected; results.lane_workload_stats)."""
+    final carry (numpy leaves), done bool[B], the streams' counts (int64[B, K] arrived,
+    float64[B, K] offered, int64[B] max prompt, float64[B, C, K] demand, int64[B] last
+    arrival, int64[B, K] rejected; results.lane_workload_stats), and the lanes' units
+    (object[B] cost and counter scales: settings.Scales)."""
     host: object
     done: np.ndarray
     arrived: np.ndarray
@@ -167,6 +168,8 @@ class LaneRun(NamedTuple):
     demand: np.ndarray
     last_arrival: np.ndarray
     rejected: np.ndarray
+    cost_scale: np.ndarray
+    counter_scale: np.ndarray
 
 
 def run_workloads(workload: Workload, settings: Sequence[Settings], horizons: Sequence[int], *,
@@ -187,7 +190,7 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
     """`run_workloads` up to `collect`: its lanes' `LaneRun`. `stats`: a dict kept across
     calls on one and the same `workload` object (a chunk's passes), so that the streams'
     counts of equal inputs (steps and costs) are computed once."""
-    params, _ = encode_settings(settings, config.num_clients, config.policies, config.server)
+    params, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
     horizons = np.asarray(horizons, np.int64)
     b = len(settings)
     given_shared = shared
@@ -209,8 +212,8 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
     done = done & ~np.asarray(jax.device_get(lane_workload.overflow) if not shared else False)
     if config.drain:  # every request of a drained lane's served stream (RPM rejections removed) arrives
         done = done & (arrived_streams.sum(axis=1) == existing_requests(lane_workload, shared, b))
-    return LaneRun(host, done, arrived_streams, offered, max_prompt, demand, last_arrival,
-                   rejected)
+    return LaneRun(host, done, arrived_streams, offered, max_prompt, demand, last_arrival, rejected,
+                   scales.cost_scale, scales.counter_scale)
 
 
 def _workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool, config: EngineConfig,
@@ -228,7 +231,7 @@ def _workload_stats(workload: Workload, steps: np.ndarray, params, shared: bool,
 
 def collect_lanes(lanes: LaneRun, config: EngineConfig, settings: Sequence[Settings]) -> LaneResults:
     """The `LaneResults` of a `LaneRun` of lanes `settings`."""
-    _, scales = encode_settings(settings, config.num_clients, config.policies, config.server)
+    scales = Scales(cost_scale=lanes.cost_scale, counter_scale=lanes.counter_scale)
     return collect(lanes.host, lanes.done, config, settings, scales, lanes.arrived, lanes.offered, lanes.max_prompt,
                    lanes.rejected, lanes.demand, lanes.last_arrival)
 
