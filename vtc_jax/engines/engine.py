@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
-from vtc_jax.core.once import once
+from vtc_jax.core.once import once_for
 from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, quiet, requeue
@@ -383,7 +383,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
                     elapsed=work.elapsed + stretch.steps, detail=work.detail)
         decode, service = decode + more, num.add(service, more)
         # W's two ends, read by every measure's output: computed once
-        service, at_ends["step_service"] = once(service, at_ends["step_service"])
+        service, at_ends["step_service"] = once_for(config.num_clients)(service, at_ends["step_service"])
     next_t = jnp.where(mask, jnp.where(idle, jnp.maximum(t + 1, target), t + work.elapsed), t)
     step_end = StepEnd(decode=decode, elapsed=next_t - t, detail=work.detail)
     policy_states = {name: registry.get(name).step(state.policy[name], view, step_end, params.policy[name])
@@ -441,7 +441,7 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     earlier = (client[:, None] == client[None, :]) & joins[None, :] & jnp.tri(width, k=-1, dtype=bool)
     before = earlier.sum(axis=1, dtype=I32)
     opens = joins & (before == 0) & ~view.backlogged[client]  # a newcomer's first request
-    joins, opens = once(joins, opens)  # read by every output of the event
+    joins, opens = once_for(config.num_clients)(joins, opens)  # read by every output of the event
     newcomer = put_at(jnp.zeros(k, bool), client, True, opens)  # (opening entries are of distinct clients)
     joining = add_at(jnp.zeros(k, I32), client, 1, joins)  # (computed only for a policy that reads it)
     first = client[jnp.argmax(opens)]  # the first newcomer in trace order
@@ -505,12 +505,12 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     if server.preempts:
         ready = ready & state.begun  # (only the first event of a run can find a step not begun)
     view, choice, fits = _candidate(state, params, config)
-    admitting, client = once(ready & choice.has & fits, choice.client)
+    admitting, client = once_for(config.num_clients)(ready & choice.has & fits, choice.client)
     state = admit(state, view, dataclasses.replace(choice, client=client), params, workload, admitting, config)
     # The step ends in this event when its candidate now does not fit: from this state the
     # next event would end it, so ending it here changes nothing but the count of events.
     view, choice, fits = _candidate(state, params, config)
-    finishing, client, prompt, prompts, backlogged = once(
+    finishing, client, prompt, prompts, backlogged = once_for(config.num_clients)(
         ready & ~server.due(state.server, state.step) & ~(choice.has & fits), choice.client,
         view.heads[choice.client, PROMPT], view.heads[:, PROMPT], view.backlogged)
     heads, head_index = view.heads, view.head_index

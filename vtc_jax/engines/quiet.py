@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
-from vtc_jax.core.once import once
+from vtc_jax.core.once import once_for
 from vtc_jax.inputs.workload import TIMELINE_PAD
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import SCATTER_CLIENTS, add_at, admissible
@@ -90,6 +90,7 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
     entry_client, entry_arrival = ahead[:, 1], ahead[:, 2]
     prompts = jnp.where(backlogged, prompts, jnp.iinfo(I32).max)
     k = config.num_clients
+    once = once_for(k)  # the buffers pay below ONCE_CLIENTS clients only
     if k < SCATTER_CLIENTS:
         # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
         # once, where it would fuse a chain of selects into each of its many consumers.

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core.errors import InputError
+from vtc_jax.core.once import once
 from vtc_jax.inputs.workload import INT32_MAX, NUM_FIELDS, Workload, padding_rows
 
 F32, I32 = jnp.float32, jnp.int32
@@ -337,8 +338,9 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
     k = params.prompt_low.shape[0]
     # Three random words per request row: its exponential gap, its prompt, its output (or
     # the pool row). Uniform integers take the word modulo the range: the bias is below
-    # range / 2^32 (< 1e-5 for ranges under 40k tokens).
-    words = jax.random.bits(key, (3, k, capacity + 1), dtype=jnp.uint32)
+    # range / 2^32 (< 1e-5 for ranges under 40k tokens). Computed once: XLA would hash the
+    # words again inside each of their readers.
+    words = once(jax.random.bits(key, (3, k, capacity + 1), dtype=jnp.uint32))
     unit = (words[0] >> 8).astype(F32) * (1.0 / (1 << 24))  # [0, 1) in 2^-24 steps
     points = jnp.cumsum(-jnp.log1p(-unit), axis=1)  # unit-rate Poisson process
     arrival = arrival_steps(points, params, horizon)

@@ -162,13 +162,13 @@ def fuzz_options(rng, prompt, output) -> dict:
 
 def census(host: IdealState, num_clients: int) -> np.ndarray:
     """int64[B, K]: requests filed in each lane's calendar, per client (host side)."""
-    table = np.asarray(host.calendar.slots, np.int64)  # [B, 5, S]
+    table = np.asarray(host.calendar.slots, np.int64)  # [B, S, 5]
     free, top = np.asarray(host.calendar.free, np.int64), np.asarray(host.calendar.top, np.int64)
     out = np.zeros((table.shape[0], num_clients), np.int64)
     for b in range(table.shape[0]):
-        used = np.ones(table.shape[2], bool)
+        used = np.ones(table.shape[1], bool)
         used[free[b, : top[b]]] = False
-        out[b] = np.bincount(table[b, 0, used], minlength=num_clients)[:num_clients]
+        out[b] = np.bincount(table[b, used, 0], minlength=num_clients)[:num_clients]
     return out
 
 
