@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vtc_jax.core.once import ONCE_CLIENTS, as_is, once, once_for
+from vtc_jax.policies.base import SCATTER_CLIENTS
 
 
 def _values(x):
@@ -28,3 +29,5 @@ def test_once_for_threshold():
     assert once_for(1) is once and once_for(ONCE_CLIENTS - 1) is once
     assert once_for(ONCE_CLIENTS) is as_is and once_for(87) is as_is
     assert as_is(jnp.int32(3)) == 3 and len(as_is(jnp.int32(3), jnp.int32(4))) == 2
+    # engines/quiet.py's scatter branch (K >= SCATTER_CLIENTS) stores nothing through once
+    assert ONCE_CLIENTS <= SCATTER_CLIENTS

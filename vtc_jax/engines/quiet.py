@@ -90,14 +90,14 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
     entry_client, entry_arrival = ahead[:, 1], ahead[:, 2]
     prompts = jnp.where(backlogged, prompts, jnp.iinfo(I32).max)
     k = config.num_clients
-    once = once_for(k)  # the buffers pay below ONCE_CLIENTS clients only
+    once = once_for(k)  # the buffers pay below ONCE_CLIENTS clients only (never at SCATTER_CLIENTS or more)
     if k < SCATTER_CLIENTS:
         # [J, K] one-hot reductions rather than per-entry gathers: XLA computes a reduction
         # once, where it would fuse a chain of selects into each of its many consumers.
         is_client = entry_client[:, None] == jnp.arange(k, dtype=I32)
         joinable = over_clients.any_of(is_client & backlogged)
     else:  # [J, K] would be 2,784 compares per event at K = 87: gather each entry's client
-        joinable = once(admissible(backlogged, entry_client))  # in [0, K) and backlogged
+        joinable = admissible(backlogged, entry_client)  # in [0, K) and backlogged
     joinable = joinable & (jnp.arange(width) < width - 1)
     stop = entry_arrival[over_clients.smallest(jnp.where(joinable, width - 1, jnp.arange(width, dtype=I32)))]
     bound = (jnp.iinfo(I32).max - 1) // (width + 1)
@@ -122,6 +122,6 @@ def stretch(config, params, step, horizon, backlogged, prompts, server_state, de
     if k < SCATTER_CLIENTS:
         joined = (is_client & joins[:, None]).sum(axis=0, dtype=I32)
     else:
-        joined = once(add_at(jnp.zeros(k, I32), entry_client, 1, joins))
+        joined = add_at(jnp.zeros(k, I32), entry_client, 1, joins)
     return Stretch(steps=n, server=after, work=work, joined=joined,
                    taken=taken, since_arrival=jnp.where(taken > 0, last - step, 0))
