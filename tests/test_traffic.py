@@ -147,3 +147,23 @@ def test_confidence_interval_covers_the_mean_about_95_percent():
         lo, hi = summarize(rng.normal(3.0, 2.0, size=8))["ci95"]
         hits += lo <= 3.0 <= hi
     assert 0.93 <= hits / 2000 <= 0.97
+
+
+@pytest.mark.parametrize("pool", [[[10, 20]], [[10, 20], [300, 5], [64, 64]]], ids=["one_pair", "three_pairs"])
+def test_lanes_draw_the_single_lane_generator_rows(pool):
+    """A batch of lanes (its words drawn in a call of their own, a one-pair pool read
+    without a gather) generates exactly what `generate` does for each lane's key alone."""
+    traffic = resample(overload([0.5, 0.5, 0.2], 800), np.asarray(pool), clients=[0, 2])
+    src = sources.TrafficSource(traffic)
+    lay = sources.layout([src], 5)
+    seeds = [0, 3, 11]
+    keys = lane_keys(seeds)
+    batch = sources.generate_lanes(keys, sources.stack([src] * len(seeds)), kind="traffic", horizon=800, lay=lay,
+                                   pad=5, num_clients=3)
+    for i in range(len(seeds)):
+        alone = generate(keys[i], traffic.params(), horizon=800, capacity=lay.extra[0], first=lay.first,
+                         size=lay.size, pad=5)
+        np.testing.assert_array_equal(np.asarray(batch.requests[i]), np.asarray(alone.requests))
+        assert int(batch.num_requests[i]) == int(alone.num_requests)
+    drawn = {tuple(r) for r in np.asarray(batch.requests)[..., [PROMPT, OUTPUT]].reshape(-1, 2)}
+    assert {tuple(p) for p in pool} & drawn  # the pool's pairs are drawn

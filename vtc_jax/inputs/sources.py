@@ -242,6 +242,8 @@ def generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Lay
     (`replays_exactly(seeds)`: seed 0)."""
     if kind == "trace":
         params = dict(params, exact=jnp.zeros(keys.shape[0], bool) if exact is None else jnp.asarray(exact, bool))
+    if kind == "traffic":  # the lanes' random words first: hashed and stored once, read by every use
+        keys = _traffic_words(keys, num_clients=params.prompt_low.shape[-1], capacity=lay.extra[0])
     return _generate_lanes(keys, params, kind=kind, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients)
 
 
@@ -252,8 +254,16 @@ def _generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: La
     return jax.vmap(functools.partial(fn, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients))(keys, params)
 
 
-def _traffic_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
-    return traffic_mod.generate(key, params, horizon=horizon, capacity=lay.extra[0], first=lay.first,
+@functools.partial(jax.jit, static_argnames=("num_clients", "capacity"))
+def _traffic_words(keys: jax.Array, *, num_clients: int, capacity: int) -> jax.Array:
+    """uint32[B, 3, K, capacity + 1]: every lane's `traffic.draw_words`, in a compiled call
+    of their own (a buffer written inside the vmapped generator is a scatter of every word,
+    core/once.py)."""
+    return jax.vmap(lambda key: traffic_mod.draw_words(key, num_clients, capacity))(keys)
+
+
+def _traffic_lane(words, params, *, horizon, lay: Layout, pad, num_clients):
+    return traffic_mod.generate_from_words(words, params, horizon=horizon, capacity=lay.extra[0], first=lay.first,
                                 size=lay.size, pad=pad)
 
 

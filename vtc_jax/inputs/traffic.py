@@ -326,6 +326,13 @@ def arrival_steps(points: jax.Array, params: TrafficParams, horizon: int) -> jax
     return jnp.where(step < horizon, step, horizon).astype(I32)
 
 
+def draw_words(key: jax.Array, num_clients: int, capacity: int) -> jax.Array:
+    """uint32[3, K, capacity + 1]: three random words per request row of each client, its
+    exponential gap, its prompt and its output (or its pool row): `generate_from_words`'
+    only randomness."""
+    return jax.random.bits(key, (3, num_clients, capacity + 1), dtype=jnp.uint32)
+
+
 def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: int, first: tuple,
              size: tuple, pad: int) -> Workload:
     """One lane's request blocks: `Workload.requests` int32[sum(size), 5].
@@ -335,12 +342,18 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
     Requests arriving at or after `horizon` are dropped (they never arrive). If a client's
     arrivals before the horizon exceed its block, the lane's `overflow` flag is set.
     """
+    # Computed once: XLA would hash the words again inside each of their readers. (Batches
+    # of lanes draw them in a compiled call of their own instead: sources.generate_lanes.)
+    words = once(draw_words(key, params.prompt_low.shape[0], capacity))
+    return generate_from_words(words, params, horizon=horizon, capacity=capacity, first=first, size=size, pad=pad)
+
+
+def generate_from_words(words: jax.Array, params: TrafficParams, *, horizon: int, capacity: int, first: tuple,
+                        size: tuple, pad: int) -> Workload:
+    """`generate` from its words (`draw_words`)."""
     k = params.prompt_low.shape[0]
-    # Three random words per request row: its exponential gap, its prompt, its output (or
-    # the pool row). Uniform integers take the word modulo the range: the bias is below
-    # range / 2^32 (< 1e-5 for ranges under 40k tokens). Computed once: XLA would hash the
-    # words again inside each of their readers.
-    words = once(jax.random.bits(key, (3, k, capacity + 1), dtype=jnp.uint32))
+    # Uniform integers take the word modulo the range: the bias is below range / 2^32
+    # (< 1e-5 for ranges under 40k tokens).
     unit = (words[0] >> 8).astype(F32) * (1.0 / (1 << 24))  # [0, 1) in 2^-24 steps
     points = jnp.cumsum(-jnp.log1p(-unit), axis=1)  # unit-rate Poisson process
     arrival = arrival_steps(points, params, horizon)
@@ -356,9 +369,13 @@ def generate(key: jax.Array, params: TrafficParams, *, horizon: int, capacity: i
 
     prompt = uniform(words[1], params.prompt_low, params.prompt_high)
     output = uniform(words[2], params.output_low, params.output_high)
-    pick = (words[1, :, :capacity] % jnp.uint32(params.pool.shape[0])).astype(I32)
-    prompt = jnp.where(params.empirical[:, None], params.pool[pick, 0], prompt)
-    output = jnp.where(params.empirical[:, None], params.pool[pick, 1], output)
+    if params.pool.shape[0] == 1:  # every pick is row 0: no gather of K x capacity rows
+        pooled = (params.pool[0, 0], params.pool[0, 1])
+    else:
+        pick = (words[1, :, :capacity] % jnp.uint32(params.pool.shape[0])).astype(I32)
+        pooled = (params.pool[pick, 0], params.pool[pick, 1])
+    prompt = jnp.where(params.empirical[:, None], pooled[0], prompt)
+    output = jnp.where(params.empirical[:, None], pooled[1], output)
     cached = jnp.minimum(jnp.floor(params.cached_fraction[:, None] * prompt).astype(I32), prompt - 1)
     fcfs_key = arrival * k + jnp.arange(k, dtype=I32)[:, None]
     rows = jnp.stack([arrival, fcfs_key, prompt, output, cached], axis=-1)  # [K, capacity, 5]
