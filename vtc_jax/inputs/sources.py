@@ -242,16 +242,18 @@ def generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Lay
     (`replays_exactly(seeds)`: seed 0)."""
     if kind == "trace":
         params = dict(params, exact=jnp.zeros(keys.shape[0], bool) if exact is None else jnp.asarray(exact, bool))
+    draws = keys
     if kind == "traffic":  # the lanes' random words first: hashed and stored once, read by every use
-        keys = _traffic_words(keys, num_clients=params.prompt_low.shape[-1], capacity=lay.extra[0])
-    return _generate_lanes(keys, params, kind=kind, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients)
+        draws = _traffic_words(keys, num_clients=params.prompt_low.shape[-1], capacity=lay.extra[0])
+    return _generate_lanes(draws, params, kind=kind, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients)
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "horizon", "lay", "pad", "num_clients"))
-def _generate_lanes(keys: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
+def _generate_lanes(draws: jax.Array, params, *, kind: str, horizon: int, lay: Layout, pad: int,
                     num_clients: int) -> Workload:
+    """`draws`: the lanes' keys, or for traffic the words drawn from them (`_traffic_words`)."""
     fn = {"traffic": _traffic_lane, "trace": _trace_lane, "servegen": _servegen_lane}[kind]
-    return jax.vmap(functools.partial(fn, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients))(keys, params)
+    return jax.vmap(functools.partial(fn, horizon=horizon, lay=lay, pad=pad, num_clients=num_clients))(draws, params)
 
 
 @functools.partial(jax.jit, static_argnames=("num_clients", "capacity"))
