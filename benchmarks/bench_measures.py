@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from benchmarks import profile_event
+from benchmarks.bench_engine import on_lane_mesh
 from vtc_jax.cli.common import guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file, write_text_atomically
 from vtc_jax.driver import runner
@@ -55,6 +56,7 @@ def measure_sets(record_every: int) -> list:
 def configured(lanes: int, measures: MeasureConfig, record_every: int):
     """(config, batch) of profile_event's workload with these measures and checkpoints."""
     config, batch = profile_event.build(lanes, 2, measures)
+    batch = jax.block_until_ready(on_lane_mesh(batch))  # placed once, as the drivers' lanes are
     if record_every:
         config = dataclasses.replace(config, record_every=record_every,
                                      num_checkpoints=profile_event.STEPS // record_every + 1)

@@ -7,13 +7,19 @@ For each lane count, in one run:
   native       the C binary, built here with the system's compiler (-O2), on the lanes'
                requests, one core; each lane's simulation timed inside C (best of
                --native-repeats), so reading the input and the process start are not counted;
-  engine alone `bench_engine.engine_alone` (best of --repeats), every core jax uses;
-and once, tests/sequential.py on lane 0 (best of --repeats). Every lane's native service, counters and max drift
-must equal the engine's (`simulate_traffic` on the same seeds), and lane 0's must equal
-tests/sequential.py's: otherwise one line names the lane and the exit status is 1.
+  engine alone `bench_engine.engine_runner`'s compiled call (best of --repeats), every
+               core jax uses;
+timed in --rounds alternating rounds (native, then the engine): this shared machine's speed
+drifts by up to 30% over minutes, so each round's ratio compares two timings seconds apart,
+and the row reports the median round (native, engine and their ratio each the median of the
+rounds; the ratio's range beside it). Once, tests/sequential.py on lane 0 (best of
+--repeats). Every lane's native service, counters and max drift must equal the engine's
+(`simulate_traffic` on the same seeds), and lane 0's must equal tests/sequential.py's:
+otherwise one line names the lane and the exit status is 1.
 No C compiler (cc, gcc, clang): one line "skipped: no C compiler", exit 0.
 
     python -m benchmarks.bench_native                       # 1, 256 and 4096 lanes
+    python -m benchmarks.bench_native --lanes 4096 --rounds 5
     python -m benchmarks.bench_native --lanes 1 256 --json out.json
 """
 
@@ -23,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +40,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from benchmarks.bench_engine import (KV_BUDGET, RATES, STEPS, engine_alone, lane_settings, measures_of, one_lane_rows,
+from benchmarks.bench_engine import (KV_BUDGET, RATES, STEPS, engine_runner, lane_settings, measures_of, one_lane_rows,
                                      sequential_rate)
 from tests.sequential import simulate_vtc
 from vtc_jax.cli.common import guarded, int_arg, list_arg
@@ -148,7 +155,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_native", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 16), nargs="+", default=[1, 256, 4096])
-    parser.add_argument("--repeats", type=int_arg(1, 20), default=3, help="engine and sequential runs (best kept)")
+    parser.add_argument("--rounds", type=int_arg(1, 20), default=3,
+                        help="alternating rounds of native and engine timings (the median round is reported)")
+    parser.add_argument("--repeats", type=int_arg(1, 20), default=2,
+                        help="engine runs per round and sequential runs (best kept)")
     parser.add_argument("--native-repeats", type=int_arg(1, 1000), default=5, help="native runs of each lane (best kept)")
     parser.add_argument("--measures", type=list_arg(str, name="measures"), default=["pair_drift"],
                         help="measures the engine keeps (default pair_drift, as bench_engine)")
@@ -175,35 +185,44 @@ def main(argv=None) -> int:
         out["sequential_steps_per_s"] = seq
         print(f"sequential (tests/sequential.py, one lane, best of {args.repeats}): {seq:,.0f} steps/s")
         print(f"| lanes | native M steps/s (1 core) | engine alone M lane-steps/s ({n_cores} cores) "
-              "| engine per core M | engine per core / native | native / sequential "
+              "| engine per core M | engine per core / native (range over rounds) | native / sequential "
               "| engine CPU s / wall s |")
         print("|---|---|---|---|---|---|---|")
         for lanes in args.lanes:
             path = os.path.join(tmp, f"lanes{lanes}.bin")
             write_lanes(path, seed_lanes(lanes))
-            native = run_native(binary, path, args.native_repeats)
-            first = native[0]
+            first = run_native(binary, path)[0]
             if (first.service, first.counter, first.max_drift) != (tuple(service), tuple(counter), drift):
                 print(f"lane 0: native {list(first.service)}, {list(first.counter)}, {first.max_drift}; "
                       f"tests/sequential.py {service}, {counter}, {drift}")
                 return 1
+            wall, cpu = time.perf_counter(), time.process_time()
+            timed = engine_runner(lanes, measures, ["vtc"])
+            timed()  # compiles
+            busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # generation, compile and first run
+            rounds = []
+            for _ in range(args.rounds):
+                native = run_native(binary, path, args.native_repeats)
+                native_rate = sum(x.steps for x in native) / (sum(x.ns for x in native) * 1e-9)
+                engine = lanes * STEPS / min(timed()[0] for _ in range(args.repeats))
+                rounds.append((native_rate, engine, engine / n_cores / native_rate))
+            os.remove(path)
             bad = mismatch(native, engine_lanes(lanes, measures))
             if bad is not None:
                 print(f"{lanes} lanes, {bad}")
                 return 1
-            os.remove(path)
-            native_rate = sum(x.steps for x in native) / (sum(x.ns for x in native) * 1e-9)
-            wall, cpu = time.perf_counter(), time.process_time()
-            alone, _, _ = engine_alone(lanes, measures, args.repeats, ["vtc"])
-            busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # compile and first run included
-            engine = lanes * STEPS / alone
+            native_rate, engine, ratio = (statistics.median(r[i] for r in rounds) for i in range(3))
             row = {"lanes": lanes, "native_steps_per_s": native_rate, "engine_lane_steps_per_s": engine,
-                   "engine_per_core": engine / n_cores, "engine_per_core_over_native": engine / n_cores / native_rate,
+                   "engine_per_core": engine / n_cores, "engine_per_core_over_native": ratio,
+                   "rounds": [{"native_steps_per_s": a, "engine_lane_steps_per_s": b, "engine_per_core_over_native": c}
+                              for a, b, c in rounds],
                    "native_over_sequential": native_rate / seq, "engine_cores_busy": busy,
                    "cross_checked_lanes": len(native)}
             out["rows"].append(row)
+            low, high = min(r[2] for r in rounds), max(r[2] for r in rounds)
             print(f"| {lanes} | {native_rate / 1e6:.2f} | {engine / 1e6:.3f} | {row['engine_per_core'] / 1e6:.3f} "
-                  f"| {row['engine_per_core_over_native']:.3f} | {row['native_over_sequential']:.0f}x | {busy:.2f} |", flush=True)
+                  f"| {ratio:.3f} ({low:.3f}-{high:.3f}) | {row['native_over_sequential']:.0f}x | {busy:.2f} |",
+                  flush=True)
     print("every lane's service, counters and max drift: native = engine (and lane 0 = tests/sequential.py)")
     if args.json:
         from vtc_jax.core.fileio import write_text_atomically

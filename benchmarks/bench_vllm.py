@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.bench_engine import on_lane_mesh
 from vtc_jax.cli.common import guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
@@ -59,7 +60,7 @@ def engine_alone(lanes: int, server: str, repeats: int) -> tuple[float, float, i
     workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
     params, _ = encode_settings(lane_settings, 2, config.policies, server)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
-    jax.block_until_ready(workload)
+    batch = jax.block_until_ready(on_lane_mesh(batch))
     expected = STEPS + 3 * int(sum(RATES) * STEPS)
 
     def once():
