@@ -24,8 +24,9 @@ arrivals to clients already backlogged), in bulk: the same integers in far fewer
 
 A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
 COMPLETE per request and one extra ARRIVE per `arrival_width` arrivals of a step past the
-first width: at most T + 3 * requests events. An arrival event reads W rows, not one per
-client, and arrivals, admissions and completions update only their clients' entries
+first width: at most T + 3 * requests events. An arrival event reads W timeline entries
+(no row, unless a policy reads arriving rows), not one per client, and arrivals,
+admissions and completions update only their clients' entries
 (policies.base.put_at / add_at: scatters at many clients), so the O(K) work of an event is
 the selection and the step's charges and drift. Lanes that reach their horizon become
 no-ops (`done`).
@@ -41,8 +42,7 @@ preempts adds a BEGIN per step, after its arrivals and before its admissions: th
 server schedules its running requests and hands back its victims, which go to the front
 of their clients' queues (engines/requeue.py); it is taken at the end of the event that
 settles the step's completions and arrivals (no event of its own but a run's first); a
-step then lasts what the server says
-(`Work.elapsed`: 1 on `ideal`).
+step then lasts what the server says (`Work.elapsed`: 1 on `ideal`).
 All quantities are int32 in the exact units of settings.py.
 """
 
@@ -143,9 +143,9 @@ class State:
       done: bool[]  reached the horizon (or, drain mode, every request completed).
       head: int32[K]  position in client k's block of its next request to admit.
       arrived: int32[K]  requests of client k that have joined its FIFO.
-      heads: int32[K, 5]  the row at each client's head (cached: kept up to date at every
-        admission and arrival, so an event reads no row per client).
-      head_index: int32[K]  that row's index in the workload.
+      heads: int32[K, 5]  the row at each client's head (its FIFO's, or its stack's top),
+        kept by every admission and BEGIN, so an event reads no row per client (a client
+        that waits for nothing: its next request to arrive); head_index: int32[K] its index.
       next: int32[]  position in the workload's timeline of the next request to arrive.
       counter: int32[K, 2]  the MODEL.md counter c_k (wide).
       service: int32[K, 2]  W_k in cost units (wide).
@@ -417,13 +417,13 @@ def complete(state: State, view: View, params: Params, mask, config: EngineConfi
 
 
 def arrival_window(state: State, workload: Workload, config: EngineConfig):
-    """(index int32[W], client int32[W], rows int32[W, 5]): the next `arrival_width`
-    requests to arrive, in (arrival, number) order, from the workload's timeline (their
-    rows read once: at many clients each is a cache miss)."""
+    """(index int32[W], client int32[W], arrival int32[W], rows int32[W, 5] or None): the
+    next `arrival_width` requests to arrive, in (arrival, number) order, from the timeline;
+    rows (a gather, each a cache miss at many lanes) only if config.arrival_rows."""
     if not 1 <= config.arrival_width <= TIMELINE_PAD:
         raise ValueError(f"arrival_width must be in [1, {TIMELINE_PAD}] (the timeline's padding)")
     entries = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, config.arrival_width)
-    return entries[:, 0], entries[:, 1], workload.requests[entries[:, 0]]
+    return entries[:, 0], entries[:, 1], entries[:, 2], workload.requests[entries[:, 0]] if config.arrival_rows else None
 
 
 def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, window,
@@ -433,10 +433,11 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     see them as one event. Only a client's first arrival of a step can find it not
     backlogged, and every client's first arrival is in the step's first event (the timeline
     is in arrival order), so later events of the step lift nobody. `window` is
-    `arrival_window` of this state."""
+    `arrival_window` of this state. A newcomer's cached head already is its arriving row
+    (a client not backlogged has head == arrived and an empty stack: State.heads)."""
     k, width = config.num_clients, config.arrival_width
-    index, client, rows = window
-    joins = mask & (rows[:, ARRIVAL] <= state.step)  # in arrival order: a prefix of the window
+    index, client, arrival, rows = window
+    joins = mask & (arrival <= state.step)  # in arrival order: a prefix of the window
     # Per entry, the earlier joining entries of its client ([W, W]: no work over K).
     earlier = (client[:, None] == client[None, :]) & joins[None, :] & jnp.tri(width, k=-1, dtype=bool)
     before = earlier.sum(axis=1, dtype=I32)
@@ -448,8 +449,8 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     estimates = None
     if config.arrival_rows:
         estimates = _estimates(state, params, config, client, rows, state.arrived[client] + before)
-    arrivals = Arrivals(joins=joins, client=client, index=index, rows=rows if config.arrival_rows else None,
-                        estimates=estimates, joining=joining, newcomer=newcomer, first=first)
+    arrivals = Arrivals(joins=joins, client=client, index=index, rows=rows, estimates=estimates, joining=joining,
+                        newcomer=newcomer, first=first)
     policy_states, counters = {}, []
     for name in config.policies:
         chosen = registry.get(name)
@@ -461,8 +462,7 @@ def take_arrivals(state: State, view: View, workload: Workload, params: Params, 
     # their states need no select (per-request tables stay O(1) per event).
     return dataclasses.replace(
         state, counter=view.num.where(mask, counter, state.counter), arrived=add_at(state.arrived, client, 1, joins),
-        next=state.next + joins.sum(dtype=I32), heads=put_at(state.heads, client, rows, opens),
-        head_index=put_at(state.head_index, client, index, opens), policy=policy_states)
+        next=state.next + joins.sum(dtype=I32), policy=policy_states)
 
 
 def select(state: State, view: View, params: Params, config: EngineConfig):
@@ -522,7 +522,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
     state = complete(state, view, params, completing, config)
     window = arrival_window(state, workload, config)  # read after a quiet stretch's joins
     arriving = (active & (state.step < state.horizon) & ~server.due(state.server, state.step)
-                & (window[2][0, ARRIVAL] <= state.step))
+                & (window[2][0] <= state.step))
     view = _view(state, params, heads, head_index, view.estimates, config)
     state = take_arrivals(state, view, workload, params, arriving, window, config)
     settled = ~server.due(state.server, state.step)
@@ -560,7 +560,7 @@ def _begin_if_settled(state: State, params: Params, workload: Workload, mask, co
     completion is due): when no arrival of the step is left either and the step has not
     begun, the next event would be its BEGIN alone, from this very state, so it is taken
     here (one event per step fewer, the same states)."""
-    next_arrival = arrival_window(state, workload, config)[2][0, ARRIVAL]
+    next_arrival = arrival_window(state, workload, config)[2][0]
     beginning = mask & (state.step < state.horizon) & (next_arrival > state.step) & ~state.begun
     return begin(state, _lane_view(state, params, config), params, workload, beginning, config)
 
