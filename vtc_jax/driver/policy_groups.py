@@ -3,8 +3,9 @@
 One compiled program can serve lanes of several policies (`EngineConfig.policies`: every
 policy's hooks are traced and each lane selects its own on its policy id), but then every
 lane pays for every policy: on CPU a batch mixing all eleven policies ran 3.6x the mean
-time of each policy alone, regrouped 1.04x (benchmarks/RESULTS.md). `run` splits such a
-batch by policy instead: each policy's lanes run under a config that traces that policy
+time of each policy alone, regrouped 1.04x from one device and 1.91x from lanes sharded
+over the devices, whose gather copies the batch to each (benchmarks/RESULTS.md). `run`
+splits such a batch by policy instead: each policy's lanes run under a config that traces that policy
 only (and the rpm delay, KV caps and bands only if its lanes have them), with their
 settings encoded again for it (policy ids follow `config.policies`), several sub-batches
 at once on devices of their own when there are enough, and their carries are put back in the
