@@ -264,10 +264,23 @@ def test_unsplit_batches_run_as_given():
 
 
 def test_device_plan():
-    """Each sub-batch in turn to the device with the fewest lanes so far (ties: the first)."""
+    """The costliest sub-batch first, each to the device with the least cost so far (ties:
+    the first); a device runs its own in index order."""
     assert policy_groups.device_plan([5, 3, 3, 1], 2) == [[0, 3], [1, 2]]
     assert policy_groups.device_plan([2, 2, 2], 3) == [[0], [1], [2]]
     assert policy_groups.device_plan([1, 1, 1, 1, 1], 2) == [[0, 2, 4], [1, 3]]
+    assert policy_groups.device_plan([2, 1, 1, 2], 2) == [[0, 1], [2, 3]]  # in turn: loads 4 and 2
+    assert policy_groups.device_plan([0.27, 1.0, 0.27, 1.0, 1.0], 2) == [[1, 4], [0, 2, 3]]
+
+
+def test_quiet_sub_batches_cost_less():
+    """A sub-batch whose policy runs quiet stretches costs QUIET_SHARE of its lanes; one
+    that runs every step (las, not quiet in the registry), its lanes."""
+    settings = [Settings("vtc", kv_budget=64), Settings("las", kv_budget=64)]
+    config = dataclasses.replace(_vtc_config(), policies=("vtc", "las"))
+    vtc, las = (policy_groups.policy_config(config, p, [s]) for p, s in zip(config.policies, settings))
+    assert policy_groups.sub_batch_cost(vtc, 10) == 10 * policy_groups.QUIET_SHARE
+    assert policy_groups.sub_batch_cost(las, 10) == 10
 
 
 def _two_devices():

@@ -147,6 +147,50 @@ print("OK")
     assert _python(script, _env(8)).endswith("OK")
 
 
+def test_regrouped_lanes_gathered_from_sharded_lanes():
+    """A mix of policies regrouped from lanes sharded over 2 devices (as the drivers'
+    generation leaves them: each sub-batch gathered shard by shard onto its device) gives
+    the carry of the same batch on one device, leaf by leaf; and the shard-by-shard gather
+    is np.take for lanes sharded, replicated, on one device, on the host or split by
+    another axis."""
+    script = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from vtc_jax.driver import policy_groups, run as run_mod, tiers
+from vtc_jax.driver.devices import lane_mesh, shard
+from vtc_jax.engines.engine import EngineBatch, LaneInput
+from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.inputs.traffic import overload
+from vtc_jax.measures.online import MeasureConfig
+assert jax.device_count() == 4
+rng = np.random.default_rng(3)
+x = rng.integers(0, 1 << 30, (12, 8, 3)).astype(np.int32)
+tree = {"sharded": shard(jnp.asarray(x), lane_mesh(4)), "replicated": shard(jnp.asarray(x), lane_mesh(4), batched=False),
+        "one": jax.device_put(x, jax.devices()[2]), "host": x,
+        "by_axis_1": jax.device_put(jnp.asarray(x), NamedSharding(lane_mesh(4), PartitionSpec(None, "lanes")))}
+for lanes in ([0], [11], [2, 3, 4, 9], list(range(12)), [5, 6]):
+    lanes = np.asarray(lanes)
+    out = policy_groups._take_onto(tree, lanes, jax.devices()[1])
+    for leaf in jax.tree_util.tree_leaves(out):
+        assert leaf.devices() == {jax.devices()[1]}
+        np.testing.assert_array_equal(np.asarray(leaf), x[lanes])
+settings = [Settings(("vtc", "las", "drr")[(i * 5) % 3], kv_budget=1024) for i in range(12)]
+traffic = overload([0.5, 0.25], 80)
+config = run_mod.traffic_config([traffic] * 12, settings, measures=MeasureConfig.of(["latency"]))
+workload = run_mod.with_timeline(run_mod.generate_workloads(run_mod._traffic_sources([traffic] * 12), range(12), config),
+                                 batched=True)
+params, _ = encode_settings(settings, 2, config.policies)
+batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(12, 80, jnp.int32)), workload=workload)
+carries = [policy_groups.run(tiers.run_in_tiers, config, settings, shard(batch, lane_mesh(n)), None, regroup=True,
+                             event_budget=4096, mesh=lane_mesh(n)) for n in (2, 1)]
+assert carries[0][1].all() and carries[1][1].all()
+for a, b in zip(jax.tree_util.tree_leaves(carries[0][0]), jax.tree_util.tree_leaves(carries[1][0])):
+    np.testing.assert_array_equal(a, b)
+print("OK")
+"""
+    assert _python(script, _env(4)).endswith("OK")
+
+
 def test_compiled_programs_do_not_depend_on_pythons_hash_seed(tmp_path):
     """A second process with another PYTHONHASHSEED compiles nothing new (the programs
     were traced in an order that followed the hash seed: every process missed the cache)."""

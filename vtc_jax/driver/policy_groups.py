@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import mmap
 import threading
 import time
 from typing import Callable, Sequence
@@ -38,6 +39,7 @@ from jax.sharding import Mesh
 
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import LANES, lane_mesh
+from vtc_jax.engines import quiet
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
 from vtc_jax.engines.settings import Settings, encode_settings, limit_flags
 from vtc_jax.policies import registry
@@ -49,6 +51,10 @@ from vtc_jax.policies import registry
 # COMPILE_SECONDS.
 POLICY_SECONDS = 1.8e-7
 COMPILE_SECONDS = 2.6
+# A lane of a sub-batch that runs quiet stretches (engines/quiet.py) costs about this share
+# of one whose every step is an event (the seed workload's sub-batches of 186 lanes: vtc,
+# fcfs, lcf and rpm 0.12-0.24 s, the other seven 0.40-0.98 s; bench_engine --each).
+QUIET_SHARE = 0.27
 
 
 def policy_lanes(settings: Sequence[Settings], policies: Sequence[str]) -> list[tuple[str, np.ndarray]]:
@@ -117,14 +123,72 @@ def _take(tree, index: jax.Array):
     return jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0), tree)
 
 
+def _local_shards(x) -> tuple | None:
+    """((first lane, shard) for each distinct lane range of `x`, in lane order), or None
+    when some shard splits another axis: a replicated array has one range, held on
+    several devices (the first is taken)."""
+    found = {}
+    for shard in x.addressable_shards:
+        if any(part != slice(None) for part in shard.index[1:]):
+            return None
+        found.setdefault(shard.index[0].start or 0, shard)
+    return tuple(sorted(found.items(), key=lambda item: item[0]))
+
+
+def _take_onto(tree, lanes: np.ndarray, device):
+    """Lanes `lanes` (increasing) of every leaf of `tree` (jax arrays, leading lane axis,
+    possibly sharded over several devices), on `device`: each shard gathers its own lanes
+    where it lives (one jitted gather per shard layout) and only those lanes move. A jitted
+    gather of the sharded arrays would first copy all of them onto every device (2048 lanes
+    of the seed workload: 1.24 s against 0.41 s from one device; benchmarks/RESULTS.md)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
+    layouts: dict = {}  # leaves with the same lane ranges on the same devices gather together
+    out = [None] * len(leaves)
+    for i, leaf in enumerate(leaves):
+        shards = _local_shards(leaf)
+        if shards is None:  # not split by lane only: one gather over its devices
+            out[i] = jax.device_put(_take(leaf, jnp.asarray(lanes, jnp.int32)), device)
+            continue
+        key = tuple((low, shard.data.shape[0], shard.device) for low, shard in shards)
+        layouts.setdefault(key, []).append((i, shards))
+    for key, members in layouts.items():
+        parts = []
+        for k, (low, size, home) in enumerate(key):
+            mine = lanes[(lanes >= low) & (lanes < low + size)] - low
+            if mine.size:
+                local = _take([shards[k][1].data for _, shards in members], jax.device_put(mine.astype(np.int32), home))
+                parts.append(jax.device_put(local, device))
+        for j, (i, _) in enumerate(members):
+            out[i] = parts[0][j] if len(parts) == 1 else jnp.concatenate([part[j] for part in parts])
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
 def sub_batch(config: EngineConfig, settings: Sequence[Settings], batch: EngineBatch, lanes: np.ndarray,
-              policy: str) -> EngineBatch:
-    """Lanes `lanes` of `batch` (all running `policy`), their settings encoded for a
-    config of `policy` alone; their workloads gathered when each lane has its own."""
+              policy: str, device=None) -> EngineBatch:
+    """Lanes `lanes` (increasing) of `batch` (all running `policy`), their settings encoded
+    for a config of `policy` alone; their workloads gathered when each lane has its own.
+    With `device` (a sub-batch run on that one device), the lanes are gathered shard by
+    shard onto it (_take_onto); else by one gather over the batch's devices."""
     params, _ = encode_settings([settings[i] for i in lanes], config.num_clients, (policy,), config.server)
-    index = jnp.asarray(lanes, jnp.int32)
-    return EngineBatch(lane=LaneInput(params=params, horizon=_take(batch.lane.horizon, index)),
-                       workload=None if batch.workload is None else _take(batch.workload, index))
+    lane_arrays = (batch.lane.horizon, batch.workload)
+    if device is None:
+        horizon, workload = _take(lane_arrays, jnp.asarray(lanes, jnp.int32))
+    else:
+        horizon, workload = _take_onto(lane_arrays, lanes, device)
+    return EngineBatch(lane=LaneInput(params=params, horizon=horizon), workload=workload)
+
+
+def _zeros(shape: tuple, dtype) -> np.ndarray:
+    """np.zeros(shape, dtype), large ones on an anonymous mapping: its pages are mapped as
+    rows are written, and a policy's lanes are every k-th row of the batch. numpy asks
+    for transparent huge pages on large arrays, so each 2 MB page such a row touches is
+    zeroed whole, at times with a compaction first: 0.25 s for a 69 MB leaf written at
+    every 11th row on the 2-core CPU, against 0.01 s mapped (benchmarks/RESULTS.md)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes < 1 << 22:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
 def merge(template, parts: Sequence[tuple[np.ndarray, object]]):
@@ -134,7 +198,7 @@ def merge(template, parts: Sequence[tuple[np.ndarray, object]]):
     found = [dict(jax.tree_util.tree_flatten_with_path(host)[0]) for _, host in parts]
 
     def fill(path, shape):
-        out = np.zeros(shape.shape, shape.dtype)
+        out = _zeros(shape.shape, shape.dtype)
         for (lanes, _), leaves in zip(parts, found):
             if path in leaves:
                 out[lanes] = leaves[path]
@@ -166,33 +230,39 @@ class SplitProgress:
         return report
 
 
-def device_plan(sizes: Sequence[int], num_devices: int) -> list[list[int]]:
-    """For each of `num_devices` devices, the sub-batches (indices into `sizes`, their
-    lane counts) it runs one after another: each in turn to the device with the fewest
-    lanes so far (ties: the first). Fixed by the sizes, so a sweep's chunks compile each
-    policy for one device only."""
-    plan, load = [[] for _ in range(num_devices)], [0] * num_devices
-    for i, size in enumerate(sizes):
+def sub_batch_cost(config: EngineConfig, lanes: int) -> float:
+    """A sub-batch's expected run time, in lanes of a policy whose every step is an event:
+    `lanes`, times QUIET_SHARE when its config (`policy_config`) runs quiet stretches."""
+    return lanes * (QUIET_SHARE if quiet.window(config) else 1.0)
+
+
+def device_plan(costs: Sequence[float], num_devices: int) -> list[list[int]]:
+    """For each of `num_devices` devices, the sub-batches (indices into `costs`, their
+    expected run times) it runs one after another, in index order: the costliest first
+    (ties: the first), each to the device with the least cost so far (ties: the first).
+    Fixed by the costs, so a sweep's chunks compile each policy for one device only."""
+    plan, load = [[] for _ in range(num_devices)], [0.0] * num_devices
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
         d = load.index(min(load))
         plan[d].append(i)
-        load[d] += size
-    return plan
+        load[d] += costs[i]
+    return [sorted(indices) for indices in plan]
 
 
 class _Stopped(Exception):
     """A sub-batch's thread stops between compiled calls: the batch was abandoned."""
 
 
-def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tuple], sizes: Sequence[int], mesh: Mesh,
+def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tuple], costs: Sequence[float], mesh: Mesh,
                      split: SplitProgress | None) -> list[tuple]:
-    """[run_one(i, mesh_i, progress_i) for each sub-batch i of `sizes` lanes]. With at
+    """[run_one(i, mesh_i, progress_i) for each sub-batch i of `costs` (sub_batch_cost)]. With at
     least as many sub-batches as the mesh's devices (and > 1), the devices run theirs at
     once, a thread each (device_plan; XLA releases the GIL): a small sub-batch sharded
     over every device pays each event's fixed cost on each of them, one per device pays
     it once (the 11-policy mix of benchmarks/RESULTS.md: 1.55x the mean of each policy
     alone run one after another). Otherwise one after another over the whole mesh
     (mesh_i None)."""
-    devices, count = list(mesh.devices.flat), len(sizes)
+    devices, count = list(mesh.devices.flat), len(costs)
     if count < max(2, len(devices)):
         return [run_one(i, None, split and split.part(i)) for i in range(count)]
     stop, out = threading.Event(), [None] * count
@@ -211,7 +281,7 @@ def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tupl
             out[i] = run_one(i, one, watched(i))
 
     with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-        futures = [pool.submit(device, d, indices) for d, indices in enumerate(device_plan(sizes, len(devices)))]
+        futures = [pool.submit(device, d, indices) for d, indices in enumerate(device_plan(costs, len(devices)))]
         try:
             finished, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
             failed = [f for f in futures if f in finished and f.exception() is not None]
@@ -243,13 +313,16 @@ def run(run_batch: Callable, config: EngineConfig, settings: Sequence[Settings],
     mesh = run_args.pop("mesh", None) or lane_mesh()
     split = SplitProgress(progress, [len(lanes) for _, lanes in groups]) if progress is not None else None
 
+    configs = [policy_config(config, policy, [settings[j] for j in lanes]) for policy, lanes in groups]
+
     def run_one(i: int, device: Mesh | None, report: Callable | None):
         policy, lanes = groups[i]
-        own = policy_config(config, policy, [settings[j] for j in lanes])
-        part = sub_batch(config, settings, batch, lanes, policy)
+        own = configs[i]
+        part = sub_batch(config, settings, batch, lanes, policy, device and device.devices.flat[0])
         return run_batch(own, part, shared, mesh=device or mesh, progress=report, **run_args)
 
-    hosts = _run_sub_batches(run_one, [len(lanes) for _, lanes in groups], mesh, split)
+    costs = [sub_batch_cost(own, len(lanes)) for own, (_, lanes) in zip(configs, groups)]
+    hosts = _run_sub_batches(run_one, costs, mesh, split)
     done = np.zeros(len(settings), bool)
     for (_, lanes), (_, d) in zip(groups, hosts):
         done[lanes] = np.asarray(d)
