@@ -91,22 +91,24 @@ def engine_alone(lanes: int, measures: MeasureConfig, repeats: int, policies: li
     """(best seconds, compile-and-first-run seconds, events of the slowest lane); `regroup`:
     run the lanes as one sub-batch per policy (driver/policy_groups.py) instead of one
     program dispatching on each lane's policy."""
-    timed = engine_runner(lanes, measures, policies, regroup)
+    timed = engine_runner(lane_settings(lanes, policies), measures, regroup)
     first, events = timed()
     runs = [timed()[0] for _ in range(repeats)]
     return min(runs), first, events
 
 
-def engine_runner(lanes: int, measures: MeasureConfig, policies: list[str], regroup: bool = False):
-    """A function of no arguments that runs the engine alone once on `lanes` lanes of the
-    workload (generated here, once) and returns (seconds, events of the slowest lane); its
-    first call also compiles. A lane that does not finish raises."""
+def engine_runner(settings: list[Settings], measures: MeasureConfig, regroup: bool = False, server: str = "ideal"):
+    """A function of no arguments that runs the engine alone once on a lane of the
+    workload (generated here, once) per `settings` on `server`, as the driver runs a batch
+    (driver/policy_groups.py run, `regroup` as its own, over driver/tiers.py's slot
+    tiers), and returns (seconds, events of the slowest lane); its first call also
+    compiles. A lane that does not finish raises."""
     traffic = overload(list(RATES), STEPS)
-    settings = lane_settings(lanes, policies)
-    config = run_mod.traffic_config([traffic] * lanes, settings, measures=measures)
+    lanes = len(settings)
+    config = run_mod.traffic_config([traffic] * lanes, settings, measures=measures, server=server)
     srcs = run_mod._traffic_sources([traffic] * lanes)
     workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
-    params, _ = encode_settings(settings, 2, config.policies)
+    params, _ = encode_settings(settings, 2, config.policies, server)
     batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
     batch = jax.block_until_ready(on_lane_mesh(batch))
     expected = STEPS + 3 * int(sum(RATES) * STEPS)

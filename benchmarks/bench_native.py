@@ -192,7 +192,7 @@ def main(argv=None) -> int:
             path = os.path.join(tmp, f"lanes{lanes}.bin")
             write_lanes(path, seed_lanes(lanes))
             wall, cpu = time.perf_counter(), time.process_time()
-            timed = engine_runner(lanes, measures, ["vtc"])
+            timed = engine_runner(lane_settings(lanes, ["vtc"]), measures)
             timed()  # compiles
             busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # generation, compile and first run
             rounds = []

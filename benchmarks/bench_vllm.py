@@ -25,17 +25,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_engine import on_lane_mesh
+from benchmarks.bench_engine import engine_runner
 from vtc_jax.cli.common import guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver import run as run_mod
-from vtc_jax.driver import tiers
-from vtc_jax.engines.engine import EngineBatch, LaneInput
-from vtc_jax.engines.settings import Settings, encode_settings
+from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.inputs.workload import client_rows
 from vtc_jax.measures.online import MeasureConfig
@@ -52,26 +49,9 @@ def settings(lanes: int, server: str, policy: str = "vtc") -> list[Settings]:
 
 def engine_alone(lanes: int, server: str, repeats: int) -> tuple[float, float, int]:
     """(best seconds, compile-and-first-run seconds, events of the slowest lane)."""
-    traffic = overload(list(RATES), STEPS)
-    lane_settings = settings(lanes, server)
-    measures = MeasureConfig()
-    config = run_mod.traffic_config([traffic] * lanes, lane_settings, measures=measures, server=server)
-    srcs = run_mod._traffic_sources([traffic] * lanes)
-    workload = run_mod.with_timeline(run_mod.generate_workloads(srcs, range(lanes), config), batched=True)
-    params, _ = encode_settings(lane_settings, 2, config.policies, server)
-    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.full(lanes, STEPS, jnp.int32)), workload=workload)
-    batch = jax.block_until_ready(on_lane_mesh(batch))
-    expected = STEPS + 3 * int(sum(RATES) * STEPS)
-
-    def once():
-        t = time.perf_counter()
-        host, done = tiers.run_in_tiers(config, batch, None, event_budget=4 * expected, expected_events=expected)
-        if not np.asarray(done).all():
-            raise RuntimeError("a lane did not finish")
-        return time.perf_counter() - t, int(np.asarray(host.iterations).max())
-
-    first, events = once()
-    return min(once()[0] for _ in range(repeats)), first, events
+    timed = engine_runner(settings(lanes, server), MeasureConfig(), server=server)
+    first, events = timed()
+    return min(timed()[0] for _ in range(repeats)), first, events
 
 
 def end_to_end(lanes: int, server: str, seed0: int) -> float:

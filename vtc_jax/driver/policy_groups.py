@@ -2,19 +2,19 @@
 
 One compiled program can serve lanes of several policies (`EngineConfig.policies`: every
 policy's hooks are traced and each lane selects its own on its policy id), but then every
-lane pays for every policy: on CPU a batch mixing all eleven policies ran 3.6x the mean
-time of each policy alone, regrouped 1.04x from one device and 1.91x from lanes sharded
-over the devices, whose gather copies the batch to each (benchmarks/RESULTS.md). `run`
-splits such a batch by policy instead: each policy's lanes run under a config that traces that policy
-only (and the rpm delay, KV caps and bands only if its lanes have them), with their
-settings encoded again for it (policy ids follow `config.policies`), several sub-batches
-at once on devices of their own when there are enough, and their carries are put back in the
-batch's lane order, in the mixed program's carry structure, so that everything read from
-them is what the mixed program gives (tests/test_policy_groups.py checks every field of
-`LaneResults`). The one difference is unread: where the mixed program carried the states
-of the policies a lane does not run along (and the estimator, for a lane whose policy
-does not use it, and the limits' counts, for lanes of a sub-batch without limits), the
-regrouped carry holds zeros.
+lane pays for every policy: on CPU a batch mixing all eleven policies ran 4.1x the mean
+time of each policy alone, and 1.15x regrouped, from lanes sharded over the devices as the
+sweeps generate them (benchmarks/RESULTS.md). `run` splits such a batch by policy instead:
+each policy's lanes run under a config that traces that policy only (and the rpm delay, KV
+caps and bands only if its lanes have them), with their settings encoded again for it
+(policy ids follow `config.policies`), several sub-batches at once on devices of their own
+when there are enough (each gathered shard by shard onto its device, the costliest planned
+first), and their carries are put back in the batch's lane order, in the mixed program's
+carry structure, so that everything read from them is what the mixed program gives
+(tests/test_policy_groups.py checks every field of `LaneResults`). The one difference is
+unread: where the mixed program carried the states of the policies a lane does not run
+along (and the estimator, for a lane whose policy does not use it, and the limits' counts,
+for lanes of a sub-batch without limits), the regrouped carry holds zeros.
 
 A sub-batch is one more compile (about 3 s per policy on a 2-core CPU), so a small run is
 cheaper mixed; `worth_regrouping` is the rule that decides, `decide` applies it counting
