@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vtc_jax.cli.common import guarded
+from vtc_jax.cli.common import Parser, guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file, write_text_atomically
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,11 +60,11 @@ def alternate(against: str, rounds: int, argv: list, *, other_first: bool = Fals
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.ab_engine", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, help="the other commit (e.g. HEAD~1)")
-    parser.add_argument("--lanes", type=int, default=4096)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lanes", type=int_arg(1, 1 << 20), default=4096)
+    parser.add_argument("--rounds", type=int_arg(1, 20), default=3)
     parser.add_argument("--repeats", type=int, default=3, help="bench_engine's best-of repeats per run")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

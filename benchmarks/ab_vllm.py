@@ -15,14 +15,15 @@ import statistics
 import sys
 
 from benchmarks.ab_engine import alternate
+from vtc_jax.cli.common import Parser, guarded, int_arg
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_vllm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.ab_vllm", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, help="the other commit (e.g. HEAD~3)")
-    parser.add_argument("--lanes", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lanes", type=int_arg(1, 1 << 20), default=1024)
+    parser.add_argument("--rounds", type=int_arg(1, 20), default=2)
     args = parser.parse_args(argv)
     argv = ["benchmarks.bench_vllm", "--lanes", str(args.lanes), "--repeats", "1", "--servers", "vllm",
             "--no-end-to-end", "--reference-steps", "10"]
@@ -38,4 +39,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(guarded("python -m benchmarks.ab_vllm", lambda: main(sys.argv[1:])))

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from benchmarks.bench_engine import measures_of
-from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
@@ -71,8 +71,8 @@ def rate(srcs, lanes: int, measures: MeasureConfig, seed0: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_clients", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_clients", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), default=512)
     parser.add_argument("--clients", type=int_arg(1, 4096), nargs="+", default=[2, 16, 87, 256])
     parser.add_argument("--measures", type=list_arg(str, name="measures"), default=["none"])

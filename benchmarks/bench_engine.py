@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tests.sequential import simulate_vtc
-from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run as run_mod
@@ -192,8 +192,8 @@ def dispatch(lanes: int, measures: MeasureConfig, repeats: int, each: bool) -> d
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_engine", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[1, 256, 4096])
     parser.add_argument("--repeats", type=int_arg(1, 20), default=3)
     parser.add_argument("--measures", type=list_arg(str, name="measures"), default=["pair_drift"],

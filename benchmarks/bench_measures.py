@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import profile_event
 from benchmarks.bench_engine import on_lane_mesh
-from vtc_jax.cli.common import guarded, int_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file, write_text_atomically
 from vtc_jax.driver import runner
 from vtc_jax.engines.engine import PROGRAM
@@ -73,8 +73,8 @@ def run_to_end(config, batch):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_measures", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_measures", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 16), default=2048)
     parser.add_argument("--rounds", type=int_arg(1, 20), default=3)
     parser.add_argument("--record-every", type=int_arg(1, profile_event.STEPS), default=100)

@@ -43,7 +43,7 @@ import numpy as np
 from benchmarks.bench_engine import (KV_BUDGET, RATES, STEPS, engine_runner, lane_settings, measures_of, one_lane_rows,
                                      sequential_rate)
 from tests.sequential import simulate_vtc
-from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.inputs.traffic import overload
@@ -152,8 +152,8 @@ def cores() -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_native", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_native", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 16), nargs="+", default=[1, 256, 4096])
     parser.add_argument("--rounds", type=int_arg(1, 20), default=3,
                         help="alternating rounds of native and engine timings (the median round is reported)")

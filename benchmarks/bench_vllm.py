@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from benchmarks.bench_engine import engine_runner
-from vtc_jax.cli.common import guarded, int_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver import run as run_mod
@@ -83,8 +83,8 @@ def reference_rate(steps: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_vllm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_vllm", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[1024, 4096])
     parser.add_argument("--repeats", type=int_arg(1, 20), default=3)
     parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=list(SERVERS))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import bench_vllm
-from vtc_jax.cli.common import guarded, int_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg
 from vtc_jax.driver import run as run_mod
 from vtc_jax.driver import runner
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
@@ -50,8 +50,8 @@ def event_cost(lanes: int, slots: int, server: str, warm: int, events: int, repe
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_vllm_event", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.bench_vllm_event", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), default=1024)
     parser.add_argument("--slots", type=int_arg(1, 4096), nargs="+", default=[32])
     parser.add_argument("--server", default="vllm", choices=sorted(bench_vllm.SERVERS))

@@ -14,12 +14,13 @@ checkpoint). Prints the wall time and lane-steps per second.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import jax
 import numpy as np
 
-from vtc_jax.cli.common import int_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg
 from vtc_jax.driver import run as run_mod
 from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs.sources import TrafficSource
@@ -27,8 +28,9 @@ from vtc_jax.inputs.traffic import overload
 from vtc_jax.measures.online import ALL
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    parser = Parser(prog="python -m benchmarks.long_horizon", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int_arg(2, 100_000_000), default=10_000_000)
     parser.add_argument("--prefix", type=int_arg(1, 100_000_000), default=100_000)
     parser.add_argument("--record-every", type=int_arg(1, 100_000_000), default=10_000)
@@ -63,8 +65,8 @@ def main(argv=None):
     print(f"first {args.prefix:,} steps equal a separate {args.prefix:,}-step run: {prefix_equal} "
           f"({rows} checkpoints; that run took {short_s:.1f} s)")
     ok = long.finished[0] and not long.conservation[0] and prefix_equal
-    raise SystemExit(0 if ok else 1)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded("python -m benchmarks.long_horizon", lambda: main(sys.argv[1:])))

@@ -48,7 +48,7 @@ import numpy as np
 
 from benchmarks import bench_vllm
 from benchmarks.bench_engine import measures_of
-from vtc_jax.cli.common import guarded, int_arg, list_arg
+from vtc_jax.cli.common import Parser, guarded, int_arg, list_arg
 from vtc_jax.core.fileio import check_writable_file
 from vtc_jax.driver import run as run_mod
 from vtc_jax.driver import runner, tiers
@@ -250,8 +250,8 @@ def print_profile(out: dict) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_event", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m benchmarks.profile_event", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int_arg(2, 4096), nargs="+", default=[2])
     parser.add_argument("--lanes", type=int_arg(1, 1 << 20), nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--server", choices=sorted(bench_vllm.SERVERS), default="ideal")
