@@ -171,7 +171,7 @@ def test_log_hand_worked(tmp_path):
     assert log.steps_trace(0.25).arrival.tolist() == [0, 0, 1, 3]
     assert log.steps_trace("0.3").arrival.tolist() == [0, 0, 0, 2]
     assert log.arrival_us().tolist() == [0, 0, 250_000, 750_000]
-    assert log.summary() == (f"read {path} (log): 4 requests, 3 tenants (b 2, a 1, c 1), span 0.8 s, 4.00 "
+    assert log.summary() == (f"read {path} (log): 4 requests, 3 tenants (b 2, a 1, c 1), span 0.8 s, 5.33 "
                              "requests/s, prompt mean 4, output mean 2")
 
 
@@ -379,13 +379,13 @@ def test_plausibility_ms_read_as_seconds(tmp_path):
     assert ms.warning is None and abs(ms.span_seconds() - read_requests([TENANT_LOG]).span_seconds()) < 1e-3
     fast = write(tmp_path, "fast.jsonl", "".join(f'{{"timestamp": {i / 1000}, "input_length": 1, "output_length": 1}}\n'
                                                   for i in range(200)))
-    refused(fast, r"read as milliseconds the log spans 0.0 s at 1e\+06 requests/s, implausible \(timestamps in s\?\): "
+    refused(fast, r"read as milliseconds the log spans 0.0 s at 1.005e\+06 requests/s, implausible \(timestamps in s\?\): "
                   r"give --time-unit s, or --time-unit ms")
     assert "implausible" in read_requests([fast], time_unit="ms").warning
     slow = write(tmp_path, "slow.csv", LOG_HEADER + "".join(f"{i * 59},a,1,1\n" for i in range(100)))
     assert read_requests([slow]).span_seconds() == 5841.0  # 100 requests, 1 per 59 s: plausible
     refused(write(tmp_path, "slower.csv", LOG_HEADER + "".join(f"{i * 61},a,1,1\n" for i in range(100))),
-            r"at 0.01639 requests/s, implausible \(timestamps in ms\?\)")
+            r"at 0.01656 requests/s, implausible \(timestamps in ms\?\)")
     tiny = write(tmp_path, "us.csv", LOG_HEADER + "".join(f"{i * 10**6},a,1,1\n" for i in range(3)))
     refused(tiny, r"read as seconds the log spans 23.1 days .* \(timestamps in ms\?\)")
     assert read_requests([tiny], time_unit="ms").warning is None

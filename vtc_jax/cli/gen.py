@@ -150,6 +150,7 @@ def convert(args) -> int:
     prompt,output,cached, plus priority,prefix_id,prefix_len when the input has them),
     clients numbered as the input's tenants (printed), rows in (arrival, input) order."""
     from vtc_jax.cli import input_flags
+    from vtc_jax.inputs import request_log
 
     if args.tenant:
         raise InputError("--from converts a log; --tenant generates one: give one of them")
@@ -166,7 +167,8 @@ def convert(args) -> int:
         lines.append(",".join(str(x) for x in row))
     input_flags.announce(args)
     fileio.write_text_atomically(args.out, "\n".join(lines) + "\n")
-    names = ", ".join(f"{k}={name}" for k, name in enumerate(log.tenants[:12])) + (" ..." if len(log.tenants) > 12 else "")
+    names = ", ".join(f"{k}={request_log.shown_name(name)}" for k, name in enumerate(log.tenants[:12]))
+    names += " ..." if len(log.tenants) > 12 else ""
     print(f"wrote {args.out}: {len(log)} requests from {len(log.tenants)} tenants over {int(trace.arrival.max()) + 1} "
           f"steps" + (f" of {input_flags.step_seconds_of(args, log)} s" if log.timed else "") + f"; clients {names}")
     return 0

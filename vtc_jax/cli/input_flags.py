@@ -141,11 +141,28 @@ def steps_per_second(log: request_log.RequestLog, step_seconds) -> int:
 
 
 def file_rows(log: request_log.RequestLog) -> np.ndarray:
-    """int64[N]: each request's data row in its file(s), 0-based over the files in the order given."""
-    order = np.lexsort((log.lines, log.file))
-    rows = np.empty(len(log), np.int64)
-    rows[order] = np.arange(len(log))
-    return rows
+    """int64[N]: each request's data row as read, 0-based (0: the first record after the
+    header, blank lines not counted; several files count on in the order given), kept
+    through every filter (--time-window, BurstGPT's failed requests, `drop_unservable`): the
+    row that `pandas.read_csv(file)` gives the request, the `row` of --requests-out."""
+    return np.array(log.rows, np.int64)
+
+
+def drop_unservable(args, log: request_log.RequestLog, max_prompt: int) -> request_log.RequestLog:
+    """The log without its requests whose prompt exceeds `max_prompt` tokens (the server's
+    memory: such a request can never be admitted, and a server's API rejects it and serves
+    the rest), with one note on stderr naming how many and the limit; each kept request
+    keeps its data row (`file_rows`). The summary line `announce` prints, when still to come,
+    counts them (`args.input_log` becomes the returned log). InputError (one line) when every
+    request would be dropped."""
+    kept, dropped = request_log.servable(log, max_prompt)
+    if dropped:
+        longest = int(log.prompt.max())
+        print(f"note: dropped {dropped:,} of {len(log):,} requests whose prompt exceeds the "
+              f"server's memory of {int(max_prompt):,} tokens (longest: {longest:,})", file=sys.stderr, flush=True)
+    if getattr(args, "input_log", None) is log:
+        args.input_log = kept
+    return kept
 
 
 def server_trace(log: request_log.RequestLog, step_seconds) -> ServerTrace:

@@ -59,7 +59,10 @@ class FileRows:
     """One file's requests in file order. times: list[int] (trace: steps; log, burstgpt,
     mooncake: the timestamp x 10^scale in the file's unit; azure: ns); labels: the tenant
     cell of each row (None: the file has no tenant column, it is one tenant); the int64[N]
-    columns; columns: the optional ones present; skipped: (count, reason) pairs."""
+    columns; columns: the optional ones present; skipped: (count, reason) pairs; rows:
+    int64[N] each request's 0-based data row in the file (records after the header, blank
+    lines not counted, rows dropped on purpose still counted: default 0..N-1); data_rows:
+    the file's data rows, dropped ones included (default N)."""
 
     source: str
     times: list
@@ -74,6 +77,14 @@ class FileRows:
     lines: np.ndarray
     columns: set
     skipped: list = dataclasses.field(default_factory=list)
+    rows: np.ndarray | None = None
+    data_rows: int | None = None
+
+    def __post_init__(self):
+        if self.rows is None:
+            self.rows = np.arange(len(self.lines), dtype=np.int64)
+        if self.data_rows is None:
+            self.data_rows = len(self.lines)
 
 
 def _shown(cell) -> str:
@@ -244,10 +255,10 @@ def parse_burstgpt(text: str, source: str, ns_per_unit: int, unit_name: str, ten
     failed = int((~keep).sum())
     if failed == len(lines):
         raise InputError(f"{source}: no requests (all {failed:,} rows have 0 response tokens: failed requests)")
+    data_rows, rows = len(lines), np.flatnonzero(keep).astype(np.int64)  # a kept request keeps its data row
     if failed:
-        idx = np.flatnonzero(keep)
-        cells = {k: [v[i] for i in idx] for k, v in cells.items()}
-        lines = lines[idx]
+        cells = {k: [v[i] for i in rows] for k, v in cells.items()}
+        lines = lines[rows]
     times, scale = decimal_column(cells["Timestamp"], lines, source, "Timestamp", unit_name)
     _check_seconds(times, scale, ns_per_unit, lines, source, "Timestamp")
     prompt, output = _lengths(cells, lines, source, "Request tokens", "Response tokens")
@@ -257,7 +268,7 @@ def parse_burstgpt(text: str, source: str, ns_per_unit: int, unit_name: str, ten
     n = len(lines)
     skipped = [(failed, "failed requests (0 response tokens)")] if failed else []
     return FileRows(source, times, scale, labels, prompt, output, _zeros(n), _zeros(n), _zeros(n), [None] * n,
-                    lines, set(), skipped)
+                    lines, set(), skipped, rows=rows, data_rows=data_rows)
 
 
 def parse_azure(text: str, source: str, tenant_from: str | None = None) -> FileRows:
@@ -507,7 +518,7 @@ def servegen_requests(directory: str, *, seed: int = 0, window=None) -> dict:
     generator (servegen.generate, key jax.random.PRNGKey(seed)). Arrivals are whole steps of
     `servegen_step_ns` (40 us for one row of 87 clients) as ns from the first; lengths are not clipped
     (caps MAX_LENGTH); `lines` is each request's number in time order (1-based: there is no
-    file line). Returns the columns request_log._assemble takes."""
+    file line), `rows` the same 0-based. Returns the columns request_log._assemble takes."""
     import jax
 
     from vtc_jax.inputs import servegen
@@ -540,4 +551,5 @@ def servegen_requests(directory: str, *, seed: int = 0, window=None) -> dict:
     labels = [str(c) for c in data.client_ids[block].tolist()]
     return {"arrival": (out[:, 0] - out[0, 0]) * step_ns, "labels": labels, "prompt": out[:, 2], "output": out[:, 3],
             "cached": _zeros(n), "priority": _zeros(n), "prefix_len": _zeros(n), "prefix_id": [None] * n,
-            "lines": np.arange(1, n + 1, dtype=np.int64), "file": _zeros(n), "columns": set(), "skipped": []}
+            "lines": np.arange(1, n + 1, dtype=np.int64), "rows": np.arange(n, dtype=np.int64), "file": _zeros(n),
+            "columns": set(), "skipped": []}

@@ -67,6 +67,7 @@ class RequestLog:
     prefix_id: tuple
     lines: np.ndarray
     file: np.ndarray
+    rows: np.ndarray  # int64[N]: each request's 0-based data row over the files in order (`data_rows`)
     sources: tuple
     columns: frozenset
     unit: str | None
@@ -91,17 +92,18 @@ class RequestLog:
         n = len(self)
         counts = np.bincount(self.client, minlength=len(self.tenants))
         ranked = sorted(range(len(self.tenants)), key=lambda k: (-counts[k], k))
-        shown = ", ".join(f"{self.tenants[k]} {counts[k]:,}" for k in ranked[:6])
+        shown = ", ".join(f"{shown_name(self.tenants[k])} {counts[k]:,}" for k in ranked[:6])
         more = f", +{len(ranked) - 6} more" if len(ranked) > 6 else ""
         k = len(self.tenants)
         parts = [f"read {self._name()} ({self.format}): {n:,} request{'s' * (n != 1)}",
                  f"{k:,} tenant{'s' * (k != 1)} ({shown}{more})"]
         if self.timed:
-            span = self.span_seconds()
-            parts.append(f"span {span:,.1f} s" + (f", {(n - 1) / span:,.2f} requests/s" if span > 0 else ""))
+            span, rate = self.span_seconds(), request_rate(n, self.span_seconds())
+            parts.append(f"span {span:,.1f} s" + (f", {rate:,.2f} requests/s" if rate is not None else ""))
         else:
             span = int(self.arrival.max() - self.arrival.min())
-            parts.append(f"span {span:,} steps" + (f", {(n - 1) / span:,.2f} requests/step" if span > 0 else ""))
+            rate = request_rate(n, span)
+            parts.append(f"span {span:,} steps" + (f", {rate:,.2f} requests/step" if rate is not None else ""))
         if self.window is not None:
             parts.append(f"window [{self.window[0]:g}, {self.window[0] + self.window[1]:g}) s of the input")
         parts.append(f"prompt mean {self.prompt.mean():,.0f}, output mean {self.output.mean():,.0f}")
@@ -295,6 +297,28 @@ def _number(labels: list) -> tuple[np.ndarray, tuple]:
     return client, tuple(ids)
 
 
+def request_rate(n: int, span) -> float | None:
+    """The one request rate of a log: n requests over the span of their arrivals (n / span,
+    in requests per the span's unit; what `vllm bench serve` calls the request rate, requests
+    over the duration), None when the span is 0 (one instant has no rate). The summary line
+    and the unit check use it, so every rate of a log agrees."""
+    span = float(span) if span is not None else 0.0
+    return n / span if span > 0 else None
+
+
+_PLAIN_NAME = frozenset(",=\"")
+
+
+def shown_name(name: str) -> str:
+    """A tenant's name as printed in lists (`0=a, 1=b`; `a 3, b 2`): quoted, CSV-style
+    ("a,b"; an inner quote doubled), when it holds a comma, '=', a quote or white space, or
+    is empty, so that the list reads back unambiguously; else as it is."""
+    text = str(name)
+    if text and not any(c in _PLAIN_NAME or c.isspace() for c in text):
+        return text
+    return '"' + text.replace('"', '""') + '"'
+
+
 def _integer_clients(labels: list) -> bool:
     return all(x.isascii() and x.lstrip("+").isdigit() for x in labels)
 
@@ -305,7 +329,7 @@ def _plausibility(name: str, ns: np.ndarray, unit: str, given: bool) -> str | No
     span = (int(ns.max()) - int(ns.min())) / 1e9 if n else 0.0
     if span <= 0:
         return None
-    rate = (n - 1) / span
+    rate = request_rate(n, span)
     slow = span > 2 * 86400 or (n >= 100 and rate < 1 / 60)
     if not slow and rate <= 100_000:
         return None
@@ -334,6 +358,7 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
     if tenant_from is not None and tenants is not None:
         raise InputError("give --tenant-from or --tenants, not both")
     split = parse_split(tenants) if tenants is not None else None
+    _refuse_repeated(paths)
     streams = {p: fileio.read_text(p, what="input") for p in paths if is_stream(p)}  # a pipe is read once
     formats = [format or detect_format(p, streams.get(p)) for p in paths]
     for p, f in zip(paths, formats):
@@ -376,12 +401,36 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
         "prefix_len": np.concatenate([p.prefix_len for p in parts]),
         "prefix_id": _prefix_ids(parts, fmt),
         "lines": np.concatenate([p.lines for p in parts]),
+        "rows": _data_rows(parts),
         "file": np.concatenate([np.full(len(p.lines), i, np.int64) for i, p in enumerate(parts)]),
         "columns": set().union(*(p.columns for p in parts)),
         "skipped": _merge_skipped(parts),
         "integer_clients": fmt == "trace" and tenant_from in (None, "client") and _integer_clients(labels),
     }
     return _assemble(fmt, paths, cols, split, split_seed, unit, time_unit)
+
+
+def _refuse_repeated(paths: list) -> None:
+    """One file given twice (by any path: os.path.samefile's test, device and inode) would
+    read every request of it twice: refused, naming it. A path that cannot be stat'ed is
+    left to the reader, which names the problem."""
+    seen: dict = {}
+    for i, path in enumerate(paths):
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        first = paths[seen.setdefault((st.st_dev, st.st_ino), i)]
+        if seen[(st.st_dev, st.st_ino)] != i:
+            same = "" if first == path else f" (the same file as {first})"
+            raise InputError(f"{path}: given twice{same}: each of its requests would be read twice; give it once")
+
+
+def _data_rows(parts) -> np.ndarray:
+    """int64[N]: each request's 0-based data row over the files in the order given (a file's
+    rows follow the previous file's last data row, dropped rows counted)."""
+    starts = np.cumsum([0] + [p.data_rows for p in parts[:-1]])
+    return np.concatenate([p.rows + start for p, start in zip(parts, starts)])
 
 
 def _prefix_ids(parts, fmt: str) -> list:
@@ -429,7 +478,7 @@ def _assemble(fmt: str, paths: list, cols: dict, split, split_seed: int, unit, g
     warning = _plausibility(", ".join(paths), arrival, unit, given_unit is not None) if timed and unit else None
     if warning and given_unit is None:
         raise InputError(warning)
-    take = {k: cols[k][order] for k in ("prompt", "output", "cached", "priority", "prefix_len", "lines", "file")}
+    take = {k: cols[k][order] for k in ("prompt", "output", "cached", "priority", "prefix_len", "lines", "file", "rows")}
     return RequestLog(format=fmt, timed=timed, arrival=arrival[order], client=client, tenants=tenants,
                       prefix_id=tuple(cols["prefix_id"][i] for i in order), sources=tuple(paths),
                       columns=frozenset(cols["columns"]), unit=unit, skipped=tuple(cols["skipped"]), warning=warning,
@@ -447,11 +496,29 @@ def prefix_fidelity(log: RequestLog) -> float:
     return int(group.sum()) / exact
 
 
+_PER_REQUEST = ("prompt", "output", "cached", "priority", "prefix_len", "lines", "file", "rows")
+
+
+def _subset(log: RequestLog, keep: np.ndarray, **changes) -> RequestLog:
+    """The requests `keep` (int64[n] indices, in order) of `log`, each with its columns,
+    file line and data row as read; a timed log's tenants renumbered by first appearance
+    (a tenant left with no request is gone), a trace's client ids kept (they are ids)."""
+    client, tenants = log.client[keep], log.tenants
+    if log.timed:
+        ids: dict = {}
+        client = np.asarray([ids.setdefault(int(c), len(ids)) for c in client], np.int64)
+        tenants = tuple(log.tenants[c] for c in ids)
+    columns = {name: getattr(log, name)[keep] for name in _PER_REQUEST + ("arrival",)}
+    columns.update(client=client, tenants=tenants, prefix_id=tuple(log.prefix_id[i] for i in keep))
+    return dataclasses.replace(log, **{**columns, **changes})
+
+
 def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
     """A timed log's requests that arrive in [start, start + seconds) s after its first
     arrival, re-based (the earliest kept arrives at 0), tenants renumbered by first
-    appearance. Columns derived from the whole log stay as read (Mooncake's `cached`: the
-    cache had seen the earlier requests; `prefix_len`: shared with any request of the log)."""
+    appearance, data rows as read. Columns derived from the whole log stay as read (Mooncake's
+    `cached`: the cache had seen the earlier requests; `prefix_len`: shared with any request
+    of the log)."""
     if not log.timed:
         raise InputError(f"{log._name()}: --window is in seconds, and a trace is in steps (use --steps)")
     lo = int(round(start_s * 1e9))
@@ -460,10 +527,23 @@ def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
     if keep.size == 0:
         raise InputError(f"{log._name()}: no request arrives in the window [{start_s:g}, {start_s + seconds:g}) s "
                          f"(the input spans {log.span_seconds():,.1f} s)")
-    ids: dict = {}
-    client = np.asarray([ids.setdefault(int(c), len(ids)) for c in log.client[keep]], np.int64)
-    arrival = log.arrival[keep] - log.arrival[keep].min()
-    pick = {name: getattr(log, name)[keep] for name in ("prompt", "output", "cached", "priority", "prefix_len", "lines",
-                                                         "file")}
-    return dataclasses.replace(log, arrival=arrival, client=client, tenants=tuple(log.tenants[c] for c in ids),
-                               prefix_id=tuple(log.prefix_id[i] for i in keep), window=(start_s, seconds), **pick)
+    return _subset(log, keep, arrival=log.arrival[keep] - log.arrival[keep].min(), window=(start_s, seconds))
+
+
+def servable(log: RequestLog, max_prompt: int) -> tuple[RequestLog, int]:
+    """(the log without its requests whose prompt exceeds `max_prompt` tokens, how many were
+    dropped): what a server's API does with a request that can never fit its memory (it
+    rejects that one and serves the rest). Kept requests keep their arrival (no re-basing:
+    the dropped ones simply never arrive), file line and data row; the summary counts the
+    dropped in `skipped`. Mooncake's `cached` and `prefix_len` stay as read (computed with
+    every request of the file). InputError (one line) when every request would be dropped."""
+    max_prompt = int(max_prompt)
+    over = log.prompt > max_prompt
+    dropped = int(over.sum())
+    if dropped == 0:
+        return log, 0
+    if dropped == len(log):
+        raise InputError(f"{log._name()}: every request's prompt exceeds the server's memory of {max_prompt:,} tokens "
+                         f"(shortest: {int(log.prompt.min()):,}): nothing to run")
+    reason = f"requests whose prompt exceeds the server's memory of {max_prompt:,} tokens"
+    return _subset(log, np.flatnonzero(~over), skipped=tuple(log.skipped) + ((dropped, reason),)), dropped
