@@ -209,3 +209,16 @@ def test_gen_quotes_names_that_would_read_ambiguously(tmp_path, capsys):
     assert printed[0].startswith(f'read {path} (log): 4 requests, 3 tenants ("a,b" 2, c 1, "x=y" 1)')
     assert printed[1].endswith('; clients 0="a,b", 1=c, 2="x=y"')
     assert [r["client"] for r in csv.DictReader(out.open())] == ["0", "1", "2", "0"]
+
+
+def test_gen_quotes_a_prefix_id_cell_that_holds_a_comma(tmp_path, capsys):
+    """A log's prefix_id `p,1` (quoted in its CSV) is written quoted in gen's trace (it was
+    written bare, so the row had one field too many and the trace could not be read back):
+    the trace reads back with the same prefix ids."""
+    path = _write(tmp_path, "l.csv", 'timestamp,tenant,prompt,output,prefix_id,prefix_len\n0,a,8,1,"p,1",4\n'
+                  '1,b,9,1,"say ""x""",0\n')
+    out = tmp_path / "t.csv"
+    assert main(["gen", "--from", str(path), "--out", str(out), "--step-seconds", "1"]) == 0
+    assert out.read_text() == ('arrival,client,prompt,output,cached,prefix_id,prefix_len\n0,0,8,1,0,"p,1",4\n'
+                               '1,1,9,1,0,"say ""x""",0\n')
+    assert read_requests([out]).prefix_id == ("p,1", 'say "x"')

@@ -4,6 +4,8 @@ and patterns (constant, on_off, ramp, silence), Poisson arrivals per step."""
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import re
 
 import numpy as np
@@ -160,13 +162,15 @@ def convert(args) -> int:
     extra = [c for c in ("priority", "prefix_id", "prefix_len") if c in log.columns]
     order = np.lexsort((np.arange(len(log)), trace.arrival))
     cols = {"priority": log.priority, "prefix_len": log.prefix_len}
-    lines = ["arrival,client,prompt,output,cached" + "".join("," + c for c in extra)]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")  # a prefix_id holding a comma or quote is quoted, not split
+    writer.writerow(["arrival", "client", "prompt", "output", "cached", *extra])
     for i in order:
         row = [trace.arrival[i], trace.client[i], trace.prompt[i], trace.output[i], trace.cached[i]]
         row += [(log.prefix_id[i] or "") if c == "prefix_id" else cols[c][i] for c in extra]
-        lines.append(",".join(str(x) for x in row))
+        writer.writerow([str(x) for x in row])
     input_flags.announce(args)
-    fileio.write_text_atomically(args.out, "\n".join(lines) + "\n")
+    fileio.write_text_atomically(args.out, out.getvalue())
     names = ", ".join(f"{k}={request_log.shown_name(name)}" for k, name in enumerate(log.tenants[:12]))
     names += " ..." if len(log.tenants) > 12 else ""
     print(f"wrote {args.out}: {len(log)} requests from {len(log.tenants)} tenants over {int(trace.arrival.max()) + 1} "
