@@ -222,3 +222,11 @@ def test_gen_quotes_a_prefix_id_cell_that_holds_a_comma(tmp_path, capsys):
     assert out.read_text() == ('arrival,client,prompt,output,cached,prefix_id,prefix_len\n0,0,8,1,0,"p,1",4\n'
                                '1,1,9,1,0,"say ""x""",0\n')
     assert read_requests([out]).prefix_id == ("p,1", 'say "x"')
+
+
+def test_servable_labelled_trace_renumbers_its_tenants(tmp_path):
+    """A trace with named clients (x, y, x): dropping y's only request leaves one tenant, x."""
+    path = _write(tmp_path, "t.csv", "arrival,client,prompt,output\n0,x,5,1\n1,y,900,1\n2,x,6,1\n")
+    kept, dropped = rl.servable(read_requests([path]), 512)
+    assert dropped == 1 and kept.tenants == ("x",) and kept.client.tolist() == [0, 0]
+    assert input_flags.file_rows(kept).tolist() == [0, 2]

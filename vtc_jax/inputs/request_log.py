@@ -501,10 +501,10 @@ _PER_REQUEST = ("prompt", "output", "cached", "priority", "prefix_len", "lines",
 
 def _subset(log: RequestLog, keep: np.ndarray, **changes) -> RequestLog:
     """The requests `keep` (int64[n] indices, in order) of `log`, each with its columns,
-    file line and data row as read; a timed log's tenants renumbered by first appearance
-    (a tenant left with no request is gone), a trace's client ids kept (they are ids)."""
+    file line and data row as read; tenants renumbered by first appearance (a tenant left
+    with no request is gone), except a trace's integer client ids, which are kept (ids)."""
     client, tenants = log.client[keep], log.tenants
-    if log.timed:
+    if log.timed or tenants != tuple(str(k) for k in range(len(tenants))):
         ids: dict = {}
         client = np.asarray([ids.setdefault(int(c), len(ids)) for c in client], np.int64)
         tenants = tuple(log.tenants[c] for c in ids)
