@@ -26,8 +26,9 @@ growing with the horizon (N = 16 T / 256 by default), to show how the worst case
 --server NAME runs every candidate on that server (vtc_jax/servers): `ideal` (the default,
 MODEL.md's: memory bounds admission only, running requests grow past M), `ideal_reserve`
 (admission reserves prompt + output within M: the VTC theorem's assumption) or `vllm`
-(vLLM V1's scheduler, with --block-size, --max-num-batched-tokens and --max-num-seqs and a
-KV pool of M tokens: num_gpu_blocks = M // block_size + 1). On the bounded servers every
+(vLLM V1's scheduler, with vLLM's engine arguments as on every sweep: --block-size,
+--max-num-batched-tokens, --max-num-seqs, ..., and a KV pool of M tokens: num_gpu_blocks =
+M // block_size + 1, or --num-gpu-blocks N for M = (N - 1) x block_size). On the bounded servers every
 candidate request must fit M alone (the largest prompt + output), or the search is refused.
 The witnesses' JSON then name the server and its settings, and their replay command too.
 
@@ -61,14 +62,15 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from vtc_jax.cli import server_flags
 from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
+from vtc_jax.cli.server_flags import add_server_flags
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import adversary, devices
 from vtc_jax.driver.sweep import MODEL_ENGINE
 from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
-from vtc_jax.servers import registry as servers
 
 PROG = "python -m sweeps.adversary"
 SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to attack
@@ -82,7 +84,13 @@ MAX_GENERATION_REQUESTS = 1 << 26  # population x K x N: about 5 GiB of genes an
 # beside the engine lanes, so this and MODEL_ENGINE.lane_bytes (x2 for XLA's buffers)
 # make an estimate about twice what a search holds (K = 2, N = 16 and 64).
 HOST_BYTES_PER_REQUEST = 256
+VLLM_SERVERS = ("vllm", "vllm_prefix")  # the servers whose settings are vLLM's engine arguments
 VLLM_DEFAULTS = {"block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # vLLM's own
+SERVER_HELP = ("the server every candidate runs on (default ideal, MODEL.md's: memory bounds admission only); "
+               "ideal_reserve: admission reserves prompt + output within M (the VTC theorem's assumption); vllm: "
+               "vLLM V1's scheduler with a KV pool of num_gpu_blocks = M // block_size + 1 blocks (the null block "
+               "holds none: M tokens of KV; M must be a multiple of --block-size), or --num-gpu-blocks N for "
+               "M = (N - 1) x block_size")
 FLAGS_FOR_MEMORY = "lower --population or --requests (or give fewer --clients, smaller --horizon-grid horizons)"
 
 
@@ -120,7 +128,8 @@ def build_parser() -> Parser:
     parser.add_argument("--policy", type=list_arg(str, name="policies", max_items=64), default=policies,
                         help=f"policies to attack (default: {','.join(policies)}; also vtc-artifact)")
     parser.add_argument("--kv-budget", type=list_arg(int_arg(1, 1 << 20), name="KV budgets", max_items=16),
-                        default=[256], help="KV budgets M (default 256)")
+                        default=None, help="KV budgets M (default 256; on --server vllm --num-gpu-blocks N sets "
+                                           "M = (N - 1) x block_size)")
     parser.add_argument("--clients", type=list_arg(int_arg(2, adversary.MAX_CLIENTS), name="client counts",
                                                    max_items=3), default=[2], help="client counts K, 2..4 (default 2)")
     parser.add_argument("--generations", type=int_arg(1, 1 << 16), default=40, help="generations (default 40)")
@@ -144,19 +153,10 @@ def build_parser() -> Parser:
                         default=list(GROWTH_POLICIES),
                         help="policies of the growth search (default fcfs,lcf,vtc,vtc-artifact; vtc-artifact: vtc "
                              "without the lift's last_left clause, the VTC artifact's variant)")
-    parser.add_argument("--server", choices=servers.names(), default="ideal",
-                        help="the server every candidate runs on (default ideal, MODEL.md's: memory bounds admission "
-                             "only); ideal_reserve: admission reserves prompt + output within M (the VTC theorem's "
-                             "assumption); vllm: vLLM V1's scheduler with a KV pool of num_gpu_blocks = M // "
-                             "block_size + 1 blocks (the null block holds none: M tokens of KV; M must be a multiple "
-                             "of --block-size)")
-    parser.add_argument("--block-size", type=int_arg(1, 1 << 20), default=None, metavar="B",
-                        help=f"--server vllm: tokens per KV block (default {VLLM_DEFAULTS['block_size']})")
-    parser.add_argument("--max-num-batched-tokens", type=int_arg(1, 1 << 29), default=None, metavar="T",
-                        help=f"--server vllm: token budget of one step (default "
-                             f"{VLLM_DEFAULTS['max_num_batched_tokens']})")
-    parser.add_argument("--max-num-seqs", type=int_arg(1, 1 << 29), default=None, metavar="S",
-                        help=f"--server vllm: running requests at most (default {VLLM_DEFAULTS['max_num_seqs']})")
+    add_server_flags(parser)  # --server and vLLM's engine arguments, as on every sweep
+    for action in parser._actions:
+        if action.dest == "server":
+            action.help = SERVER_HELP
     parser.add_argument("--sigma", type=float_arg(1e-3, 10.0), default=0.6, help="ES sample scale (default 0.6)")
     parser.add_argument("--no-construction", action="store_true",
                         help="do not seed the search with the blocked-decode construction (adversary.blocked_decode)")
@@ -176,10 +176,10 @@ def parse(argv=None):
         if name in SKIPPED_POLICIES:
             raise InputError(f"policy {name} needs an rpm limit; the adversary searches the other policies")
     args.policy = list(dict.fromkeys(args.policy))
+    args.vllm = vllm_flags(args)  # sets args.kv_budget (--num-gpu-blocks or the default)
     args.kv_budget = list(dict.fromkeys(args.kv_budget))
     args.clients = list(dict.fromkeys(args.clients))
     args.growth_policy = list(dict.fromkeys(args.growth_policy))
-    args.vllm = vllm_flags(args)
     if args.prompt[1] > min(args.kv_budget):
         raise InputError(f"--prompt up to {args.prompt[1]} exceeds --kv-budget {min(args.kv_budget)}: "
                          "such a prompt could never be admitted")
@@ -256,15 +256,27 @@ def out_of_memory(err: BaseException) -> bool:
 
 
 def vllm_flags(args) -> dict:
-    """The vllm server's flags with vLLM's defaults (empty on another server, which
-    refuses them), every --kv-budget checked to be a whole number of blocks."""
-    given = {name: getattr(args, name) for name in VLLM_DEFAULTS if getattr(args, name) is not None}
-    if args.server != "vllm":
+    """The vllm server's flags (vLLM's engine arguments, cli/server_flags.py) with vLLM's
+    defaults, empty on another server (which refuses them, one line naming both). Sets
+    args.kv_budget: --num-gpu-blocks N means M = (N - 1) x block_size (the null block holds
+    none), refused beside a --kv-budget that says otherwise; every M is checked to be a whole
+    number of blocks. `--enable-prefix-caching` runs the search on vllm_prefix."""
+    given = dict(server_flags.server_options(args))  # refuses a vLLM flag on another server
+    if args.server not in VLLM_SERVERS:
         if given:
-            flag = "--" + next(iter(given)).replace("_", "-")
-            raise InputError(f"{flag} is a setting of --server vllm (the search runs on --server {args.server})")
+            raise InputError(f"{server_flags.VLLM_FLAGS[next(iter(given))]}: the search takes server settings on "
+                             f"--server {' or '.join(VLLM_SERVERS)} only (it runs on --server {args.server})")
+        args.kv_budget = args.kv_budget or [256]
         return {}
+    blocks = given.pop("num_gpu_blocks", None)
     flags = {**VLLM_DEFAULTS, **given}
+    if blocks is not None:
+        pool = (blocks - 1) * flags["block_size"]
+        if args.kv_budget not in (None, [pool]):
+            raise InputError(f"--num-gpu-blocks {blocks} sets M = ({blocks} - 1) x {flags['block_size']} = {pool} "
+                             f"tokens, and --kv-budget says {','.join(map(str, args.kv_budget))}: give one of them")
+        args.kv_budget = [pool]
+    args.kv_budget = args.kv_budget or [256]
     for m in args.kv_budget:
         if m % flags["block_size"] or m < flags["block_size"]:
             raise InputError(f"--kv-budget {m} is not a whole number of --block-size {flags['block_size']} blocks: "
@@ -275,7 +287,7 @@ def vllm_flags(args) -> dict:
 def server_options(args, kv_budget: int) -> tuple:
     """Settings.server_options of the search's server at M = kv_budget (vllm: its flags and
     num_gpu_blocks = M // block_size + 1; the other servers take none)."""
-    if args.server != "vllm":
+    if not args.vllm:
         return ()
     return tuple(sorted({**args.vllm, "num_gpu_blocks": kv_budget // args.vllm["block_size"] + 1}.items()))
 
@@ -355,11 +367,19 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
             "_trace": result.trace, "_settings": settings, "_limits": limits}
 
 
+def _flag_text(name: str, value) -> str:
+    """A server option as its replay flag: `--block-size 16`, a switch `--enable-x` / `--no-enable-x`."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{flag}" if value else f"--no-{flag}"
+    return f"--{flag} {value}"
+
+
 def witness_json(row: dict, args) -> dict:
     """The small JSON beside a witness: its settings, limits, drift and the replay command."""
     s, lim, m = row["_settings"], row["_limits"], row["metrics"]
     options = dict(s.server_options)
-    memory = (" ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items()) if options
+    memory = (" ".join(_flag_text(k, v) for k, v in options.items()) if options
               else f"--kv-budget {s.kv_budget}")  # vllm's M is its pool: (num_gpu_blocks - 1) x block_size
     command = (f"python -m vtc_jax replay {Path(m['witness']).name} --policy {s.policy}"
                + ("" if args.server == "ideal" else f" --server {args.server}") + f" {memory} "

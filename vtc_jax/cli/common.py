@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from typing import Callable
@@ -19,10 +20,20 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import use_every_core
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130  # 130 = 128 + SIGINT
+NUMBER_LIKE = re.compile(r"^-[0-9.]")  # an argument that is a (signed) value, never an option
+INT32_MAX = 2**31 - 1  # int_arg's bound when none is given: every count reaches an int32 lane
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as an InputError (one line, no usage block)."""
+    """argparse that reports a usage error as an InputError (one line, no usage block), and
+    hands an argument that starts with '-' and a digit or '.' to the option before it as its
+    value (`--time-window -1,5`, `--shift -.5`): argparse's own rule takes only plain numbers
+    (`-1`, `-1.5`) as values and "-1,5" for an unknown option, so the flag's own check never
+    answered. No command has an option spelled like a number, so nothing is lost."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NUMBER_LIKE  # read by argparse's _parse_optional
 
     def error(self, message):
         raise InputError(message)
@@ -157,16 +168,24 @@ def guarded(prog: str, body: Callable[[], int]) -> int:
 
 
 def int_arg(minimum: int, maximum: int | None = None):
-    """argparse type: an integer in [minimum, maximum] (plain decimal digits)."""
+    """argparse type: an integer in [minimum, maximum] (plain decimal digits, a sign
+    allowed); `maximum` None means INT32_MAX. Anything outside, however many digits it has,
+    is reported as out of range with the range named (never "must be an integer")."""
+    top = INT32_MAX if maximum is None else maximum
+
     def parse(text: str) -> int:
         text = text.strip()
-        if len(text) > 12 or not text.lstrip("+-").isdigit():
+        digits = text[1:] if text[:1] in "+-" else text
+        if not digits.isascii() or not digits.isdigit():
             raise argparse.ArgumentTypeError(f"must be an integer, got {text[:24]!r}")
+        shown = text if len(text) <= 24 else f"{text[:12]}... ({len(digits)} digits)"
+        if len(digits.lstrip("0")) > 40:  # past any range here; int() of 4,300+ digits raises
+            raise argparse.ArgumentTypeError(f"out of range: must be {minimum} to {top}, got {shown}")
         value = int(text)
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} (range {minimum} to {top}), got {shown}")
+        if value > top:
+            raise argparse.ArgumentTypeError(f"out of range: must be {minimum} to {top}, got {shown}")
         return value
     return parse
 
