@@ -5,7 +5,10 @@ before it is read, anything else (a pipe, /dev/zero) is read in chunks and refus
 as it passes the limit or shows a NUL byte, so no input can exhaust memory. Every writer
 goes through `write_outputs_atomically`: files are written under temporary names in the
 target directory and renamed into place only when all of them were written, so an
-interrupted or failed run leaves the previous results (or none), never a half.
+interrupted or failed run leaves the previous results (or none), never a half. A stream
+target (`-` for stdout, a FIFO, a character device such as /dev/null or /dev/stdout) is
+written as a stream: opened once and written after the regular files of its set are in
+place, never replaced, renamed over or probed with a file beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import contextlib
 import csv
 import io
 import os
+import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -116,27 +121,61 @@ def _csv_records(reader, source: str, width: int) -> Iterator[tuple[int, list[st
         raise InputError(f"{source}: line {line}: malformed CSV ({err})") from None
 
 
-def target_problem(path) -> str | None:
-    """Why an output file cannot be put at `path`, or None. An absent path, a regular file
-    and a symbolic link to a regular file are fine; anything else (a directory, a device
-    such as /dev/null, a FIFO, a socket, a dangling link) would be replaced by a regular
-    file, so it is refused. Only lstat/stat are used: a FIFO is never opened (that blocks)."""
+STDOUT = "-"  # an output path that means this process's standard output
+# Paths that name this process's own standard output: written through sys.stdout (opening
+# them anew would truncate a redirected file under what the command prints).
+_STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def _target_mode(path) -> int | None:
+    """The file type bits of what `path` names (a link followed), None when absent; raises
+    ValueError with the reason a link cannot be followed or the path cannot be checked.
+    Only lstat/stat are used: a FIFO is never opened (that blocks)."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
     except OSError as err:
-        return f"cannot check it ({err.strerror or err})"
+        raise ValueError(f"cannot check it ({err.strerror or err})") from None
     if stat.S_ISLNK(mode):
         try:
             mode = os.stat(path).st_mode
         except FileNotFoundError:
-            return "it is a dangling symbolic link"
+            raise ValueError("it is a dangling symbolic link") from None
         except OSError as err:
-            return f"cannot follow its symbolic link ({err.strerror or err})"
-    if stat.S_ISREG(mode):
+            raise ValueError(f"cannot follow its symbolic link ({err.strerror or err})") from None
+    return stat.S_IFMT(mode)
+
+
+def is_stream(path) -> bool:
+    """Whether output `path` is written as a stream: `-` (stdout), or a FIFO or character
+    device (/dev/null, /dev/stdout, a terminal), a link to one followed."""
+    if path is None:
+        return False
+    if os.fspath(path) == STDOUT:
+        return True
+    try:
+        mode = _target_mode(path)
+    except ValueError:
+        return False
+    return mode is not None and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode))
+
+
+def target_problem(path) -> str | None:
+    """Why an output file cannot be put at `path`, or None. An absent path, a regular file
+    and a symbolic link to a regular file are fine (written atomically), and so is a stream
+    (`is_stream`: `-`, a FIFO, a character device; written as a stream); anything else (a
+    directory, a socket, a block device, a dangling link) would be replaced by a regular
+    file, so it is refused."""
+    if os.fspath(path) == STDOUT:
         return None
-    return f"it is {_kind(mode)}, not a regular file"
+    try:
+        mode = _target_mode(path)
+    except ValueError as err:
+        return str(err)
+    if mode is None or stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        return None
+    return f"it is {_kind(mode)}, not a regular file or a stream (a FIFO, a character device, - for stdout)"
 
 
 def _kind(mode: int) -> str:
@@ -165,12 +204,27 @@ def check_distinct_outputs(paths: Iterable) -> list[Path]:
         if path is None:
             continue
         path = Path(path)
+        if _shared_stream(path):  # /dev/null or stdout named twice is two writes to one stream
+            out.append(path)
+            continue
         real = os.path.realpath(path)
         if real in seen:
             raise InputError(f"{seen[real]} and {path} name the same output file: give each output its own path")
         seen[real] = path
         out.append(path)
     return out
+
+
+def _shared_stream(path) -> bool:
+    """A stream that several outputs may name: stdout or a character device (a FIFO is
+    not: its reader sees one writer's end of file)."""
+    if os.fspath(path) in _STDOUT_NAMES:
+        return True
+    try:
+        mode = _target_mode(path)
+    except ValueError:
+        return False
+    return mode is not None and stat.S_ISCHR(mode)
 
 
 @contextlib.contextmanager
@@ -190,6 +244,8 @@ def check_dir_possible(directory, names: Iterable[str] = ()) -> None:
     the directory exists, each of `names` is a valid target there (InputError otherwise).
     For checks made before other flags are validated: a refused command leaves no path."""
     directory = Path(directory)
+    if os.fspath(directory) == STDOUT:
+        raise InputError(f"cannot write to {directory} (not a directory: this output is a directory of files)")
     probe = directory
     while not os.path.lexists(probe) and probe != probe.parent:
         probe = probe.parent
@@ -206,6 +262,8 @@ def check_writable_dir(directory, names: Iterable[str] = ()) -> Path:
     each of `names` (the files the command will write there) is a valid target, before any
     work is spent (InputError naming the problem otherwise)."""
     directory = Path(directory)
+    if os.fspath(directory) == STDOUT or (os.path.exists(directory) and not directory.is_dir()):
+        raise InputError(f"cannot write to {directory} (not a directory: this output is a directory of files)")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with _probe(directory):
@@ -218,8 +276,14 @@ def check_writable_dir(directory, names: Iterable[str] = ()) -> Path:
 
 def check_writable_file(path) -> Path:
     """Check that `path` can be written (its directory exists and is writable, and it is
-    absent, a regular file or a link to one) before any work is spent."""
+    absent, a regular file or a link to one) before any work is spent. A stream (`is_stream`)
+    is checked for write permission only: nothing is created beside it, and a FIFO is not
+    opened (that would wait for its reader)."""
     path = check_target(path)
+    if is_stream(path):
+        if os.fspath(path) != STDOUT and not os.access(path, os.W_OK):
+            raise InputError(f"cannot write {path} (permission denied)")
+        return path
     parent = Path(os.path.realpath(path)).parent
     if not parent.is_dir():
         raise InputError(f"cannot write {path} (no such directory: {path.parent if str(path.parent) else '.'})")
@@ -282,22 +346,38 @@ def _final_targets(finals: Sequence[Path]) -> list[Path]:
 
 def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Path]:
     """Write a set of files as a whole. `files` yields (final path, writer) pairs; each
-    writer gets a temporary path in the same directory and writes it. Every final path is
-    checked first (absent, a regular file or a link to one; no two the same file). Only
-    when every writer succeeded, and no interrupt was received meanwhile, are the
-    temporaries given the umask's mode (like `open(path, "w")`) and renamed over their
-    final paths (each rename is atomic; an interrupt waits for the last); on any failure
-    every temporary is removed and the error re-raised (OSError becomes InputError naming
-    the file). Returns the final paths as given."""
+    writer gets a temporary path and writes it. Every final path is checked first (absent,
+    a regular file, a link to one, or a stream; no two the same file). Only when every
+    writer succeeded, and no interrupt was received meanwhile, are the regular files'
+    temporaries (in their final directories) given the umask's mode (like `open(path, "w")`)
+    and renamed over their final paths (each rename is atomic; an interrupt waits for the
+    last); then each stream (`is_stream`: `-`, a FIFO, a character device), whose writer
+    wrote into a private temporary directory, never beside the stream, is opened once and
+    written. On any failure every temporary is removed and the error re-raised (OSError
+    becomes InputError naming the file; a closed pipe stays BrokenPipeError). Returns the
+    final paths as given."""
     files = [(Path(final), writer) for final, writer in files]
     named = [final for final, _ in files]
-    targets = _final_targets(named)
+    streams = [is_stream(final) for final in named]
+    regular = [final for final, stream in zip(named, streams) if not stream]
+    check_distinct_outputs(named)
+    targets = iter(_final_targets(regular))
     mode = 0o666 & ~_umask()
-    pending: list[tuple[Path, Path]] = []
+    pending: list[tuple[Path, Path]] = []  # (temporary beside the target, target): renamed
+    spooled: list[tuple[Path, Path]] = []  # (temporary in `spool`, stream): copied
+    spool: list[Path] = []
     _writing[0] += 1
     try:
-        for (final, writer), target in zip(files, targets):
+        for (final, writer), stream in zip(files, streams):
             try:
+                if stream:
+                    if not spool:
+                        spool.append(Path(tempfile.mkdtemp(prefix="vtc_jax_stream_")))
+                    tmp = spool[0] / f"{len(spooled)}.out"
+                    spooled.append((tmp, final))
+                    writer(tmp)
+                    continue
+                target = next(targets)
                 fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
                 os.close(fd)
                 pending.append((Path(tmp), target))
@@ -305,23 +385,18 @@ def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Pat
                 os.chmod(tmp, mode)
             except OSError as err:
                 raise InputError(f"cannot write {final} ({err.strerror or err})") from None
-            if pending_interrupt():
-                raise KeyboardInterrupt
-        _final_targets(named)  # again: a target may have changed while the files were written
+            finally:
+                if pending_interrupt():
+                    raise KeyboardInterrupt
+        _final_targets(regular)  # again: a target may have changed while the files were written
         if pending_interrupt():  # the exception raised by the handler may have been swallowed
             raise KeyboardInterrupt
-        _renaming[0] = True
-        try:
-            for (tmp, target), final in zip(pending, named):
-                try:
-                    os.replace(tmp, target)
-                except OSError as err:
-                    raise InputError(f"cannot write {final} ({err.strerror or err})") from None
-                _placed[0] += 1
-        finally:
-            _renaming[0] = False
-        if pending_interrupt():  # received during the renames: the set is whole, now stop
-            raise KeyboardInterrupt
+        _place(pending, regular)
+        for tmp, final in spooled:  # the regular files are in place: now the streams
+            _copy_to_stream(tmp, final)
+            _placed[0] += 1
+            if pending_interrupt():
+                raise KeyboardInterrupt
         return named
     except BaseException:
         for tmp, _ in pending:
@@ -330,6 +405,48 @@ def write_outputs_atomically(files: Iterable[tuple[Path, Callable]]) -> list[Pat
         raise
     finally:
         _writing[0] -= 1
+        for directory in spool:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _place(pending: list[tuple[Path, Path]], finals: list[Path]) -> None:
+    """Rename each temporary over its target, the whole set (an interrupt is only recorded
+    meanwhile, and raised once the set is whole)."""
+    _renaming[0] = True
+    try:
+        for (tmp, target), final in zip(pending, finals):
+            try:
+                os.replace(tmp, target)
+            except OSError as err:
+                raise InputError(f"cannot write {final} ({err.strerror or err})") from None
+            _placed[0] += 1
+    finally:
+        _renaming[0] = False
+    if pending_interrupt():  # received during the renames: the set is whole, now stop
+        raise KeyboardInterrupt
+
+
+def _copy_to_stream(tmp: Path, final: Path) -> None:
+    """Write the bytes of `tmp` to stream `final`: this process's stdout for `-` and its
+    names (/dev/stdout: opened anew it would truncate a redirected file under what the
+    command prints), else `final` opened once for writing (a FIFO waits for its reader)."""
+    with open(tmp, "rb") as src:
+        if os.fspath(final) in _STDOUT_NAMES:
+            sys.stdout.flush()
+            out = getattr(sys.stdout, "buffer", None)
+            if out is None:  # a text-only stdout (a caller's capture): the bytes as text
+                sys.stdout.write(src.read().decode("utf-8", "replace"))
+            else:
+                shutil.copyfileobj(src, out)
+            sys.stdout.flush()
+            return
+        try:
+            with open(final, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise InputError(f"cannot write {final} ({err.strerror or err})") from None
 
 
 def write_text_atomically(path, text: str) -> Path:
