@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run, runner
 from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
@@ -99,8 +100,24 @@ def _import(module_name: str, path: Path):
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001 - a user's file (SystemExit too): one line, never an exit
+        if fileio.pending_interrupt() or _caused_by_interrupt(err):
+            # Ctrl-C in a slow import that turned it into another error (C extensions raise
+            # ImportError, a module's `except BaseException` re-raises its own): an interrupt
+            # (exit 130, one line), not a broken file
+            raise KeyboardInterrupt from None
         raise InputError(f"--policy-module {path}: import failed ({checks.describe(err)})") from None
     return module
+
+
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in `err`'s chain of causes and contexts."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _module_policies(module, path: Path) -> list[Policy]:
@@ -188,4 +205,6 @@ def check_policy(policy: Policy) -> None:
             except InputError as err:
                 raise InputError(f"its default settings are refused on a test lane ({err})") from None
             except BaseException as err:  # noqa: BLE001 - anything else the traced lane hit
+                if fileio.pending_interrupt() or _caused_by_interrupt(err):
+                    raise KeyboardInterrupt from None
                 raise InputError(f"fails on a traced test lane ({checks.describe(err)})") from None
