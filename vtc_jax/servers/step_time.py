@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.fileio import read_text
@@ -30,6 +31,7 @@ from vtc_jax.core.fileio import read_text
 I32 = jnp.int32
 INT32_MAX = 2**31 - 1
 MAX_STEP_US = 1 << 30  # a step longer than ~18 minutes is refused
+MAX_CLOCK_US = INT32_MAX // 2  # a timed lane's longest drain horizon (servers.base.Server.max_horizon)
 KEYS = ("b0", "b1", "b2", "a0")
 
 
@@ -64,6 +66,54 @@ class StepTime:
             raise InputError(f"step-time model {self.name}: its longest step ({budget} prefill tokens, {seats} "
                              f"decoding) is {float(worst / scale):.4g} us in units of 1/{scale} us, past exact int32 "
                              "arithmetic: give fewer decimals or smaller coefficients")
+
+
+    def step_us(self, prefill: int, decode: int) -> int:
+        """The duration in us of a step computing `prefill` prompt and `decode` decode
+        tokens, as the lane computes it: max(1, trunc(b0 + b1 prefill + b2 decode))."""
+        return max(1, int(self.b0 + self.b1 * prefill + self.b2 * decode))
+
+    def longest_step(self, budget: int, seats: int) -> int:
+        """The longest step in us: a full token budget of prefill with every seat decoding."""
+        return self.step_us(budget, seats)
+
+    def drain_floor(self, arrival_us, prompt, output, budget: int, cached=None) -> int:
+        """A lower bound in us on the clock when the log has drained (every request
+        finished), whatever the schedule: the larger of
+
+        - the last request alone: it joins at max(arrival) + a0, then its prompt needs
+          ceil(prompt / budget) steps that prefill it (together at least
+          b0 x steps + b1 x prompt - steps, truncation losing < 1 us a step) and its
+          output - 1 decode steps of at least max(1, trunc(b0 + b2)) us each;
+        - the whole log's work: from min(arrival) + a0, every prompt token prefilled once
+          and every output token after the first decoded once, so the steps last together
+          at least b1 P + b2 D (P, D the totals) less 1 us of truncation a step, which the
+          step's b0 covers when b0 >= 1; when b0 < 1, half that (max(1, trunc(x)) >= x / 2).
+
+        arrival_us, prompt, output: int arrays [n] (the log in us, before a0); cached: int
+        array [n] of prompt tokens a prefix cache may hold (vllm_prefix: prefix_len), not
+        counted as prefilled (at least one token of each prompt is)."""
+        arrival = np.asarray(arrival_us, np.int64)
+        prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
+        if cached is not None:
+            prompt = np.maximum(prompt - np.asarray(cached, np.int64), 1)
+        last = int(np.argmax(arrival))
+        steps = -(-int(prompt[last]) // budget)
+        prefill = max(steps, int(self.b0 * steps + self.b1 * int(prompt[last])) - steps)
+        alone = int(arrival[last]) + self.a0 + prefill + (int(output[last]) - 1) * self.step_us(0, 1)
+        work = self.b1 * int(prompt.sum()) + self.b2 * int(np.maximum(output - 1, 0).sum())
+        whole = int(arrival.min()) + self.a0 + int(work if self.b0 >= 1 else work / 2)
+        return max(alone, whole)
+
+    def check_drain(self, arrival_us, prompt, output, budget: int, limit: int = MAX_CLOCK_US, cached=None) -> None:
+        """InputError, one line, before the run, if the log cannot drain within `limit` us
+        of the lane's int32 clock whatever the schedule (`drain_floor`): such a run would
+        spend its time only to end with every lane flagged as not finished."""
+        floor = self.drain_floor(arrival_us, prompt, output, budget, cached)
+        if floor > limit:
+            raise InputError(f"step-time model {self.name}: this log needs at least {floor:,} us ({floor / 6e7:,.1f} "
+                             f"minutes) of the server's clock to drain, past the {limit:,} us a timed run's int32 "
+                             "clock holds: give smaller coefficients (a0, b0, b1, b2) or a shorter log (--time-window)")
 
 
 def _decimal(value, key: str, source: str) -> Fraction:
