@@ -249,6 +249,44 @@ def test_ctrl_c_in_a_policy_modules_import_is_one_line_and_130(tmp_path, how):
     assert err.strip().splitlines() == ["vtc_jax: error: interrupted (Ctrl-C); no results were written"], err
 
 
+_EARLY = textwrap.dedent("""
+    import sys, time
+    from vtc_jax.core import fileio
+    print(fileio.stop_early_on_signals(["python3", "-m", "sweeps.rpm", "--seeds", "4"]), flush=True)
+    time.sleep(60)   # the imports a command makes before its own handler (jax: seconds)
+""")
+
+
+def test_command_prog_reads_the_interpreters_command_line():
+    assert fileio.command_prog(["python3", "-m", "vtc_jax", "replay", "t.csv"]) == "vtc_jax"
+    assert fileio.command_prog(["python", "-m", "sweeps.rpm"]) == "python -m sweeps.rpm"
+    assert fileio.command_prog(["python", "-X", "dev", "-u", "-m", "benchmarks.bench_vllm", "-m", "x"]) == \
+        "python -m benchmarks.bench_vllm"
+    for argv in (["python3", "-m", "pytest", "-q"], ["python3", "script.py", "-m", "vtc_jax"], ["python3", "-c", "x"],
+                 ["python3", "-m"], []):
+        assert fileio.command_prog(argv) is None, argv
+    assert fileio.stop_early_on_signals(["python3", "-m", "pytest"]) is False  # a caller's process: untouched
+
+
+@pytest.mark.parametrize("signum, status, name", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_during_a_commands_imports_is_one_line(signum, status, name):
+    """Ctrl-C while `python -m vtc_jax ...` (or a sweep) was still importing jax, before
+    `guarded` installed its handler, printed a KeyboardInterrupt traceback of 30-45 lines
+    (or an ImportError from jaxlib, or was lost in jax's gc callback). The package now
+    installs the handler first thing (fileio.stop_early_on_signals; vtc_jax/__init__.py
+    calls it): one line and 128 + signal."""
+    proc = subprocess.Popen([sys.executable, "-c", _EARLY], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "True"
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, (proc.returncode, err)
+    assert err.strip().splitlines() == [f"python -m sweeps.rpm: error: interrupted ({name}); no results were written"]
+
+
 # ---- 7. a step-time model whose log cannot drain within the clock ---------------------------------------
 
 def _model(**values) -> step_time.StepTime:

@@ -78,16 +78,7 @@ def _exit_now(code: int) -> None:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
-
-
-def interrupted_line(signum: int, placed: int) -> str:
-    """The one line of a stopped command: which signal, and what was written (`placed`
-    output files, each in a whole set, or none)."""
-    name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
-    done = "no results were written" if not placed else \
-        f"{placed} output file(s) had been written before, each set complete"
-    return f"interrupted ({name}); {done}"
+interrupted_line = fileio.interrupted_line  # "interrupted (Ctrl-C); no results were written"
 
 
 def _stop_on_signals(prog: str) -> None:

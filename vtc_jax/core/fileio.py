@@ -18,6 +18,7 @@ import csv
 import io
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -329,6 +330,66 @@ def pending_interrupt() -> int:
 def outputs_placed() -> int:
     """How many output files this process has put in place (each in a complete set)."""
     return _placed[0]
+
+
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+COMMAND_PACKAGES = ("vtc_jax", "sweeps", "benchmarks")  # `python -m PACKAGE.X`: the commands
+
+
+def interrupted_line(signum: int, placed: int) -> str:
+    """The one line of a stopped command: which signal, and what was written (`placed`
+    output files, each in a whole set, or none)."""
+    name = _SIGNAL_NAMES.get(signum, f"signal {signum}")
+    done = "no results were written" if not placed else \
+        f"{placed} output file(s) had been written before, each set complete"
+    return f"interrupted ({name}); {done}"
+
+
+def command_prog(argv: Sequence[str] | None = None) -> str | None:
+    """The name a command's messages start with when this process is `python -m NAME`
+    of one of COMMAND_PACKAGES (`vtc_jax`, `python -m sweeps.rpm`), else None. Read from
+    the interpreter's own command line (sys.orig_argv), which is whole before the module
+    named by -m is even found."""
+    argv = list(getattr(sys, "orig_argv", []) if argv is None else argv)
+    i = 1
+    while i < len(argv) - 1 and argv[i] != "-m":  # the interpreter's own options come first
+        if argv[i] == "-c" or not argv[i].startswith("-"):
+            return None  # a script or a command string, not a module
+        i += 2 if argv[i] in ("-W", "-X", "--check-hash-based-pycs") else 1
+    if i >= len(argv) - 1 or argv[i] != "-m":
+        return None
+    name = argv[i + 1]
+    if name.split(".")[0] not in COMMAND_PACKAGES:
+        return None
+    return "vtc_jax" if name in ("vtc_jax", "vtc_jax.__main__") else f"python -m {name}"
+
+
+def stop_early_on_signals(argv: Sequence[str] | None = None) -> bool:
+    """In a command process (`command_prog`), from now until the command installs its own
+    handler (cli/common.py `guarded`): Ctrl-C, SIGTERM and SIGHUP end it at once with one
+    line and status 128 + signal. Called first thing by the package (vtc_jax/__init__.py),
+    before the imports that take seconds (jax): Python's default there was a
+    KeyboardInterrupt traceback from inside the import, an ImportError ("error while
+    initializing the extension") or an interrupt lost in jax's garbage-collection callback.
+    Nothing can have been written yet. Returns whether it installed the handlers."""
+    prog = command_prog(argv)
+    if prog is None:
+        return False
+
+    def handler(signum, frame):
+        record_interrupt(signum)
+        line = f"{prog}: error: {interrupted_line(signum, 0)}\n"
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+        os._exit(128 + signum)
+
+    try:
+        for signum in _SIGNAL_NAMES:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # a signal the caller ignores stays ignored
+                signal.signal(signum, handler)
+    except ValueError:  # not the main thread: the command's own handler comes later
+        return False
+    return True
 
 
 def _umask() -> int:
