@@ -53,7 +53,8 @@ def _compare(out: Path, *flags: str) -> tuple[int, str]:
 
 def _files(out: Path) -> tuple[list, dict, dict]:
     rows = list(csv.DictReader((out / "requests.csv").open()))
-    return rows, json.loads((out / "bench_serve.json").read_text()), json.loads((out / "latency.json").read_text())
+    return rows, json.loads((out / "bench_serve.json").read_text()), (
+        json.loads((out / "results.json").read_text())["latency"])
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_one_router_one_replica_is_the_single_server(single, tmp_path):
     holds the whole backlog (--kv-threshold 64: every request is dispatched at its arrival,
     in order; docs/CLUSTER.md, "One router, one replica is the single server"): fcfs and
     vtc, every request's admission, first token and finish, every number of
-    bench_serve.json and latency.json's tables. At threshold 1 (the default) the router
+    bench_serve.json and results.json's latency tables. At threshold 1 (the default) the router
     holds back what the replica has no room for; FCFS still equals the single server (a
     prefix of FCFS order that slora admits passes the room test), VTC, choosing among the
     dispatched requests only, need not."""
@@ -236,7 +237,7 @@ def test_token_times_equal_the_cluster_reference(driver_run, reference):
 # ---- the command line ----------------------------------------------------------------------------
 
 def test_compare_prints_and_writes_latency_on_a_cluster(cluster_cli):
-    """The table prints TTFT/TPOT p50/p99 per tenant and policy (latency.json's values), the
+    """The table prints TTFT/TPOT p50/p99 per tenant and policy (results.json's latency values), the
     load line reads the cluster's capacity (2 x one slora server's), --requests-out has one
     row per request and policy, goodput is reported; one set of files in --out."""
     out, printed = cluster_cli
@@ -261,14 +262,14 @@ def test_compare_prints_and_writes_latency_on_a_cluster(cluster_cli):
     assert load["offered_load"] == pytest.approx(load["offered_requests_per_s"] / load["capacity"]["requests_per_s"])
     assert "against the cluster's capacity on this mix (2 replica(s) x one slora server's measured" in printed
     assert "goodput: requests/s meeting ttft <= 500 ms and tpot <= 50 ms" in printed
-    for name in ("results.json", "results.csv", "latency.json", "bench_serve.json"):
+    for name in ("results.json", "results.csv", "bench_serve.json"):
         assert (out / name).stat().st_size > 100, name
 
 
 BAD = [
     (["--goodput", "ttft:soon"], "--goodput 'ttft:soon'"),
     (["--goodput", "speed:5"], "--goodput 'speed:5'"),
-    (["--requests-out", "OUT/latency.json"], "name the same output file"),
+    (["--requests-out", "OUT/bench_serve.json"], "name the same output file"),
 ]
 
 
@@ -277,7 +278,7 @@ def test_bad_flags_on_a_cluster_are_one_line(flags, message, tmp_path, capsys):
     """A bad --goodput or a --requests-out that is one of compare's own files: one line,
     exit 2, before any run (no file written)."""
     out = tmp_path / "o"
-    flags = [str(out / "latency.json") if f == "OUT/latency.json" else f for f in flags]
+    flags = [str(out / "bench_serve.json") if f == "OUT/bench_serve.json" else f for f in flags]
     argv = ["compare", str(LOG), "--server", "slora", "--policies", "fcfs", *CLUSTER, *flags, "--out", str(out)]
     assert commands.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

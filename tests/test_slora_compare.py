@@ -173,11 +173,11 @@ def log_reference():
 
 def test_the_600_s_log_on_one_slora_server(log_run, log_reference):
     """Without --kv-budget (slora's pool: M = 10,000 - 32), every request of both policies
-    finishes; bench_serve.json and latency.json agree with the per-request rows; fcfs's
+    finishes; bench_serve.json and results.json's latency agree with the per-request rows; fcfs's
     rows are literal_slora_run's on the whole log."""
     out = log_run
     bench = json.loads((out / "bench_serve.json").read_text())
-    latency = json.loads((out / "latency.json").read_text())
+    latency = json.loads((out / "results.json").read_text())["latency"]
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert json.loads((out / "results.json").read_text())["rows"][0]["setting"]["kv_budget"] == 9968
     assert len(rows) == 2 * 565
@@ -202,9 +202,9 @@ def test_the_600_s_log_on_one_slora_server(log_run, log_reference):
 def test_the_600_s_log_itl_percentiles(log_run, log_reference):
     """compare asks every lane for each token's time (slora_compare.with_token_times), so
     ITL's percentiles are reported: fcfs's are those of literal_slora_run's token times on
-    the whole log (the pooled gaps in ms), and latency.json's agree with bench_serve.json's."""
+    the whole log (the pooled gaps in ms), and results.json's latency agree with bench_serve.json's."""
     bench = json.loads((log_run / "bench_serve.json").read_text())
-    latency = json.loads((log_run / "latency.json").read_text())
+    latency = json.loads((log_run / "results.json").read_text())["latency"]
     gaps = np.concatenate([np.diff(t) for t in log_reference["tokens"]]) / 1000.0
     assert bench["fcfs"]["median_itl_ms"] == np.median(gaps) and bench["fcfs"]["p99_itl_ms"] == np.percentile(gaps, 99)
     assert bench["fcfs"]["mean_itl_ms"] == pytest.approx(gaps.mean(), rel=1e-12)
@@ -217,7 +217,7 @@ def test_the_600_s_log_itl_percentiles(log_run, log_reference):
 BAD = [
     (["--server", "slora", "--goodput", "bad:1"], "--goodput 'bad:1'"),
     (["--server", "slora", "--goodput", "ttft:-3"], "positive"),
-    (["--server", "slora", "--preset", "qwen2.5-7b-h100"], "--preset is a step-time model of --server vllm"),
+    (["--server", "slora", "--preset", "qwen2.5-7b-h100"], "--preset is a step-time model, which --server slora does not take"),
     (["--routers", "2", "--requests-out", "r.csv", "--kv-budget", "2048"], "--requests-out applies to a timed server"),
     (["--goodput", "ttft:5", "--kv-budget", "2048"], "--goodput applies to a timed server"),
     (["--policies", "fcfs"], "--kv-budget M is required (the ideal server's memory)"),

@@ -32,7 +32,7 @@ def _compare(tmp_path, log: str, *flags):
             "--requests-out", str(requests), "--no-cache", *flags]
     assert main(argv) == 0
     rows = list(csv.DictReader(requests.open()))
-    return rows, json.loads((out / "results.json").read_text())
+    return rows, json.loads((out / "results.json").read_text())["latency"]  # one schema: the latency report
 
 
 def test_one_request_worked_by_hand(tmp_path, capsys):
@@ -89,7 +89,8 @@ def test_presets_are_exact_decimals():
     (["--preset", PRESET, "--kv-budget", "100"], "--kv-budget is the ideal server's"),
     (["--preset", PRESET, "--goodput", "ttft"], "need NAME:MS"),
     (["--preset", PRESET, "--goodput", "itl:5"], "need NAME:MS"),
-    (["--preset", PRESET, "--seeds", "2"], "--seeds"),
+    (["--preset", PRESET, "--max-num-seqs", "9000", "--max-num-batched-tokens", "100"],
+     "max_num_batched_tokens (100) is below max_num_seqs (9000)"),
 ])
 def test_bad_timed_flags_are_one_line(tmp_path, capsys, flags, words):
     path = tmp_path / "log.csv"
@@ -164,7 +165,7 @@ def test_load_line_is_against_measured_capacity(tmp_path, capsys, fraction, over
     assert load["capacity"]["requests_per_s"] == pytest.approx(capacity, rel=1e-12)
     assert load["offered_load"] == pytest.approx(fraction * n / (n - 1), rel=1e-4)
     line = capsys.readouterr().out.strip().splitlines()
-    line = next(x for x in line if x.startswith("load:"))
+    line = next(x for x in line if x.startswith("load: the log"))  # the latency report's (the sweep's load table is first)
     assert f"offered load {fraction * n / (n - 1):.2f}" in line and ("OVERLOAD" in line) == overloaded
     queue_p99 = report["policies"]["fcfs"]["overall"]["queue"]["p99"]
     assert (queue_p99 > 100) == overloaded and (queue_p99 < 23.159) != overloaded

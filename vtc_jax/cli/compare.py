@@ -12,7 +12,6 @@ import sys
 from vtc_jax.cli import cluster_flags, input_flags
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.scheduler_flags import ignored_flags, settings_from_args
-from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import enable_compilation_cache
@@ -59,92 +58,81 @@ def check_unused(args, policies: list[str], gateway: str | None = None) -> None:
 
 
 def command(args) -> int:
-    """The compare command: every policy on the log as rows of one sweep (seeds redraw
-    arrivals), its tables printed, results, plots and tenants.png written as one set; with
-    --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare);
-    on slora (one server or a cluster's replicas) the latencies of each policy's lane of the
-    log as it is follow (slora_compare)."""
-    from vtc_jax.cli import slora_compare
+    """The compare command, one study on any server: every policy on the log as rows of
+    one sweep (seeds redraw arrivals within --phase-unit; seed 0 is the log exactly), its
+    fairness tables printed (drift, bound, load line, per-tenant shares and waits), and on
+    a server that keeps time and a per-request record (servers.registry.keeps_time,
+    request_record) its latencies per tenant, per policy, mean and 95% CI over the seeds
+    (driver/study.py); results.json (one schema on every server: the sweep's rows and
+    "latency", null on an untimed server), results.csv, plots, tenants.png (and on a timed
+    server bench_serve.json, ttft_cdf.png, --requests-out) written as one set. With
+    --routers/--replicas each policy runs at the replicas of a cluster (cluster_compare)."""
+    from vtc_jax.cli import study_plan
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
     from vtc_jax.driver.run import horizon_limit, server_drain, validate_fits
-    from vtc_jax.driver.server_latency import RecordingEngine
     from vtc_jax.inputs.sources import TraceSource
 
     for p in args.policies:
         registry.get(p)
-    cluster = cluster_flags.given(args)
-    if servers.get(args.server).preempts:  # vllm: its own memory, timed
-        from vtc_jax.cli import timed_compare
-
-        return timed_compare.command(args)
-    if args.kv_budget is None:  # slora: M from its own pool; ideal has none
-        args.kv_budget = slora_compare.default_memory(args.server)
-        if args.kv_budget is None:
-            raise InputError("--kv-budget M is required (the ideal server's memory)")
-    server_options(args)  # refuses another server's flags
-    args.step_seconds = input_flags.resolved_step_seconds(args)  # slora: its own clock (1 us) unless given
-    slos = slora_compare.check_flags(args)
-    latency = slora_compare.reports_latency(args.server)
-    for p in args.policies:
-        registry.get(p)
     if len(set(args.policies)) != len(args.policies):
         raise InputError("--policies lists a policy twice")
+    cluster = cluster_flags.given(args)
+    plan = study_plan.plan(args, cluster)  # the server, its options and memory, the log on its clock
     gateway = None
     if cluster:
         cluster_flags.check_flags(args)
         gateway = cluster_flags.gateway_policy(args)
-    log, trace, names, per_second = _read(args)
-    k = trace.num_clients
+    trace, names, per_second, k = plan.trace, plan.clients, plan.per_second, plan.trace.num_clients
     if args.weights and len(args.weights) != k:
         raise InputError(f"--weights gives {len(args.weights)} weights for the log's {k} tenants "
                          f"({', '.join(names[:8])}{'...' if k > 8 else ''})")
-    rows = []
     check_unused(args, args.policies, gateway)
-    settings = [settings_from_args(args, p, lenient=True) for p in args.policies]
-    if latency:  # every token's time, for ITL's percentiles
-        settings = slora_compare.with_token_times(settings, trace.output, len(settings) * args.seeds
-                                                  * slora_compare.record_copies(args, cluster))
-    horizon = args.steps or max(server_drain(trace, s, args.server) for s in settings)
-    limit = horizon_limit(args.server, drains=args.steps is None)
+    settings = [study_plan.lane_settings(args, plan, p, settings_from_args) for p in args.policies]
+    if plan.latency:  # every token's time, for ITL's percentiles
+        settings = study_plan.with_token_times(settings, trace.output, len(settings) * args.seeds
+                                               * study_plan.record_copies(args, cluster))
+    horizon = args.steps or max(server_drain(trace, s, plan.server) for s in settings)
+    limit = horizon_limit(plan.server, drains=args.steps is None)
     if horizon > limit:  # a cut drain bound would leave requests unserved
         raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
                          f"{limit:,}: give --steps")
     unit = args.phase_unit or per_second
     source = TraceSource(trace, num_clients=k, horizon=horizon, phase_unit=unit, drain=args.steps is None)
+    rows = []
     for s in settings:
         try:
             validate_fits(trace, s, k, source.horizon, False)
         except InputError as err:
             raise in_file(args.log, err) from None
-        rows.append(sweep_mod.Row(s, source, s.policy, server=args.server))
-    config = {"log": str(args.log), "tenants": names, "step_seconds": args.step_seconds, "horizon": source.horizon,
-              "phase_unit": unit, "policies": args.policies}
+        rows.append(sweep_mod.Row(s, source, s.policy, server=plan.server))
+    config = {"log": str(args.log), "tenants": names, "step_seconds": plan.step_seconds, "horizon": source.horizon,
+              "phase_unit": unit, "policies": args.policies, "server": plan.server, "settings": plan.shown_options}
     if cluster:
         return cluster_compare(args, settings, source, names, per_second, dict(config, cluster=cluster_flags.describe(
-            args, gateway)), settings_from_args(args, gateway, lenient=True), trace, input_flags.file_rows(log), slos)
+            args, gateway)), settings_from_args(args, gateway, lenient=True), trace, plan)
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "backlogged_drift.png", "drift while jointly backlogged, per policy",
                             "policy", "backlogged_drift"),)
-    recorder = RecordingEngine(slora_compare.RECORD) if latency else None
+    engine = study_plan.study_engine(plan) if plan.latency else None
     sweep = sweep_mod.Sweep(name="compare", config=config,
                             rows=rows, metrics=sweep_mod.base_metrics,
                             measures=("pair_drift",) if k <= PAIR_DRIFT_MAX_CLIENTS else (),
                             columns=("backlogged_drift", "bound_2u", "backlogged_drift_over_2u", "max_drift",
-                                     "throughput"), plots=plots, clients=True, engine=recorder)
+                                     "throughput"), plots=plots, clients=True, engine=engine)
     draw = not args.no_plots
     fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw
-                              + (slora_compare.OUTPUTS if latency else []))
-    if latency:
-        slora_compare.check_requests_out(args)
+                              + (study_plan.latency_outputs(draw) if plan.latency else []))
+    if plan.latency:
+        study_plan.check_requests_out(args)
     input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     print(sweep_outputs.format_table(sweep, result))
     print(sweep_outputs.format_load(result))
-    print(f"per tenant (means over seeds; waits {wait_unit(args.step_seconds, per_second)}):")
+    print(f"per tenant (means over seeds; waits {wait_unit(plan.step_seconds, per_second)}):")
     print(sweep_outputs.format_clients(result, names))
-    extra = slora_compare.report(args, recorder, rows, trace, names, input_flags.file_rows(log), slos,
-                                 settings[0]) if latency else []
+    extra = study_plan.report(args, plan, engine, rows, settings[0], result) if plan.latency else []
+    result["latency"] = result.get("latency")
     return _write(args, sweep, result, names, extra)
 
 
@@ -172,14 +160,14 @@ CLUSTER_COLUMNS = ("all_backlogged_drift", "all_backlogged_steps", "wait_p50", "
 
 
 def cluster_compare(args, settings, source, names: list[str], per_second: int, config: dict, gateway, trace,
-                    file_row, slos: dict) -> int:
+                    plan) -> int:
     """Each policy at the replicas of the cluster the flags describe (its routers run
     `gateway`'s policy), as rows of one sweep through the cluster's adapter: the same
     load line and per-tenant shares as compare, waits also in seconds for a timestamped log;
     on slora replicas the latencies of each row's lane of the log as it is (`trace`, file
-    order; `file_row`: its rows in the file; `slos`: --goodput's), as on one server
-    (slora_compare.report), written with the other files as one set."""
-    from vtc_jax.cli import slora_compare
+    order; `plan`: the study's, cli/study_plan.py), as on one server (slora_compare.report),
+    written with the other files as one set (results.json's "latency")."""
+    from vtc_jax.cli import slora_compare, study_plan
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
     from vtc_jax.driver.cluster_latency import ClusterRecordingEngine
@@ -191,15 +179,15 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "all_backlogged_drift.png", "cluster: drift while every tenant is backlogged, "
                             "per engine policy", "engine_policy", "all_backlogged_drift"),)
-    latency = slora_compare.reports_latency(args.server)
-    recorder = ClusterRecordingEngine(slora_compare.RECORD) if latency else None
+    latency = plan.latency
+    recorder = ClusterRecordingEngine(servers.request_record(plan.server)[0]) if latency else None
     sweep = sweep_mod.Sweep(name="compare", config=config, rows=rows, metrics=tenant_metrics, columns=CLUSTER_COLUMNS,
                             plots=plots, engine=recorder or ClusterEngine(per_tenant=True), clients=True)
     draw = not args.no_plots
     fileio.check_writable_dir(args.out, sweep_outputs.output_names(sweep, plots=draw) + ["tenants.png"] * draw
                               + (slora_compare.OUTPUTS if latency else []))
     if latency:
-        slora_compare.check_requests_out(args)
+        study_plan.check_requests_out(args)
     input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     c = config["cluster"]
@@ -212,8 +200,9 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     print("per tenant (means over seeds; waits from router arrival to admission, in steps"
           + (f" and seconds at {seconds} s per step" if seconds else "") + "):")
     print(format_tenants(result, names, seconds))
-    extra = slora_compare.report(args, recorder, rows, trace, names, file_row, slos, settings[0],
-                                 c) if latency else []
+    extra = slora_compare.report(args, recorder, rows, trace, names, plan.file_row, plan.slos, settings[0], c,
+                                 result) if latency else []
+    result["latency"] = result.get("latency")
     return _write(args, sweep, result, names, extra)
 
 

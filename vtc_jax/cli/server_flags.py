@@ -12,20 +12,15 @@ from vtc_jax.cli.common import int_arg
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers import registry as servers
 
-# flag -> (server, setting name); vLLM's engine-argument names and meanings.
-VLLM_FLAGS = {
-    "num_gpu_blocks": "--num-gpu-blocks", "block_size": "--block-size",
-    "max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
-    "enable_chunked_prefill": "--enable-chunked-prefill", "long_prefill_token_threshold": "--long-prefill-token-threshold",
-    "scheduling_policy": "--scheduling-policy", "enable_prefix_caching": "--enable-prefix-caching",
-}
+# setting -> flag, every server's (servers/registry.py: each declares its own, under the names of the engine it models)
+VLLM_FLAGS = SERVER_FLAGS = servers.all_flags()
 LIMIT = (1 << 29) - 1
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     names = servers.names()
-    parser.add_argument("--server", choices=names, default="ideal",
-                        help="the server every lane runs (default ideal, MODEL.md's): "
+    parser.add_argument("--server", choices=names, default=servers.DEFAULT_SERVER,
+                        help=f"the server every lane runs (default {servers.DEFAULT_SERVER}, MODEL.md's): "
                              + "; ".join(f"{n}: {servers.get(n).description}" for n in names))
     group = parser.add_argument_group("servers vllm, vllm_prefix (vLLM V1's engine arguments)")
     group.add_argument("--num-gpu-blocks", type=int_arg(2, LIMIT), metavar="N", help="KV blocks (the null block included)")
@@ -45,22 +40,22 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             "freed blocks cached: runs --server vllm as vllm_prefix (default off)")
 
 
-VLLM_SERVERS = ("vllm", "vllm_prefix")  # the servers these flags set
-
-
 def server_options(args) -> tuple:
     """The server settings the user gave, as ((name, value), ...); a flag of another
-    server is refused. `--enable-prefix-caching` runs vLLM with prefix caching: it turns
-    `--server vllm` into `vllm_prefix` (args.server is set to the server that runs, so
-    every command calls this before it reads args.server for the run), and
-    `--no-enable-prefix-caching` turns `vllm_prefix` into `vllm`."""
-    given = {name: getattr(args, name) for name in VLLM_FLAGS if getattr(args, name, None) is not None}
-    if given and args.server not in VLLM_SERVERS:
-        first = next(iter(given))
-        raise InputError(f"{VLLM_FLAGS[first]} is a setting of --server vllm (the run uses --server {args.server})")
+    server is refused. `--enable-prefix-caching` runs the engine with prefix caching: it
+    turns `--server vllm` into `vllm_prefix` (servers.registry.prefix_caching; args.server
+    is set to the server that runs, so every command calls this before it reads
+    args.server for the run), and `--no-enable-prefix-caching` turns `vllm_prefix` into
+    `vllm`."""
+    given = {name: getattr(args, name) for name in SERVER_FLAGS if getattr(args, name, None) is not None}
+    own = servers.flags(args.server)
+    for name in given:
+        if name not in own:
+            raise InputError(f"{SERVER_FLAGS[name]} is a setting of --server {', '.join(servers.with_flag(name))} "
+                             f"(the run uses --server {args.server})")
     caching = given.pop("enable_prefix_caching", None)
     if caching is not None:
-        args.server = "vllm_prefix" if caching else "vllm"
+        args.server = servers.prefix_caching(args.server, caching)
     if given.get("scheduling_policy") == "fcfs":
         given.pop("scheduling_policy")
     return tuple(sorted(given.items()))

@@ -49,7 +49,7 @@ def replay_on_server(args, settings_from_args):
     num_clients = len(bands)
     server_options(args)  # sets args.server (--enable-prefix-caching: vllm_prefix)
     extra = None
-    if args.server == "vllm_prefix":  # the trace's shared prefixes, by ORDER (engine rank in (arrival, row))
+    if "prefix_id" in servers.trace_columns(args.server):  # the trace's shared prefixes, by ORDER (rank in (arrival, row))
         extra = prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
                                source.prefix_len)
     settings = server_settings(args, settings_from_args, bands if by_priority else None, extra)

@@ -1,32 +1,27 @@
-"""`compare LOG --server vllm [--preset NAME | --step-time FILE]`: every policy on the
-user's own log on a timed vLLM server, and per tenant what `vllm bench serve` reports:
-TTFT, TPOT, ITL, E2EL and queueing delay in ms (mean, p50, p90, p99), throughput, goodput
-(`--goodput ttft:500 tpot:50`), preemptions; `--requests-out FILE.csv` one row per
-request. Arrivals are the log's timestamps in exact microseconds (no --step-seconds).
-ITL's percentiles come from each token's time, which the server keeps for this run
-(`token_times_option`)."""
+"""The timed side of a study (cli/study_plan.py, `compare` on a server that keeps time):
+step-time models (`--preset NAME | --step-time FILE` for a server that takes one: arrivals
+are the log's timestamps in exact microseconds, no --step-seconds), and the latency report
+per tenant, as `vllm bench serve` reports it: TTFT, TPOT, ITL, E2EL and queueing delay in ms
+(mean, p50, p90, p99; with --seeds S > 1 each as mean and 95% CI over the seeds),
+throughput, goodput (`--goodput ttft:500 tpot:50`), preemptions, requests that did not
+finish; `--requests-out FILE.csv` one row per request; each tenant's TTFT distribution
+(ttft_cdf.png). ITL's percentiles come from each token's time, which the server keeps for
+the run (`token_times_option`)."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import io
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from vtc_jax.cli import input_flags
-from vtc_jax.cli.common import in_file
-from vtc_jax.cli.scheduler_flags import settings_from_args
-from vtc_jax.cli.server_flags import memory_tokens, server_options
-from vtc_jax.core import fileio
+from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import capacity
-from vtc_jax.driver.latency import PERCENTILES, bench_serve, parse_goodput, request_table, summarize
-from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
-from vtc_jax.measures.online import MeasureConfig
+from vtc_jax.driver.latency import PERCENTILES
 from vtc_jax.servers import step_time
 from vtc_jax.servers.vllm_prefix import prefix_options
 
@@ -46,16 +41,16 @@ def read_timed_log(args):
     return log
 
 
-def _prefix_tables(args, log) -> dict:
-    """vllm_prefix's shared-prefix tables from the log's prefix_id/prefix_len columns (for
-    Mooncake: its hash_ids); a note when the log has columns the run does not use."""
-    unused = sorted(log.columns & {"cached"} | (log.columns & {"prefix_id", "prefix_len"}
-                                                  if args.server != "vllm_prefix" else set()))
+def prefix_tables(args, log, server: str, shares: bool) -> dict:
+    """The server's shared-prefix tables from the log's prefix_id/prefix_len columns (for
+    Mooncake: its hash_ids) when it `shares` them (it reads those columns); a note when the
+    log has columns the run does not use."""
+    unused = sorted(log.columns & {"cached"} | (log.columns & {"prefix_id", "prefix_len"} if not shares else set()))
     if unused:
-        print(f"note: the log's {', '.join(unused)} column(s) are not used by --server {args.server} (vLLM computes "
+        print(f"note: the log's {', '.join(unused)} column(s) are not used by --server {server} (vLLM computes "
               "prefix hits itself" + ("; give --enable-prefix-caching to share the logged prefixes)" if
-                                      args.server != "vllm_prefix" else ")"), file=sys.stderr)
-    if args.server != "vllm_prefix":
+                                      not shares else ")"), file=sys.stderr)
+    if not shares:
         return {}
     return prefix_options(log.arrival, [log.tenants[c] for c in log.client], log.prefix_id, log.prefix_len)
 
@@ -67,8 +62,8 @@ def model_of(args) -> step_time.StepTime:
         return step_time.preset(args.preset)
     if args.step_time:
         return step_time.read_step_time(args.step_time)
-    raise InputError("compare --server vllm needs a step-time model: --preset NAME (e.g. qwen2.5-7b-h100) or "
-                     "--step-time FILE.json")
+    raise InputError(f"compare --server {args.server} needs a step-time model: --preset NAME (e.g. "
+                     f"{next(iter(step_time.presets()))}) or --step-time FILE.json")
 
 
 def server_settings(args, model: step_time.StepTime) -> dict:
@@ -82,65 +77,6 @@ def server_settings(args, model: step_time.StepTime) -> dict:
             options.setdefault(name, value)
     model.check(options.get("max_num_batched_tokens", 2048), options.get("max_num_seqs", 256))
     return options
-
-
-def command(args) -> int:
-    from vtc_jax.driver.run import run_traces, workload_pad
-
-    if args.kv_budget is not None:
-        raise InputError("--kv-budget is the ideal server's memory; --server vllm takes --num-gpu-blocks")
-    if args.seeds != 1:
-        raise InputError("--seeds redraws arrivals in steps; a timed server replays the log as it is (--seeds 1)")
-    slos = parse_goodput(args.goodput)
-    model = model_of(args)
-    options = server_settings(args, model)
-    log = read_timed_log(args)
-    arrival_us, tenant, names, prompt, output = log.arrival_us(), log.client, list(log.tenants), log.prompt, log.output
-    file_row = input_flags.file_rows(log)
-    shared = _prefix_tables(args, log)  # in the run only: tables of 1 entry per request stay out of the report
-    if int(arrival_us.max()) + model.a0 > MAX_ARRIVAL:
-        raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
-                         f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): take a window of it "
-                         "(--time-window START,SECONDS)")
-    trace = Trace(arrival_us + model.a0, tenant, prompt, output, np.zeros_like(prompt), source=str(args.log))
-    trace.validate()
-    k = len(names)
-    run_options = tuple(sorted({**options, **dict(model.options())}.items()))
-    record = token_times_option(output, len(args.policies))
-    lanes = []
-    for policy in args.policies:
-        s = settings_from_args(_with_budget(args, memory_tokens(options)), policy, lenient=True)
-        lanes.append(dataclasses.replace(s, server_options=tuple(sorted({**dict(run_options), **shared,
-                                                                         **record}.items()))))
-    fileio.check_distinct_outputs([args.requests_out])
-    for path in ([args.requests_out] if args.requests_out else []):
-        fileio.check_writable_file(path)
-    fileio.check_writable_dir(args.out, ["results.json", "bench_serve.json"])
-    input_flags.announce(args)
-    try:
-        result = run_traces([trace] * len(lanes), lanes, num_clients=k, server=args.server, measures=MeasureConfig(),
-                            steps=args.steps)
-    except InputError as err:
-        raise in_file(args.log, err) from None
-    # a run of its own: in the policies' batch its seats would size every lane (measured: 2x the time)
-    measured = capacity.measure(prompt, output, dataclasses.replace(lanes[0], server_options=run_options), args.server)
-    report = {"log": str(args.log), "server": args.server, "step_time": model.name, "settings": options,
-              "tenants": names, "load": load_report(measured, arrival_us), "policies": {}}
-    tables, bench = {}, {}
-    for lane, policy in enumerate(args.policies):
-        table = request_table(result, trace, k, workload_pad(), arrival_us, lane)
-        report["policies"][policy] = summarize(table, tenant, names, prompt, slos)
-        report["policies"][policy]["finished_all"] = bool(result.finished[lane])
-        tables[policy] = table
-        bench[policy] = dict(bench_serve(table, tenant, names, prompt, slos), finished_all=bool(result.finished[lane]))
-    print(format_report(report, names))
-    files = [(Path(args.out) / "results.json", lambda p: p.write_text(json.dumps(report, indent=1))),
-             (Path(args.out) / "bench_serve.json", lambda p: p.write_text(json.dumps(bench, indent=1)))]
-    if args.requests_out:
-        files.append((Path(args.requests_out), lambda p: p.write_text(requests_csv(tables, tenant, names, prompt, file_row))))
-    fileio.write_outputs_atomically(files)
-    print(f"wrote {', '.join(str(p) for p, _ in files)}")
-    return 0
 
 
 def load_report(cap: capacity.Capacity, arrival_us: np.ndarray, cluster: dict | None = None) -> dict:
@@ -199,31 +135,101 @@ COLUMNS = (("TTFT p50", "ttft", "p50"), ("TTFT p99", "ttft", "p99"), ("TPOT p50"
            ("queue p99", "queue", "p99"))  # the table's columns in ms: (label, metric, percentile)
 
 
+def _cell(value, spread: dict | None) -> str:
+    """A table cell in ms: the value, or with a spread over seeds its mean +- the 95% CI's half width."""
+    if spread is None:
+        return _ms(value)
+    if not isinstance(spread, dict) or spread.get("mean") is None:
+        return "n/a"
+    lo, hi = spread["ci95"]
+    return f"{spread['mean']:.1f}+-{(hi - lo) / 2:.1f}"
+
+
+def _reqs(g: dict) -> str:
+    """Finished requests, "F of N" when some did not finish."""
+    return str(g["finished"]) if g["finished"] == g["requests"] else f"{g['finished']} of {g['requests']}"
+
+
 def format_report(report: dict, names) -> str:
+    """The latency table: per policy and tenant (and "all") the finished requests ("F of N"
+    when some did not), each COLUMNS figure in ms (with --seeds S > 1: mean +- the 95% CI's
+    half width over the seeds), output tokens/s, goodput, preemptions; a NOT FINISHED line
+    per policy with requests left, naming each tenant's count."""
     c = report.get("cluster")  # a cluster's replicas (slora_compare.report)
     where = (f" at each of {c['replicas']} replica(s) behind {c['routers']} router(s) running {c['gateway_policy']}"
              if c else "")
     head = (f"server {report['server']}{where}, step time {report['step_time']}; "
             + ", ".join(f"{k} {v}" for k, v in report["settings"].items() if not k.startswith("time_")))
-    lines = [head, f"{'policy':10} {'tenant':14} {'reqs':>5} " + " ".join(f"{label:>9}" for label, _, _ in COLUMNS)
-             + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms)"]
+    seeds = report.get("seeds", 1)
+    spread_of = report.get("over_seeds") or {}
+    width = max([6, len("tenant")] + [len(str(n)) for n in names])  # the longest name, never cut
+    pol = max([6] + [len(p) for p in report["policies"]])
+    rows = []
     for policy, summary in report["policies"].items():
-        groups = [(name, summary["tenants"][name]) for name in names] + [("all", summary["overall"])]
-        for name, g in groups:
+        spread = spread_of.get(policy)
+        groups = [(name, summary["tenants"][name], (spread or {}).get("tenants", {}).get(name)) for name in names]
+        groups.append(("all", summary["overall"], (spread or {}).get("overall")))
+        for name, g, sg in groups:
             goodput = "n/a" if g["goodput"] is None else f"{g['goodput']:.2f}"
-            lines.append(f"{policy:10} {name[:14]:14} {g['finished']:>5} "
-                         + " ".join(f"{_ms(g[metric][q]):>9}" for _, metric, q in COLUMNS)
-                         + f" {g['output_tokens_per_s']:>8.1f} {goodput:>8} {g['preemptions']:>7}")
-        if not summary["finished_all"]:
-            lines.append(f"{policy}: NOT FINISHED: some requests did not finish within the horizon (not averaged in)")
+            cells = [_cell(g[metric][q], None if sg is None else (sg.get(metric) or {}).get(q)) for _, metric, q in COLUMNS]
+            rows.append((policy, name, _reqs(g), cells, f"{g['output_tokens_per_s']:.1f}", goodput, str(g["preemptions"])))
+        left = [(name, g) for name, g, _ in groups[:-1] if g["finished"] < g["requests"]]
+        if left or not summary["finished_all"]:
+            rows.append(f"{policy}: NOT FINISHED: " + (", ".join(f"{name} {g['finished']} of {g['requests']}"
+                                                                for name, g in left) or "the run")
+                        + " finished within the horizon (the rest are not averaged in)")
+    reqs = max([5] + [len(r[2]) for r in rows if not isinstance(r, str)])
+    cell = max([9] + [len(x) for r in rows if not isinstance(r, str) for x in r[3]])
+    lines = [head, f"{'policy':{pol}} {'tenant':{width}} {'reqs':>{reqs}} "
+             + " ".join(f"{label:>{cell}}" for label, _, _ in COLUMNS) + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms"
+             + (f"; mean +- 95% CI half width over {seeds} seeds)" if spread_of else ")")]
+    for r in rows:
+        if isinstance(r, str):
+            lines.append(r)
+            continue
+        policy, name, n, cells, tok, goodput, pre = r
+        lines.append(f"{policy:{pol}} {name:{width}} {n:>{reqs}} " + " ".join(f"{x:>{cell}}" for x in cells)
+                     + f" {tok:>8} {goodput:>8} {pre:>7}")
     if report["policies"] and next(iter(report["policies"].values()))["slos_ms"]:
         slos = next(iter(report["policies"].values()))["slos_ms"]
-        lines.append("goodput: requests/s meeting " + " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items()))
+        lines.append("goodput: requests/s meeting " + describe_slos(slos))
     lines.append(f"percentiles p{', p'.join(str(q) for q in PERCENTILES)} exact over finished requests (ITL: over "
-                 "every gap between two of their tokens)")
+                 "every gap between two of their tokens)" + (f"; seed 0 replays the log, seeds 1..{seeds - 1} redraw "
+                                                            "its arrivals within the phase unit" if spread_of else ""))
     if "load" in report:
         lines.append(report["load"]["line"])
     return "\n".join(lines)
+
+
+def describe_slos(slos: dict) -> str:
+    """`ttft <= 500 ms and tpot <= 50 ms`, per tenant where --goodput named tenants."""
+    if all(isinstance(v, (int, float)) for v in slos.values()):
+        return " and ".join(f"{k} <= {v:g} ms" for k, v in slos.items())
+    return "; ".join(f"{who}: " + " and ".join(f"{k} <= {v:g} ms" for k, v in per.items())
+                     for who, per in slos.items() if per)
+
+
+def draw_ttft_cdf(tables: dict, names, path) -> None:
+    """Each tenant's TTFT distribution (CDF over its finished requests, seed 0), one panel
+    per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tables), figsize=(5 * len(tables), 4), squeeze=False)
+    for ax, (policy, t) in zip(axes[0], tables.items()):
+        for k, name in enumerate(names):
+            v = np.sort(t["ttft_us"][(t["tenant"] == k) & t["finished"]]) / 1000.0
+            if v.size:
+                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=str(name))
+        ax.set_xlabel("TTFT (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{policy}: TTFT per tenant")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
 
 
 def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, file_row: np.ndarray) -> str:

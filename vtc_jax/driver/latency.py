@@ -92,9 +92,17 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
         live = rows >= 0
         col[rows[live]] = v[live]
         table[name] = col
+    return outcome_table(table, arrival_us, trace.output, token_record(result, trace, num_clients, pad, lane))
+
+
+def outcome_table(stamps: dict, arrival_us: np.ndarray, output: np.ndarray, record: tuple | None) -> dict:
+    """`request_table`'s columns from per-request stamps ({"first_token_us", "finish_us",
+    "scheduled_us", "preemptions"}: int64[N], -1: never), arrivals int64[N] (us), output
+    lengths int64[N] and the per-token record (at int64[T], first int64[N]; None: none)."""
+    table = dict(stamps)
     arrival = np.asarray(arrival_us, np.int64)
     finished = table["finish_us"] >= 0
-    output = np.asarray(trace.output, np.int64)
+    output = np.asarray(output, np.int64)
 
     def since(col):
         return np.where(col >= 0, (col - arrival).astype(np.float64), np.nan)
@@ -103,7 +111,6 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
     tpot = np.where(finished & (output > 1), (e2el - ttft) / np.maximum(output - 1, 1), np.nan)
     table.update(arrival_us=arrival, ttft_us=ttft, tpot_us=tpot, e2el_us=e2el, queue_us=since(table["scheduled_us"]),
                  output=output, finished=finished)
-    record = token_record(result, trace, num_clients, pad, lane)
     table["itl_us"], table["itl_row"] = (None, None) if record is None else _itl_gaps(record, output, finished)
     return table
 
@@ -140,8 +147,9 @@ def _itl_stats(table: dict, done: np.ndarray) -> dict:
 
 
 def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
-    """{"overall": {...}, "tenants": {name: {...}}}: per group the request counts, each
-    metric's mean/p50/p90/p99 in ms, throughput and goodput per second, preemptions."""
+    """{"overall": {...}, "tenants": {name: {...}}}: per group the request counts (requests,
+    finished, unfinished: counted, never averaged in), each metric's mean/p50/p90/p99 in ms,
+    throughput and goodput per second, preemptions."""
     finished = table["finished"]
     if not finished.any():
         raise InputError("no request finished: nothing to summarize (run longer)")
@@ -155,7 +163,7 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
 
     def group(mask):
         done = mask & finished
-        return {"requests": int(mask.sum()), "finished": int(done.sum()),
+        return {"requests": int(mask.sum()), "finished": int(done.sum()), "unfinished": int((mask & ~finished).sum()),
                 **{name: _stats(np.where(done, table[f"{name}_us"], np.nan)) for name in METRICS},
                 "output_tokens_per_s": float(table["output"][done].sum() / seconds),
                 "total_tokens_per_s": float((table["output"][done] + prompt[done]).sum() / seconds),

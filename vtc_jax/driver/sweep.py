@@ -61,19 +61,19 @@ class Row:
     source: Any
     label: str
     extra: dict = dataclasses.field(default_factory=dict)
-    server: str = "ideal"
+    server: str = servers.DEFAULT_SERVER
 
     @property
     def setting(self) -> dict:
         """JSON setting keys: policy and kv_budget, every other Settings field that differs
-        from its default, the server unless it is `ideal`, then `extra`."""
-        server = {} if self.server == "ideal" else {"server": self.server}
+        from its default, the server unless it is the default (`ideal`), then `extra`."""
+        server = {} if self.server == servers.DEFAULT_SERVER else {"server": self.server}
         return dict(settings_keys(self.settings), **server, **self.extra)
 
 
 def with_server(sweep: "Sweep", server: str) -> "Sweep":
     """`sweep` with every row on `server` (a sweep's rows share one server: --server)."""
-    if server == "ideal" and all(r.server == "ideal" for r in sweep.rows):
+    if server == servers.DEFAULT_SERVER and all(r.server == servers.DEFAULT_SERVER for r in sweep.rows):
         return sweep
     return dataclasses.replace(sweep, rows=[dataclasses.replace(r, server=server) for r in sweep.rows])
 

@@ -295,3 +295,18 @@ class Server:
     # run_quiet(state, params, steps); None: the engine runs every step in events of its own
     quiet_steps: Callable[..., jax.Array] | None = None
     run_quiet: Callable[..., tuple[Any, Work]] | None = None
+    # What the server is, for a study (compare, replay: driver/study.py), so that nothing above this floor names a
+    # server: keeps_time(options): its lane's clock is time in us under these options (latencies are reported);
+    # request_record(host state) -> {"scheduled", "first", "finish"[, "preemptions"]: int64[B, R], "token_at":
+    # int64[B, T], "token_offset": int64[B, R]} per `record_index` ("order": request number, "row": workload row);
+    # default_memory(options): the M it holds when no --kv-budget is given (None: it has no memory of its own);
+    # trace_columns: the log's columns it reads beyond arrival, tenant and lengths; step_time_model: it takes a
+    # step-time model (--preset / --step-time: servers/step_time.py) into its time_* options; flags: its settings'
+    # command-line flags, under the names of the engine it models ((setting, flag), ...).
+    keeps_time: Callable[[dict], bool] = lambda options: False
+    request_record: Callable[[Any], dict] | None = None
+    record_index: str = "order"
+    default_memory: Callable[[dict], int | None] = lambda options: None
+    trace_columns: tuple = ()
+    step_time_model: bool = False
+    flags: tuple = ()

@@ -464,10 +464,18 @@ def request_record(host: SloraState) -> dict:
     return dict(out, token_at=np.asarray(host.times.at, np.int64), token_offset=np.asarray(host.times.offset, np.int64))
 
 
+def default_memory(options: dict) -> int:
+    """M when no --kv-budget is given: the pool less one adapter reserve (the most KV
+    tokens its requests can hold, the artifact's M)."""
+    s = settings(dict(options))
+    return s["kv_pool"] - s["adapter_reserve"]
+
+
 SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on LightLLM): wall-clock microseconds, "
                "prefill stalls, the admission cadence, LightLLM's worst-case KV check (docs/ARTIFACT.md)",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots,
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
                wake=wake, max_horizon=MAX_HORIZON, clock_seconds=1e-6, static_options=static_options,
-               request_times=lambda host: (np.asarray(host.first, np.int64), np.asarray(host.finish, np.int64)))
+               request_times=lambda host: (np.asarray(host.first, np.int64), np.asarray(host.finish, np.int64)),
+               keeps_time=lambda options: True, request_record=request_record, default_memory=default_memory)

@@ -39,6 +39,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, block_math, step_time, vllm_v1
 from vtc_jax.servers import vllm_blocks as vb
+from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
 from vtc_jax.servers.vllm_v1 import _log  # one writer of the schedule log for both vLLM servers
@@ -486,4 +487,7 @@ VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with p
                      init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                      census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
                      begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-                     fuzz_options=fuzz_options, static_options=static_options)
+                     fuzz_options=fuzz_options, static_options=static_options, keeps_time=timed_by_options,
+                     request_record=outcome_record, record_index="row", default_memory=vllm_memory,
+                     trace_columns=("priority", "prefix_id", "prefix_len"), step_time_model=True,
+                     flags=tuple(VLLM_FLAGS.items()))

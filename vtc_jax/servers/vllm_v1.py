@@ -54,6 +54,7 @@ from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, block_math, step_time
+from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
 
@@ -90,6 +91,9 @@ def validate(options: dict) -> None:
                 raise InputError(f"{name} must be true or false, got {value!r}")
         elif type(value) is not int or not low <= value <= LIMIT:
             raise InputError(f"{name} must be an integer in [{low}, {LIMIT}], got {value!r}")
+    if filled["max_num_batched_tokens"] < filled["max_num_seqs"]:  # vLLM's SchedulerConfig refuses it too
+        raise InputError(f"max_num_batched_tokens ({filled['max_num_batched_tokens']}) is below max_num_seqs "
+                         f"({filled['max_num_seqs']}): vLLM refuses a token budget smaller than its seats")
     longest = filled["time_b0"] + filled["time_b1"] * filled["max_num_batched_tokens"] + (
         filled["time_b2"] * filled["max_num_seqs"])
     if longest > INT_MAX:
@@ -590,4 +594,6 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
               census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
-              fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options)
+              fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options, keeps_time=timed_by_options,
+              request_record=outcome_record, record_index="row", default_memory=vllm_memory,
+              trace_columns=("priority",), step_time_model=True, flags=tuple(VLLM_FLAGS.items()))
