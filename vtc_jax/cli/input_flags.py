@@ -23,7 +23,7 @@ DEFAULT_STEP_SECONDS = 0.025  # a 25 ms decode step, the steps of a timestamped 
 
 
 def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
-    """--format, --time-unit, --tenant-from, --tenants, --split-seed, --time-window and
+    """--format, --time-unit, --tenant-from, --tenants, --split-seed, --time-window, --hash-block and
     (unless the command has its own) --step-seconds; their defaults are DEFAULTS."""
     g = parser.add_argument_group("reading the input (any public format; docs/FORMATS.md)")
     g.add_argument("--format", choices=request_log.FORMATS, default=None,
@@ -42,6 +42,9 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
                    help="timed input: only the requests that arrive in [START, START + SECONDS) s after its first "
                         "(re-based to 0); a ServeGen directory: the span of its traffic to generate (default its "
                         "first 600 s)")
+    g.add_argument("--hash-block", type=int_arg(1, 1 << 20), default=request_log.rf.BLOCK_TOKENS, metavar="TOKENS",
+                   help="tokens per id of the input's hash_ids (Mooncake's JSONL or a CSV's hash_ids column; "
+                        f"default {request_log.rf.BLOCK_TOKENS}, Mooncake's)")
     if step_seconds:
         g.add_argument("--step-seconds", type=float_arg(1e-6, 3600.0), default=None,
                        help=f"seconds one step lasts: timed input is converted to steps of it, and a sweep's timed "
@@ -49,8 +52,9 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
                             "decode step)")
 
 
+# `add`'s flags as the reader's defaults, for callers without a command line
 DEFAULTS = {"format": None, "time_unit": None, "tenant_from": None, "tenant_split": None, "split_seed": 0,
-            "time_window": None}  # `add`'s flags as the reader's defaults, for callers without a command line
+            "time_window": None, "hash_block": request_log.rf.BLOCK_TOKENS}
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -74,7 +78,8 @@ def read_input(args, name: str = "log") -> request_log.RequestLog:
     """The requests of the file(s) in `args.<name>`, read with the input flags."""
     log = request_log.read_requests(paths_of(args, name), format=args.format, time_unit=args.time_unit,
                                     tenant_from=args.tenant_from, tenants=args.tenant_split,
-                                    split_seed=args.split_seed, servegen_window=args.time_window)
+                                    split_seed=args.split_seed, servegen_window=args.time_window,
+                                    hash_block=getattr(args, "hash_block", request_log.rf.BLOCK_TOKENS))
     if args.time_window is not None and log.format != "servegen":
         log = request_log.windowed(log, *args.time_window)
     args.input_log = log  # announced when the run starts (`announce`), after every flag is checked

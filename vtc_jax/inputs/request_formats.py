@@ -6,7 +6,9 @@ Times stay exact: a decimal timestamp `I.F` is kept as the integer IF scaled by 
 (`FileRows.times`, `FileRows.scale`), so no float ever rounds an arrival; azure's wall clock
 is kept as integer ns since 0001-01-01 (scale 0, already ns).
 
-Mooncake `hash_ids` (512-token blocks, equal leading ids = a shared prefix) give two things:
+Mooncake `hash_ids` (blocks of H = 512 tokens, `hash_block`; equal leading ids = a shared
+prefix) are kept exactly (`FileRows.hash_ids`: inputs/prefix_blocks.py derives block ids at
+any block size from them) and give two things (512 below is H):
   - `cached` = 512 x the length of the longest prefix of the request's id list that is a
     prefix of an earlier request's list (earlier in time, ties in file order: a trie, O(total
     ids)), capped at prompt - 1: what an unbounded prefix cache would hold;
@@ -42,6 +44,7 @@ MAX_PRIORITY = 1 << 30
 BLOCK_TOKENS = 512  # Mooncake's tokens per hash id
 MAX_TIMESTAMP_SECONDS = 10**13
 OPTIONAL_COLUMNS = ("cached", "priority", "prefix_id", "prefix_len")
+CONTENT_COLUMNS = ("session_id", "hash_ids")  # the content's prefix identity (inputs/prefix_blocks.py)
 TRACE_COLUMNS = ("arrival", "client", "prompt", "output")
 LOG_COLUMNS = ("timestamp", "tenant", "prompt", "output")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -62,7 +65,9 @@ class FileRows:
     columns; columns: the optional ones present; skipped: (count, reason) pairs; rows:
     int64[N] each request's 0-based data row in the file (records after the header, blank
     lines not counted, rows dropped on purpose still counted: default 0..N-1); data_rows:
-    the file's data rows, dropped ones included (default N)."""
+    the file's data rows, dropped ones included (default N); hash_ids: per request a tuple
+    of ints (empty: none), None when the file has no hash ids; session: per request a
+    session label or None, None when the file has no session column."""
 
     source: str
     times: list
@@ -79,6 +84,8 @@ class FileRows:
     skipped: list = dataclasses.field(default_factory=list)
     rows: np.ndarray | None = None
     data_rows: int | None = None
+    hash_ids: list | None = None
+    session: list | None = None
 
     def __post_init__(self):
         if self.rows is None:
@@ -195,14 +202,37 @@ def _optional(cells: dict, lines, source: str, prompt: np.ndarray, *, cached_bel
         i = int(np.argmax(prefix_len > prompt))
         raise InputError(f"{source}: line {lines[i]}: prefix_len {prefix_len[i]} outside [0, prompt {prompt[i]}]")
     prefix_id = [c or None for c in cells["prefix_id"]] if "prefix_id" in cells else [None] * n
-    return cached, priority, prefix_len, prefix_id, {c for c in OPTIONAL_COLUMNS if c in cells}
+    return cached, priority, prefix_len, prefix_id, {c for c in OPTIONAL_COLUMNS + CONTENT_COLUMNS if c in cells}
 
 
-def parse_trace(text: str, source: str, tenant_from: str | None = None) -> FileRows:
+def _content(rows: FileRows, cells: dict, hash_block: int) -> FileRows:
+    """`rows` with the CSV's content columns: session_id (any label; empty: no session) and
+    hash_ids (ids >= 0 separated by '|' or spaces; empty: none; at most ceil(prompt / H))."""
+    if "session_id" in cells:
+        rows.session = [c or None for c in cells["session_id"]]
+    if "hash_ids" in cells:
+        rows.hash_ids = []
+        for i, cell in enumerate(cells["hash_ids"]):
+            parts = cell.replace("|", " ").split()
+            if not all(p.isascii() and p.isdigit() and len(p) <= 18 for p in parts):
+                raise InputError(f"{rows.source}: line {rows.lines[i]}: hash_ids must be integers in [0, 10^18) "
+                                 f"separated by '|' or spaces, got {_shown(cell)}")
+            rows.hash_ids.append(tuple(map(int, parts)))
+            _check_chain(len(parts), int(rows.prompt[i]), hash_block, f"{rows.source}: line {rows.lines[i]}")
+    return rows
+
+
+def _check_chain(count: int, prompt: int, hash_block: int, where: str) -> None:
+    if count > -(-prompt // hash_block):
+        raise InputError(f"{where}: hash_ids has {count} blocks of {hash_block} tokens, more than the prompt "
+                         f"{prompt} fills")
+
+
+def parse_trace(text: str, source: str, tenant_from: str | None = None, hash_block: int = BLOCK_TOKENS) -> FileRows:
     """`arrival,client,prompt,output[,cached][,priority][,prefix_id][,prefix_len]` in steps:
     read_trace_csv's integer rules (cells <= INT32_MAX, then Trace.validate) plus
-    read_server_trace's priority and prefix columns."""
-    header, cells, lines = _table(text, source, TRACE_COLUMNS, OPTIONAL_COLUMNS, tenant_from, "client")
+    read_server_trace's priority and prefix columns, and the content columns (`_content`)."""
+    header, cells, lines = _table(text, source, TRACE_COLUMNS, OPTIONAL_COLUMNS + CONTENT_COLUMNS, tenant_from, "client")
     arrival = int_column(cells["arrival"], lines, source, "arrival", 0, INT32_MAX)
     prompt = int_column(cells["prompt"], lines, source, "prompt", 0, INT32_MAX)
     output = int_column(cells["output"], lines, source, "output", 0, INT32_MAX)
@@ -211,8 +241,8 @@ def parse_trace(text: str, source: str, tenant_from: str | None = None) -> FileR
     check = Trace(arrival, np.zeros_like(arrival), prompt, output, cached, lines=lines, source=source)
     check.validate()  # read_trace_csv's messages and limits
     labels = _labels(cells[tenant_from or "client"], lines, source, tenant_from or "client")
-    return FileRows(source, arrival.tolist(), 0, labels, prompt, output, cached, priority, prefix_len, prefix_id,
-                    lines, present)
+    return _content(FileRows(source, arrival.tolist(), 0, labels, prompt, output, cached, priority, prefix_len,
+                             prefix_id, lines, present), cells, hash_block)
 
 
 def _lengths(cells: dict, lines, source: str, prompt_col: str, output_col: str):
@@ -229,17 +259,18 @@ def _check_seconds(values: list, scale: int, ns_per_unit: int, lines, source: st
             raise InputError(f"{source}: line {lines[i]}: {name} must be under 1e13 s")
 
 
-def parse_log(text: str, source: str, ns_per_unit: int, unit_name: str, tenant_from: str | None = None) -> FileRows:
-    """`timestamp,tenant,prompt,output[,cached][,priority][,prefix_id][,prefix_len]`:
+def parse_log(text: str, source: str, ns_per_unit: int, unit_name: str, tenant_from: str | None = None,
+              hash_block: int = BLOCK_TOKENS) -> FileRows:
+    """`timestamp,tenant,prompt,output[,cached][,priority][,prefix_id][,prefix_len][,session_id][,hash_ids]`:
     timestamp an exact decimal in the unit, prompt and output >= 1, cached < prompt."""
-    header, cells, lines = _table(text, source, LOG_COLUMNS, OPTIONAL_COLUMNS, tenant_from, "tenant")
+    header, cells, lines = _table(text, source, LOG_COLUMNS, OPTIONAL_COLUMNS + CONTENT_COLUMNS, tenant_from, "tenant")
     times, scale = decimal_column(cells["timestamp"], lines, source, "timestamp", unit_name)
     _check_seconds(times, scale, ns_per_unit, lines, source, "timestamp")
     prompt, output = _lengths(cells, lines, source, "prompt", "output")
     cached, priority, prefix_len, prefix_id, present = _optional(cells, lines, source, prompt, cached_below_prompt=True)
     column = tenant_from or "tenant"
-    return FileRows(source, times, scale, _labels(cells[column], lines, source, column), prompt, output, cached,
-                    priority, prefix_len, prefix_id, lines, present)
+    return _content(FileRows(source, times, scale, _labels(cells[column], lines, source, column), prompt, output,
+                             cached, priority, prefix_len, prefix_id, lines, present), cells, hash_block)
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -326,9 +357,11 @@ def _json_time(obj: dict, where: str, unit_name: str):
     return value
 
 
-def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, tenant_from: str | None = None) -> FileRows:
+def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, tenant_from: str | None = None,
+                   hash_block: int = BLOCK_TOKENS) -> FileRows:
     """Mooncake JSONL: one object per non-blank line with timestamp (number, in the unit),
-    input_length, output_length (>= 1) and optional hash_ids (module docstring)."""
+    input_length, output_length (>= 1) and optional hash_ids of `hash_block` tokens each
+    (module docstring), kept exactly as `FileRows.hash_ids`."""
     stamps, prompt, output, ids, labels, lines = [], [], [], [], [], []
     any_ids = False
     decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
@@ -360,8 +393,8 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
             any_ids = True
             if type(hashes) is not list or (hashes and (not _INT_TYPE.issuperset(map(type, hashes)) or min(hashes) < 0)):
                 raise InputError(f"{where}: hash_ids must be a list of integers >= 0")
-            if len(hashes) > -(-p // BLOCK_TOKENS):
-                raise InputError(f"{where}: hash_ids has {len(hashes)} blocks of {BLOCK_TOKENS} tokens, more than "
+            if len(hashes) > -(-p // hash_block):
+                raise InputError(f"{where}: hash_ids has {len(hashes)} blocks of {hash_block} tokens, more than "
                                  f"input_length {p} fills")
         ids.append(hashes or ())
         if tenant_from is not None:
@@ -384,13 +417,13 @@ def parse_mooncake(text: str, source: str, ns_per_unit: int, unit_name: str, ten
         chained = chained_blocks(ranked)
         seen, shared = chained if chained is not None else (trie_cached(ranked), group_prefix_blocks(ranked))
         back = np.argsort(order)
-        cached = np.minimum(seen[back] * BLOCK_TOKENS, prompt - 1)
+        cached = np.minimum(seen[back] * hash_block, prompt - 1)
         prefix_id = [(f"{h[0]}/{h[1]}" if len(h) > 1 else str(h[0])) if h else None for h in ids]
-        prefix_len = np.minimum(shared[back] * BLOCK_TOKENS, prompt)
+        prefix_len = np.minimum(shared[back] * hash_block, prompt)
     present = {"cached", "prefix_id", "prefix_len"} if any_ids else set()
     return FileRows(source, times, scale, labels if tenant_from is not None else None, prompt,
                     np.asarray(output, np.int64), cached, _zeros(n), prefix_len, prefix_id,
-                    np.asarray(lines, np.int64), present)
+                    np.asarray(lines, np.int64), present, hash_ids=[tuple(h) for h in ids] if any_ids else None)
 
 
 def _json_label(obj: dict, field: str, where: str) -> str:

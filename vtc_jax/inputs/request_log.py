@@ -14,7 +14,8 @@ integer arithmetic (no float rounds an arrival). Tenants: a file's tenant column
 `client`, log `tenant`, or `tenant_from=COLUMN`), else one tenant per file named by
 `default_tenant`; `tenants="a:0.6,b:0.4"` replaces them by a seeded split. Tenants are
 numbered by first appearance in time order (ties in file order, files in the order given);
-a trace's integer clients keep their ids.
+a trace's integer clients keep their ids. The content's prefix identity is kept exactly:
+Mooncake's or a CSV's `hash_ids` and a CSV's `session_id` (inputs/prefix_blocks.py).
 
 Speed (2-core machine, cyclic GC paused while parsing): a generated 1M-row `log` reads in
 about 4 s, a 1M-line Mooncake file with 4.5M hash ids in about 6.5 s.
@@ -36,6 +37,7 @@ import numpy as np
 
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
+from vtc_jax.inputs import prefix_blocks as pb
 from vtc_jax.inputs import request_formats as rf
 from vtc_jax.inputs.workload import Trace
 
@@ -74,6 +76,9 @@ class RequestLog:
     skipped: tuple = ()
     warning: str | None = None
     window: tuple | None = None  # (start, seconds) of `windowed`, for the summary
+    hash_ids: tuple | None = None  # per request a tuple of ids (empty: none); None: the input has none
+    session: tuple | None = None  # per request a session label or None; None: the input has no session_id
+    hash_block: int = rf.BLOCK_TOKENS  # tokens per hash id
 
     def __len__(self) -> int:
         return int(self.arrival.shape[0])
@@ -248,27 +253,31 @@ def parse_split(text: str) -> tuple[tuple, np.ndarray]:
     return tuple(names), weights / weights.sum()
 
 
-def _parse_file(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None) -> rf.FileRows:
+def _parse_file(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None,
+                hash_block: int = rf.BLOCK_TOKENS) -> rf.FileRows:
     """One file parsed with the cyclic garbage collector paused: a million rows make
     millions of small lists and dicts, no cycles, and each collection pass would walk them all."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse_text(path, fmt, unit, tenant_from, text)
+        return _parse_text(path, fmt, unit, tenant_from, text, hash_block)
     finally:
         if enabled:
             gc.enable()
 
 
-def _parse_text(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None) -> rf.FileRows:
+def _parse_text(path: str, fmt: str, unit: str | None, tenant_from: str | None, text: str | None = None,
+                hash_block: int = rf.BLOCK_TOKENS) -> rf.FileRows:
     if text is None:
         text = fileio.read_text(path, what="log" if fmt != "trace" else "trace")
     if fmt == "trace":
-        return rf.parse_trace(text, path, tenant_from)
+        return rf.parse_trace(text, path, tenant_from, hash_block)
     if fmt == "azure":
         return rf.parse_azure(text, path, tenant_from)
-    parser = {"log": rf.parse_log, "burstgpt": rf.parse_burstgpt, "mooncake": rf.parse_mooncake}[fmt]
-    return parser(text, path, TIME_UNITS[unit], UNIT_NAMES[unit], tenant_from)
+    if fmt == "burstgpt":
+        return rf.parse_burstgpt(text, path, TIME_UNITS[unit], UNIT_NAMES[unit], tenant_from)
+    parser = {"log": rf.parse_log, "mooncake": rf.parse_mooncake}[fmt]
+    return parser(text, path, TIME_UNITS[unit], UNIT_NAMES[unit], tenant_from, hash_block)
 
 
 def _ns(parts: list, ns_per_unit: int) -> np.ndarray:
@@ -345,9 +354,12 @@ def _plausibility(name: str, ns: np.ndarray, unit: str, given: bool) -> str | No
 
 
 def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenants=None, split_seed=0,
-                  servegen_window=None) -> RequestLog:
+                  servegen_window=None, hash_block=rf.BLOCK_TOKENS) -> RequestLog:
     """Read one or more request files of one format into a RequestLog (module docstring);
-    every problem is one InputError naming the file (and line)."""
+    every problem is one InputError naming the file (and line). hash_block: the tokens per
+    hash id (Mooncake's 512; a CSV's hash_ids column)."""
+    if isinstance(hash_block, bool) or not isinstance(hash_block, (int, np.integer)) or not 1 <= hash_block <= 1 << 20:
+        raise InputError(f"--hash-block {hash_block}: must be a whole number of tokens in [1, {1 << 20:,}]")
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     if not paths:
         raise InputError("no input file given")
@@ -379,7 +391,7 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
     if fmt == "azure" and time_unit is not None:
         raise InputError(f"--time-unit {time_unit}: {paths[0]}: azure timestamps are wall-clock times")
     unit = time_unit or DEFAULT_UNITS.get(fmt)
-    parts = [_parse_file(p, fmt, unit, tenant_from, streams.get(p)) for p in paths]
+    parts = [_parse_file(p, fmt, unit, tenant_from, streams.get(p), int(hash_block)) for p in paths]
     labels = []
     for p, path in zip(parts, paths):
         labels.extend(p.labels if p.labels is not None else [default_tenant(path, fmt)] * len(p.lines))
@@ -406,8 +418,38 @@ def read_requests(paths, *, format=None, time_unit=None, tenant_from=None, tenan
         "columns": set().union(*(p.columns for p in parts)),
         "skipped": _merge_skipped(parts),
         "integer_clients": fmt == "trace" and tenant_from in (None, "client") and _integer_clients(labels),
+        "hash_ids": _content_column(parts, "hash_ids", ()),
+        "session": _content_column(parts, "session", None),
+        "hash_block": int(hash_block),
     }
-    return _assemble(fmt, paths, cols, split, split_seed, unit, time_unit)
+    return _checked_sessions(_assemble(fmt, paths, cols, split, split_seed, unit, time_unit))
+
+
+def _content_column(parts, name: str, missing) -> list | None:
+    """The files' `name` content column (hash_ids, session), `missing` for a file without
+    it, None when no file has it."""
+    if all(getattr(p, name) is None for p in parts):
+        return None
+    return [x for p in parts for x in (getattr(p, name) if getattr(p, name) is not None else [missing] * len(p.lines))]
+
+
+def _checked_sessions(log: RequestLog) -> RequestLog:
+    """The log, when each turn of a session (arrival order, a session being file-local)
+    begins with the previous turn's whole sequence: P_k >= P_{k-1} + O_{k-1}; else one
+    InputError naming both lines. Hash ids and sessions together are refused (one content
+    identity per input)."""
+    if log.session is None:
+        return log
+    if log.hash_ids is not None:
+        raise InputError(f"{log._name()}: give hash_ids or session_id, not both (one prefix identity per input)")
+    broken = pb.session_break(pb.session_key(log.session, log.file), log.prompt, log.output)
+    if broken is not None:
+        k, q = broken
+        raise InputError(f"{log.sources[log.file[k]]}: line {log.lines[k]}: session {shown_name(log.session[k])}: "
+                         f"prompt {log.prompt[k]:,} is shorter than the previous turn's prompt + output "
+                         f"({log.prompt[q]:,} + {log.output[q]:,} at {log.sources[log.file[q]]} line {log.lines[q]}): "
+                         f"a turn begins with the last turn's whole sequence")
+    return log
 
 
 def _refuse_repeated(paths: list) -> None:
@@ -479,10 +521,11 @@ def _assemble(fmt: str, paths: list, cols: dict, split, split_seed: int, unit, g
     if warning and given_unit is None:
         raise InputError(warning)
     take = {k: cols[k][order] for k in ("prompt", "output", "cached", "priority", "prefix_len", "lines", "file", "rows")}
+    content = {k: None if cols.get(k) is None else tuple(cols[k][i] for i in order) for k in ("hash_ids", "session")}
     return RequestLog(format=fmt, timed=timed, arrival=arrival[order], client=client, tenants=tenants,
                       prefix_id=tuple(cols["prefix_id"][i] for i in order), sources=tuple(paths),
                       columns=frozenset(cols["columns"]), unit=unit, skipped=tuple(cols["skipped"]), warning=warning,
-                      **take)
+                      hash_block=cols.get("hash_block", rf.BLOCK_TOKENS), **content, **take)
 
 
 def prefix_fidelity(log: RequestLog) -> float:
@@ -510,6 +553,9 @@ def _subset(log: RequestLog, keep: np.ndarray, **changes) -> RequestLog:
         tenants = tuple(log.tenants[c] for c in ids)
     columns = {name: getattr(log, name)[keep] for name in _PER_REQUEST + ("arrival",)}
     columns.update(client=client, tenants=tenants, prefix_id=tuple(log.prefix_id[i] for i in keep))
+    for name in ("hash_ids", "session"):  # the content identity: a kept turn still extends its kept predecessor
+        if getattr(log, name) is not None:
+            columns[name] = tuple(getattr(log, name)[i] for i in keep)
     return dataclasses.replace(log, **{**columns, **changes})
 
 
