@@ -230,3 +230,24 @@ def test_servable_labelled_trace_renumbers_its_tenants(tmp_path):
     kept, dropped = rl.servable(read_requests([path]), 512)
     assert dropped == 1 and kept.tenants == ("x",) and kept.client.tolist() == [0, 0]
     assert input_flags.file_rows(kept).tolist() == [0, 2]
+
+
+def test_gen_keeps_sessions_and_hash_chains(tmp_path, capsys):
+    """gen --from writes a log's session_id and hash_ids columns (it dropped them, so the
+    converted trace lost its prefix identity); two files' sessions and chains stay apart
+    (both files use session s and hash id 7: file 1's become 1:s and a new dense id)."""
+    a = _write(tmp_path, "a.csv", "timestamp,tenant,prompt,output,session_id\n0,t,10,5,s\n1,t,20,5,s\n")
+    b = _write(tmp_path, "b.csv", "timestamp,tenant,prompt,output,session_id\n0.5,u,10,5,s\n")
+    out = tmp_path / "t.csv"
+    assert main(["gen", "--from", str(a), "--out", str(out), "--step-seconds", "1"]) == 0
+    assert out.read_text() == "arrival,client,prompt,output,cached,session_id\n0,0,10,5,0,s\n1,0,20,5,0,s\n"
+    assert main(["gen", "--from", str(a), str(b), "--out", str(out), "--step-seconds", "1"]) == 0
+    assert [r["session_id"] for r in csv.DictReader(out.open())] == ["0:s", "1:s", "0:s"]
+    c = _write(tmp_path, "c.csv", "timestamp,tenant,prompt,output,hash_ids\n0,t,8,1,7|9\n1,t,8,1,7\n")
+    d = _write(tmp_path, "d.csv", "timestamp,tenant,prompt,output,hash_ids\n0.5,t,8,1,7|9\n")
+    assert main(["gen", "--from", str(c), "--out", str(out), "--step-seconds", "1", "--hash-block", "4"]) == 0
+    assert [r["hash_ids"] for r in csv.DictReader(out.open())] == ["7|9", "7"]
+    assert read_requests([out], hash_block=4).hash_ids == ((7, 9), (7,))
+    assert main(["gen", "--from", str(c), str(d), "--out", str(out), "--step-seconds", "1", "--hash-block", "4"]) == 0
+    assert [r["hash_ids"] for r in csv.DictReader(out.open())] == ["0|1", "2|3", "0"]
+    capsys.readouterr()

@@ -147,9 +147,32 @@ def command(args) -> int:
     return 0
 
 
+def _labels(log, labels) -> list[str]:
+    """Per request its session_id label ("" for none); with several input files prefixed by
+    the file's index, as the readers keep sessions file-local."""
+    if labels is None:
+        return [""] * len(log)
+    many = len(log.sources) > 1
+    return ["" if x is None or x == "" else f"{log.file[i]}:{x}" if many else str(x) for i, x in enumerate(labels)]
+
+
+def _chains(log) -> list[str]:
+    """Per request its hash ids joined by '|' (read back with the same --hash-block); with
+    several files each (file, id) pair is renumbered densely, as ids are file-local and only
+    their equality carries meaning."""
+    if log.hash_ids is None:
+        return [""] * len(log)
+    chains = log.hash_ids
+    if len(log.sources) > 1:
+        ids: dict = {}
+        chains = [[ids.setdefault((int(log.file[i]), h), len(ids)) for h in c] for i, c in enumerate(chains)]
+    return ["|".join(map(str, c)) for c in chains]
+
+
 def convert(args) -> int:
     """gen --from: the reader layer's requests as a trace CSV in steps (arrival,client,
-    prompt,output,cached, plus priority,prefix_id,prefix_len when the input has them),
+    prompt,output,cached, plus priority,prefix_id,prefix_len,session_id,hash_ids when the
+    input has them: its prefix identity kept, hash ids at the input's --hash-block),
     clients numbered as the input's tenants (printed), rows in (arrival, input) order."""
     from vtc_jax.cli import input_flags
     from vtc_jax.inputs import request_log
@@ -160,14 +183,16 @@ def convert(args) -> int:
     log = input_flags.read_input(args, "from")
     trace = log.steps_trace(input_flags.step_seconds_of(args, log))
     extra = [c for c in ("priority", "prefix_id", "prefix_len") if c in log.columns]
+    extra += ["session_id"] * (log.session is not None) + ["hash_ids"] * (log.hash_ids is not None)
     order = np.lexsort((np.arange(len(log)), trace.arrival))
-    cols = {"priority": log.priority, "prefix_len": log.prefix_len}
+    cols = {"priority": log.priority, "prefix_len": log.prefix_len, "prefix_id": [x or "" for x in log.prefix_id],
+            "session_id": _labels(log, log.session), "hash_ids": _chains(log)}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")  # a prefix_id holding a comma or quote is quoted, not split
     writer.writerow(["arrival", "client", "prompt", "output", "cached", *extra])
     for i in order:
         row = [trace.arrival[i], trace.client[i], trace.prompt[i], trace.output[i], trace.cached[i]]
-        row += [(log.prefix_id[i] or "") if c == "prefix_id" else cols[c][i] for c in extra]
+        row += [cols[c][i] for c in extra]
         writer.writerow([str(x) for x in row])
     input_flags.announce(args)
     fileio.write_text_atomically(args.out, out.getvalue())
