@@ -251,3 +251,13 @@ def test_gen_keeps_sessions_and_hash_chains(tmp_path, capsys):
     assert main(["gen", "--from", str(c), str(d), "--out", str(out), "--step-seconds", "1", "--hash-block", "4"]) == 0
     assert [r["hash_ids"] for r in csv.DictReader(out.open())] == ["0|1", "2|3", "0"]
     capsys.readouterr()
+
+
+def test_a_server_without_prefix_cache_runs_a_trace_with_sessions(tmp_path, capsys):
+    """A trace in steps with a session_id column on the ideal server: it runs, with a note
+    that the prefix identity is not read (it was refused as an 'unexpected column ... read by
+    --server vllm')."""
+    path = _write(tmp_path, "t.csv", "arrival,client,prompt,output,session_id\n0,0,10,5,s\n3,0,20,5,s\n")
+    assert main(["compare", str(path), "--kv-budget", "100", "--policies", "fcfs", "--out", str(tmp_path / "o"),
+                 "--no-plots"]) == 0
+    assert "session_id column(s) (prefix identity) are not read by this run" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import numpy as np
 
 from vtc_jax.cli.common import float_arg, int_arg
 from vtc_jax.core.errors import InputError
-from vtc_jax.inputs import request_log
+from vtc_jax.inputs import request_formats, request_log
 from vtc_jax.inputs.server_trace import ServerTrace
 from vtc_jax.servers import registry as servers
 
@@ -106,8 +106,12 @@ def engine_trace(args, log: request_log.RequestLog):
     slora): a trace in steps takes integer client ids 0..K-1 and the cached column only (the
     priority and prefix columns are the vllm servers'), a timed input is converted with
     --step-seconds."""
+    content = sorted(log.columns & set(request_formats.CONTENT_COLUMNS))
+    if content:  # content identity (inputs/prefix_blocks.py): no server here has a prefix cache that reads it
+        print(f"note: the input's {', '.join(content)} column(s) (prefix identity) are not read by this run",
+              file=sys.stderr)
     if log.format == "trace":
-        extra = sorted(log.columns - {"cached"})
+        extra = sorted(log.columns - {"cached"} - set(content))
         if extra:
             raise InputError(f"{display_name(log)}: unexpected column {extra[0]!r} (expected {ENGINE_TRACE_COLUMNS}; "
                              "priority and prefix columns are read by --server vllm)")
