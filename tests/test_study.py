@@ -210,3 +210,47 @@ def test_the_study_path_names_no_server():
 def test_nothing_above_the_servers_names_a_server():
     """No string literal above vtc_jax/servers/ equals a registered server's name."""
     assert server_literals() == []
+
+
+def test_per_tenant_goodput_slos():
+    """--goodput chat:ttft:500 ttft:1000: chat's requests meet TTFT <= 500 ms, every other
+    tenant's TTFT <= 1,000 ms. Three requests at 0: chat's first tokens at 400 and 600 ms,
+    batch's at 900 ms; they finish at 1, 1 and 2 s (duration 2 s). chat meets its SLO once
+    (0.5 requests/s), batch once under the default (0.5/s), 1.0/s overall; under the plain
+    `ttft:500` batch would not (0.5/s overall)."""
+    import numpy as np
+
+    from vtc_jax.driver.latency import outcome_table, parse_goodput, summarize
+
+    stamps = {"first_token_us": np.array([400_000, 600_000, 900_000]), "finish_us": np.array([1_000_000, 1_000_000,
+                                                                                             2_000_000]),
+              "scheduled_us": np.zeros(3, np.int64), "preemptions": np.zeros(3, np.int64)}
+    table = outcome_table(stamps, np.zeros(3, np.int64), np.array([2, 2, 2]), None)
+    tenant, prompt = np.array([0, 0, 1]), np.array([10, 10, 10])
+    slos = parse_goodput(["chat:ttft:500", "ttft:1000"])
+    assert slos == {"chat": {"ttft": 500.0}, "*": {"ttft": 1000.0}}
+    got = summarize(table, tenant, ["chat", "batch"], prompt, slos)
+    assert (got["tenants"]["chat"]["goodput"], got["tenants"]["batch"]["goodput"], got["overall"]["goodput"]) == (
+        0.5, 0.5, 1.0)
+    assert summarize(table, tenant, ["chat", "batch"], prompt, parse_goodput(["ttft:500"]))["overall"]["goodput"] == 0.5
+
+
+def test_a_goodput_slo_for_a_tenant_the_log_lacks_is_one_line(tmp_path, capsys):
+    path = tmp_path / "log.csv"
+    path.write_text("timestamp,tenant,prompt,output\n0,a,100,3\n")
+    argv = ["compare", str(path), "--policies", "fcfs", "--server", "vllm", "--preset", PRESET, "--out",
+            str(tmp_path / "o"), "--goodput", "chat:ttft:500"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--goodput names tenant 'chat', which the log does not have" in err, err
+
+
+def test_replay_on_slora_takes_its_own_memory(tmp_path, capsys):
+    """`replay --server slora` without --kv-budget runs on slora's own pool (M = 10,000 -
+    32 = 9,968), as compare does: the bound 2U = 2 x w_q x M = 39,872 (w_q 2)."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival,client,prompt,output\n0,0,100,3\n")
+    out = tmp_path / "run.json"
+    assert main(["replay", str(path), "--policy", "fcfs", "--server", "slora", "--no-cache", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert run["bound_2u"] == 39872, run  # 2U, U = max(w_p x prompt, w_q x M) = 2 x 9,968 (w_q = 2)

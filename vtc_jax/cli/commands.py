@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         step_time.presets()) + "): step durations in us, arrivals from the log's timestamps")
     cp.add_argument("--step-time", default=None, metavar="FILE.json",
                     help="server vllm: your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
-    cp.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
-                    help="server vllm, or slora on one server: SLOs for goodput, vLLM's form (e.g. ttft:500 tpot:50; "
-                         "NAME ttft, tpot, e2el)")
+    cp.add_argument("--goodput", nargs="+", default=None, metavar="[TENANT:]NAME:MS",
+                    help="a timed server (vllm with a step-time model, slora): SLOs for goodput, vLLM's form (e.g. "
+                         "ttft:500 tpot:50; NAME ttft, tpot, e2el), or per tenant (chat:ttft:500 batch:e2el:120000, "
+                         "the unnamed ones for every other tenant)")
     cp.add_argument("--requests-out", default=None, metavar="FILE.csv",
                     help="server vllm, or slora on one server: one row per request and policy (arrival, first token, "
                          "finish, TTFT, TPOT, E2E in us, output, preemptions)")

@@ -57,8 +57,10 @@ def replay_command(args) -> tuple[dict, dict, object]:
         return _server_replay(args)
     from vtc_jax.driver.run import replay, server_drain
 
-    if args.kv_budget is None:
-        raise InputError("--kv-budget M is required (the ideal server's memory)")
+    if args.kv_budget is None:  # the server's own memory where it has one (slora's pool), as compare
+        args.kv_budget = servers.default_memory(args.server)
+        if args.kv_budget is None:
+            raise InputError(f"--kv-budget M is required (the {args.server} server's memory)")
     server_options(args)  # refuses another server's flags
     if args.schedule_out:
         raise InputError("--schedule-out needs a server that keeps a schedule (--server vllm)")

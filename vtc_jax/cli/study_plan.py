@@ -19,7 +19,7 @@ from vtc_jax.cli import input_flags, timed_compare
 from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
-from vtc_jax.driver.latency import bench_serve, parse_goodput
+from vtc_jax.driver.latency import bench_serve, check_slo_tenants, parse_goodput
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
 from vtc_jax.servers import registry as servers
 
@@ -121,8 +121,10 @@ def _priority_queues(log, order: np.ndarray):
 
 
 def _drop_unservable(args, log, memory: int):
-    """The log less requests whose prompt can never fit M (a note names how many), where
-    the reader layer offers it (input_flags.drop_unservable)."""
+    """The log less requests whose prompt can never fit the server's own M (a note names how
+    many: a server's API rejects such a request and serves the rest), where the reader
+    layer offers it (input_flags.drop_unservable). A --kv-budget the user gave refuses such
+    a prompt instead (run.validate_fits: one line naming the file and line)."""
     drop = getattr(input_flags, "drop_unservable", None)
     return log if drop is None else drop(args, log, memory)
 
@@ -130,6 +132,7 @@ def _drop_unservable(args, log, memory: int):
 def plan(args, cluster: bool = False) -> Plan:
     """The study's plan from the command's flags (every refusal one line, before a run)."""
     server, options, given, model = server_setup(args)
+    own_memory = args.kv_budget is None  # the server's own M (a --kv-budget given refuses a prompt past it instead)
     memory = memory_of(args, server, options)
     args.kv_budget = memory  # every Settings the command builds (a cluster's gateway too) has the server's M
     latency = servers.keeps_time(server, options) and servers.request_record(server) is not None
@@ -142,11 +145,13 @@ def plan(args, cluster: bool = False) -> Plan:
         log = input_flags.read_input(args, "log")
         step_seconds = input_flags.step_seconds_of(args, log)
         per_second, offset = input_flags.steps_per_second(log, step_seconds), 0
-    log = _drop_unservable(args, log, memory)
+    if own_memory:
+        log = _drop_unservable(args, log, memory)
     columns = servers.trace_columns(server)
     shared = timed_compare.prefix_tables(args, log, server, "prefix_id" in columns) if model is not None else {}
     file_row = input_flags.file_rows(log)
     tenants = list(log.tenants)
+    check_slo_tenants(slos, tenants)
     if model is not None:
         arrival_us = log.arrival_us()
         if int(arrival_us.max()) + offset > MAX_ARRIVAL:

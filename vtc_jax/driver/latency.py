@@ -27,21 +27,52 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 PERCENTILES = (50, 90, 99)
 
 
-def parse_goodput(items) -> dict[str, float]:
-    """`ttft:500 tpot:50` (ms) -> {"ttft": 500.0, "tpot": 50.0}; one InputError per bad item."""
-    slos = {}
+DEFAULT_SLO = "*"  # the key of the SLOs of every tenant not named (per-tenant --goodput)
+
+
+def parse_goodput(items) -> dict:
+    """`ttft:500 tpot:50` (ms) -> {"ttft": 500.0, "tpot": 50.0}; with per-tenant items,
+    `chat:ttft:500 batch:e2el:120000 ttft:800` -> {"chat": {"ttft": 500.0}, "batch":
+    {"e2el": 120000.0}, "*": {"ttft": 800.0}} (a named tenant meets its own SLOs, every
+    other tenant the unnamed ones, DEFAULT_SLO); one InputError per bad item."""
+    slos: dict = {}
     for item in items or ():
-        name, sep, value = str(item).partition(":")
-        if not sep or name not in SLO_METRICS:
-            raise InputError(f"--goodput {item!r}: need NAME:MS with NAME one of {', '.join(SLO_METRICS)}")
+        parts = str(item).split(":")
+        tenant = ":".join(parts[:-2]) if len(parts) > 2 else DEFAULT_SLO
+        name, value = (parts[-2], parts[-1]) if len(parts) >= 2 else (parts[0], None)
+        if value is None or name not in SLO_METRICS or (len(parts) > 2 and not tenant):
+            raise InputError(f"--goodput {item!r}: need NAME:MS or TENANT:NAME:MS with NAME one of "
+                             f"{', '.join(SLO_METRICS)}")
         try:
             ms = float(value)
         except ValueError:
             raise InputError(f"--goodput {item!r}: {value!r} is not a number of ms") from None
         if not np.isfinite(ms) or ms <= 0:
             raise InputError(f"--goodput {item!r}: the SLO must be a positive number of ms")
-        slos[name] = ms
+        slos.setdefault(tenant, {})[name] = ms
+    if set(slos) <= {DEFAULT_SLO}:
+        return slos.get(DEFAULT_SLO, {})  # vLLM's form: one set for every request
     return slos
+
+
+def per_tenant(slos: dict) -> bool:
+    """Whether `slos` (parse_goodput's) names tenants."""
+    return any(isinstance(v, dict) for v in slos.values())
+
+
+def slos_of(slos: dict, tenant: str) -> dict:
+    """The SLOs tenant `tenant` meets: its own where --goodput named it, else the default ones."""
+    if not per_tenant(slos):
+        return slos
+    return slos.get(tenant, slos.get(DEFAULT_SLO, {}))
+
+
+def check_slo_tenants(slos: dict, tenants) -> None:
+    """Refuse a per-tenant SLO that names no tenant of the log (one line)."""
+    unknown = sorted(set(slos) - set(tenants) - {DEFAULT_SLO}) if per_tenant(slos) else []
+    if unknown:
+        raise InputError(f"--goodput names tenant {unknown[0]!r}, which the log does not have (its tenants: "
+                         f"{', '.join(list(tenants)[:8])}{'...' if len(tenants) > 8 else ''})")
 
 
 def token_record(result, trace: Trace, num_clients: int, pad: int, lane: int = 0) -> tuple | None:
@@ -149,7 +180,8 @@ def _itl_stats(table: dict, done: np.ndarray) -> dict:
 def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos: dict) -> dict:
     """{"overall": {...}, "tenants": {name: {...}}}: per group the request counts (requests,
     finished, unfinished: counted, never averaged in), each metric's mean/p50/p90/p99 in ms,
-    throughput and goodput per second, preemptions."""
+    throughput and goodput per second (the requests that meet their tenant's SLOs:
+    `slos_of`), preemptions."""
     finished = table["finished"]
     if not finished.any():
         raise InputError("no request finished: nothing to summarize (run longer)")
@@ -157,9 +189,11 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
     end = int(table["finish_us"][finished].max())
     seconds = max(end - start, 1) / 1e6
     good = finished.copy()
-    for name, ms in slos.items():
-        v = table[f"{name}_us"]
-        good &= np.where(np.isfinite(v), v <= ms * 1000.0, name == "tpot")  # a 1-token request has no TPOT
+    for k, who in enumerate(tenants):
+        mine = tenant == k
+        for name, ms in slos_of(slos, who).items():
+            v = table[f"{name}_us"][mine]
+            good[mine] &= np.where(np.isfinite(v), v <= ms * 1000.0, name == "tpot")  # a 1-token request has no TPOT
 
     def group(mask):
         done = mask & finished
