@@ -254,3 +254,16 @@ def test_replay_on_slora_takes_its_own_memory(tmp_path, capsys):
     assert main(["replay", str(path), "--policy", "fcfs", "--server", "slora", "--no-cache", "--json", str(out)]) == 0
     run = json.loads(out.read_text())
     assert run["bound_2u"] == 39872, run  # 2U, U = max(w_p x prompt, w_q x M) = 2 x 9,968 (w_q = 2)
+
+
+def test_a_timed_replay_honours_priority_and_writes_requests(tmp_path):
+    """`replay --server vllm --preset P --requests-out` is the timed run compare makes, on
+    one policy: the priority-1 request first (TTFT 13,685 us), the priority-5 one after it
+    (36,844 us), as worked in test_priority_column_orders_a_timed_vllm_run."""
+    path, out = tmp_path / "log.csv", tmp_path / "requests.csv"
+    path.write_text(PRIORITY_LOG)
+    assert main(["replay", str(path), "--policy", "fcfs", "--server", "vllm", "--preset", PRESET, *ONE_SEAT,
+                 "--scheduling-policy", "priority", "--requests-out", str(out), "--no-cache"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["tenant"], r["scheduled_us"], r["ttft_us"], r["finish_us"]) for r in rows] == [
+        ("tenant-number-one", "27839", "36844", "50998"), ("tenant-number-two", "4680", "13685", "27839")]

@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--schedule-out", metavar="OUT.json",
                     help="server vllm: write the step-by-step schedule and per-request first-token/finish steps "
                          "in the layout of the real vLLM scheduler's logs")
+    rp.add_argument("--preset", default=None, help="a server with a step-time model (vllm): a timed replay with "
+                    "the preset's step durations (" + ", ".join(step_time.presets()) + "), arrivals from the log's "
+                    "timestamps in us")
+    rp.add_argument("--step-time", default=None, metavar="FILE.json",
+                    help="a timed replay with your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
+    rp.add_argument("--requests-out", default=None, metavar="FILE.csv",
+                    help="a timed replay: one row per request (arrival, first token, finish, TTFT, TPOT, E2E in us, "
+                         "output, preemptions), as compare writes it")
     rp.add_argument("--clients", type=int_arg(1, MAX_CLIENTS), metavar="K",
                     help="number of clients (default: largest id + 1)")
     rp.add_argument("--steps", type=int_arg(1, (1 << 30) - 1), metavar="T",

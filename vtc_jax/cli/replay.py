@@ -51,6 +51,9 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 def replay_command(args) -> tuple[dict, dict, object]:
     """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
+    if (args.preset or args.step_time) and not servers.takes_step_time(args.server):
+        raise InputError(f"--preset / --step-time: --server {args.server} takes no step-time model (servers that "
+                         f"do: {', '.join(n for n in servers.names() if servers.takes_step_time(n))})")
     if cluster_flags.given(args):
         return _cluster_replay(args)
     if servers.get(args.server).preempts:  # vllm: its memory is its own, not --kv-budget
@@ -85,11 +88,11 @@ def replay_command(args) -> tuple[dict, dict, object]:
 
 
 def _server_replay(args):
-    result, _, num_clients, schedule, labels = replay_on_server(
+    result, _, num_clients, schedule, labels, requests = replay_on_server(
         args, lambda a: settings_from_args(a, a.policy, (0, 0)))
     out, details = report(result, args, num_clients)
     details["queues"] = labels
-    return out, details, (result, schedule)
+    return out, details, (result, schedule, requests)
 
 
 def report(result, args, num_clients: int) -> tuple[dict, dict]:
@@ -288,13 +291,19 @@ def _cluster_summary(out: dict, details: dict, policy: str, labels: list[str]) -
 def command(args) -> int:
     """The replay command: the run's numbers, its summary on stdout, and --json/--details
     written as one set."""
-    for path in fileio.check_distinct_outputs([args.json, args.details, args.schedule_out]):
+    for path in fileio.check_distinct_outputs([args.json, args.details, args.schedule_out, args.requests_out]):
         fileio.check_writable_file(path)
+    if args.requests_out and not servers.takes_step_time(args.server):
+        raise InputError(f"--requests-out needs a timed replay (--server with a step-time model: --preset or "
+                         f"--step-time; --server {args.server} has none)")
     out, details, ran = replay_command(args)
     files = []
     if args.schedule_out:
         schedule = ran[1]
         files.append((Path(args.schedule_out), lambda p: p.write_text(json.dumps(schedule, indent=1))))
+    if args.requests_out:
+        requests = ran[2]
+        files.append((Path(args.requests_out), lambda p: p.write_text(requests)))
     if args.json:
         files.append((Path(args.json), lambda p: p.write_text(json.dumps(out, indent=1))))
     if args.details:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import numpy as np
+
 from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
 from vtc_jax.cli.server_flags import memory_tokens, server_options
+from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_report
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
@@ -37,21 +40,45 @@ def server_settings(args, settings_from_args, queue_bands, extra=None):
                                bands=tuple(queue_bands) if queue_bands is not None else settings.bands)
 
 
+def _timed(args, log):
+    """(a step-time model's options, its a0 in us) when --preset / --step-time is given
+    (a timed replay: arrivals are the log's timestamps in exact us, a0 later in the queue),
+    else ({}, None); refused on a server that takes no step-time model or a log without times."""
+    from vtc_jax.cli import timed_compare
+
+    if not (getattr(args, "preset", None) or getattr(args, "step_time", None)):
+        if getattr(args, "requests_out", None):
+            raise InputError("--requests-out needs a timed run: give --preset NAME or --step-time FILE.json")
+        return {}, None
+    if not servers.takes_step_time(args.server):
+        raise InputError(f"--preset / --step-time: --server {args.server} takes no step-time model")
+    if not log.timed:
+        raise InputError(f"{args.trace}: a trace in steps has no times; a timed replay needs timestamps")
+    model = timed_compare.model_of(args)
+    return {**timed_compare.server_settings(args, model), **dict(model.options())}, model.a0
+
+
 def replay_on_server(args, settings_from_args):
-    """(result, trace, num_clients, queues): the run, with the schedule logged when asked."""
+    """(result, trace, num_clients, schedule, labels, requests): the run, with the schedule
+    logged when asked; `requests`: --requests-out's text on a timed replay (None otherwise)."""
     from vtc_jax.driver.run import run_traces, workload_pad
 
     log = input_flags.read_input(args, "trace")
-    source = input_flags.server_trace(log, input_flags.step_seconds_of(args, log))
+    timed, a0 = _timed(args, log)
+    source = input_flags.server_trace(log, 1e-6 if a0 is not None else input_flags.step_seconds_of(args, log))
     by_priority = getattr(args, "scheduling_policy", None) == "priority"
     queue, bands, tenant_of = source.queues(by_priority)
     trace = source.engine_trace(queue)
+    if a0 is not None:
+        trace = dataclasses.replace(trace, arrival=np.asarray(log.arrival_us(), np.int64) + a0)
     num_clients = len(bands)
     server_options(args)  # sets args.server (--enable-prefix-caching: vllm_prefix)
-    extra = None
+    extra = dict(timed)
     if "prefix_id" in servers.trace_columns(args.server):  # the trace's shared prefixes, by ORDER (rank in (arrival, row))
-        extra = prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
-                               source.prefix_len)
+        extra.update(prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
+                                    source.prefix_len))
+    if args.requests_out:
+        fileio.check_writable_file(args.requests_out)
     settings = server_settings(args, settings_from_args, bands if by_priority else None, extra)
     pairs = ["pair_drift"] if num_clients <= PAIR_DRIFT_MAX_CLIENTS else []
     measures = MeasureConfig.of(pairs + ["latency"] + (["ledger"] if args.check else []))
@@ -77,4 +104,13 @@ def replay_on_server(args, settings_from_args):
     schedule = schedule_report(result, trace, num_clients, workload_pad()) if args.schedule_out else None
     labels = [{"queue": q, "tenant": source.tenants[t], "priority": int(b)} for q, (t, b) in
               enumerate(zip(tenant_of, bands))]
-    return result, trace, num_clients, schedule, labels
+    requests = None
+    if args.requests_out:
+        from vtc_jax.cli.timed_compare import requests_csv
+        from vtc_jax.driver.latency import request_table
+
+        table = request_table(result, trace, num_clients, workload_pad(), trace.arrival - a0, 0)
+        tenant = np.asarray(tenant_of, np.int64)[np.asarray(queue, np.int64)]
+        requests = requests_csv({args.policy: table}, tenant, list(source.tenants), np.asarray(source.prompt, np.int64),
+                                input_flags.file_rows(log))
+    return result, trace, num_clients, schedule, labels, requests
