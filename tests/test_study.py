@@ -115,7 +115,7 @@ def test_seeds_give_every_timed_figure_a_ci(tmp_path):
     the log). Two tenants with one request each, 100 s apart (the server is idle when each
     arrives), so every seed gives each the same TTFT, 13,685 us (a0 4,680 + a 100-token
     prefill of 9,005): the mean over 3 seeds is 13.685 ms and its 95% CI has zero width.
-    The TTFT picture is drawn."""
+    The TTFT picture is drawn; the figures are also the sweep row's metrics (results.csv)."""
     log = "timestamp,tenant,prompt,output\n0.5,a,100,3\n100.5,b,100,3\n"
     _, result, out = _run(tmp_path, log, "--server", "vllm", "--preset", PRESET, *ONE_SEAT, "--seeds", "3",
                           requests=False)
@@ -125,6 +125,10 @@ def test_seeds_give_every_timed_figure_a_ci(tmp_path):
         assert p99["n"] == 3 and p99["mean"] == pytest.approx(13.685)
         assert p99["ci95"] == pytest.approx([13.685, 13.685])
     assert result["config"]["seeds"] == 3 and (out / "ttft_cdf.png").stat().st_size > 0
+    # the same figures as the row's metrics: results.json's rows and results.csv, as every sweep metric
+    metric = result["rows"][0]["metrics"]["ttft_p99_ms[b]"]
+    assert metric["n"] == 3 and metric["mean"] == pytest.approx(13.685) and metric["std"] == pytest.approx(0)
+    assert "ttft_p99_ms[b]" in (out / "results.csv").read_text()
 
 
 def test_results_json_has_one_schema_on_every_server(tmp_path):

@@ -243,6 +243,8 @@ def report(args, plan: Plan, engine, rows, settings, result: dict) -> list:
     """Print the latency table (seed 0: the log as it is; with --seeds S > 1 each figure's
     mean and 95% CI over the S seeds), put the report in result["latency"] and return the
     (path, writer) pairs of bench_serve.json, ttft_cdf.png and --requests-out."""
+    from vtc_jax.driver.study import latency_metrics, over_seeds
+
     arrival_us = np.asarray(plan.trace.arrival, np.int64) - plan.offset
     measured = _capacity(plan, settings)
     out = {"log": str(args.log), "server": plan.server, "step_time": plan.model or "the server's own clock",
@@ -258,9 +260,10 @@ def report(args, plan: Plan, engine, rows, settings, result: dict) -> list:
         bench[row.label] = dict(bench_serve(table, table["tenant"], plan.tenants, table["prompt"], plan.slos),
                                 finished_all=out["policies"][row.label]["finished_all"])
         if args.seeds > 1:
-            from vtc_jax.driver.study import over_seeds
-
             out["over_seeds"][row.label] = over_seeds(engine.per_seed(row, args.seeds))
+        for entry in result["rows"]:  # the latency figures as the row's metrics too (results.json rows, results.csv)
+            if entry["label"] == row.label:
+                entry["metrics"].update(latency_metrics(engine.per_seed(row, args.seeds), plan.tenants))
         tables[row.label] = table
     print(timed_compare.format_report(out, plan.tenants))
     result["latency"] = out

@@ -166,3 +166,28 @@ class StudyEngine(ModelEngineWrapper):
     def per_seed(self, row, seeds: int) -> list:
         """The row's lane summaries, seed 0 first."""
         return [self.summaries.get((id(row), s)) for s in range(seeds)]
+
+
+LATENCY_FIGURES = (("ttft", ("mean", "p50", "p90", "p99")), ("tpot", ("mean", "p50", "p99")),
+                   ("itl", ("mean", "p50", "p99")), ("e2el", ("mean", "p50", "p99")), ("queue", ("mean", "p99")))
+
+
+def latency_metrics(summaries: list, tenants) -> dict:
+    """Sweep-row metrics (stats.summarize over the seeds, as every metric of results.json's
+    rows and results.csv) of the lanes' summaries (one per seed; None: nothing finished):
+    `ttft_p99_ms[all]`, `ttft_p99_ms[TENANT]`, ... for LATENCY_FIGURES, and per group
+    `goodput[...]` (requests/s), `output_tokens_per_s[...]`, `unfinished[...]` (requests)."""
+    out = {}
+    for group in ["all", *tenants]:
+        def pick(s, group=group):
+            return None if s is None else (s["overall"] if group == "all" else s["tenants"][group])
+
+        values = [pick(s) for s in summaries]
+        for metric, quantities in LATENCY_FIGURES:
+            for q in quantities:
+                out[f"{metric}_{q}_ms[{group}]"] = stats.summarize(
+                    [np.nan if v is None or v[metric][q] is None else v[metric][q] for v in values])
+        for name in ("goodput", "output_tokens_per_s", "unfinished"):
+            out[f"{name}[{group}]"] = stats.summarize([np.nan if v is None or v[name] is None else v[name]
+                                                       for v in values])
+    return out
