@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import exit_code
+
 ROOT = Path(__file__).resolve().parent.parent
 
 FILES = {
@@ -483,19 +485,11 @@ def _listing(root: Path) -> set:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def run_main(module: str, argv: list[str]) -> int:
-    main = importlib.import_module(module).main
-    try:
-        return main(argv)
-    except SystemExit as exit_:  # argparse (our Parser exits through here)
-        return exit_.code
-
-
 @pytest.mark.parametrize("name, module, argv, status, words", CASES, ids=[c[0] for c in CASES])
 def test_hostile_input(case_dir, capsys, name, module, argv, status, words):
     before = _listing(case_dir)
     argv = [a.replace("{d}", str(case_dir)) for a in argv]
-    assert run_main(module, argv) == status
+    assert exit_code(importlib.import_module(module).main, argv) == status
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
     assert words in err[0], err[0]

@@ -4,12 +4,12 @@ are checked against direct runs of the same lanes: fcfs against the literal refe
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from sweeps import kv_blocks
+from tests.helpers import metrics_by_label, sweep_result
 from vtc_jax.core.rows import ARRIVAL, OUTPUT, PROMPT
 from vtc_jax.driver import run
 from vtc_jax.driver.latency import request_table
@@ -29,10 +29,8 @@ SMALL = ["--workloads", "overload", "--block-size", "4", "--blocks", "17", "--bu
 
 
 def _sweep(tmp_path, *flags):
-    out = tmp_path / "kvb"
-    assert kv_blocks.main([*SMALL, "--out", str(out), *flags]) == 0
-    result = json.loads((out / "results.json").read_text())
-    return {r["label"]: r["metrics"] for r in result["rows"]}, result
+    result = sweep_result(kv_blocks.main, tmp_path / "kvb", *SMALL, *flags)
+    return metrics_by_label(result), result
 
 
 def _lanes(unit: int):

@@ -5,13 +5,12 @@ and hand-worked cases of the post-VTC policies."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.helpers import python
 from vtc_jax.testing import reference as ref
 from vtc_jax.testing import check_policy
 from vtc_jax.testing.lanes import run_reference, service_matrix
@@ -40,17 +39,14 @@ def test_registry_is_the_only_list_of_names(capsys):
 
 def test_user_policy_file_runs_in_replay_and_in_a_sweep(tmp_path):
     out = tmp_path / "sweep"
-    done = subprocess.run([sys.executable, "-m", "sweeps.kv_budget", "--policy-module", str(MY_POLICY),
-                           "--policy", "round_robin", "--seeds", "4", "--steps", "600", "--budgets", "2048,4096",
-                           "--out", str(out), "--no-plots", "--no-cache"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = python("-m", "sweeps.kv_budget", "--policy-module", MY_POLICY, "--policy", "round_robin", "--seeds", "4",
+                  "--steps", "600", "--budgets", "2048,4096", "--out", out, "--no-plots", "--no-cache")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["setting"]["policy"] for r in rows} == {"round_robin"}
     assert all(r["metrics"]["throughput"]["mean"] > 0 for r in rows)
-    done = subprocess.run([sys.executable, "-m", "vtc_jax", "replay", str(ROOT / "examples" / "small_trace.csv"),
-                           "--policy-module", str(MY_POLICY), "--policy", "round_robin", "--kv-budget", "4096",
-                           "--steps", "500", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = python("-m", "vtc_jax", "replay", ROOT / "examples" / "small_trace.csv", "--policy-module", MY_POLICY,
+                  "--policy", "round_robin", "--kv-budget", "4096", "--steps", "500", "--no-cache")
     read, run = done.stdout.split("\n", 1)  # what it read, then the run
     assert done.returncode == 0 and read.startswith("read ") and run.startswith("round_robin: "), done.stderr[-2000:]
 

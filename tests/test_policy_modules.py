@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import pytest
 
+from tests.helpers import python
 from vtc_jax import InputError, Settings, Trace, replay
 from vtc_jax.cli import commands as cli
 from vtc_jax.driver import policy_modules
@@ -115,9 +115,7 @@ def test_a_broken_module_is_one_line_and_exit_2(clean_registry, capsys, fixture)
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vtc_jax", "replay", str(SMALL_TRACE), "--kv-budget", "4096",
-                           "--steps", "20", "--no-cache", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return python("-m", "vtc_jax", "replay", SMALL_TRACE, "--kv-budget", "4096", "--steps", "20", "--no-cache", *args)
 
 
 def test_sys_exit_at_import_does_not_end_the_command():

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from tests.helpers import one_error_line
 from vtc_jax.testing import reference as ref
 from vtc_jax.testing.lanes import run_reference, service_matrix, to_trace
 from vtc_jax import InputError, MeasureConfig, Settings, replay, run_traces
@@ -81,13 +82,6 @@ def test_long_run_prefix_equals_short_run():
 
 
 # ---- hostile input ------------------------------------------------------------------
-
-def _one_error_line(capsys):
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("vtc_jax: error:") and "Traceback" not in err, err
-    return lines[0]
-
 
 @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=400))
@@ -162,7 +156,7 @@ def test_fuzzed_cli_flags_end_in_a_result_or_one_error_line(tmp_path, capsys, fl
         assert "conservation holds" in out
     else:
         assert code == 2
-        _one_error_line(capsys)
+        one_error_line(capsys.readouterr().err)
 
 
 SWEEP_VALUES = {

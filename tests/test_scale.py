@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import python
+
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = [sys.executable, "-m", "sweeps.kv_budget", "--seeds", "6", "--steps", "300", "--budgets", "2048,4096,8192",
-         "--no-plots", "--no-cache"]
+SWEEP = ["-m", "sweeps.kv_budget", "--seeds", "6", "--steps", "300", "--budgets", "2048,4096,8192", "--no-plots",
+         "--no-cache"]
 
 
 def _env(devices: int = 1) -> dict:
@@ -43,15 +45,13 @@ for name in ("checkpoints", "counters", "admitted", "completed", "max_drift", "p
     np.testing.assert_array_equal(getattr(one, name), getattr(eight, name), err_msg=name)
 print("OK")
 """
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(8), capture_output=True, text=True,
-                          timeout=600)
+    done = python("-c", script, env=_env(8))
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-2000:]
 
 
 def test_sweep_over_8_devices_equals_1(tmp_path):
     for devices in (1, 8):
-        done = subprocess.run(SWEEP + ["--out", str(tmp_path / str(devices)), "--devices", str(devices)], cwd=ROOT,
-                              env=_env(8), capture_output=True, text=True, timeout=600)
+        done = python(*SWEEP, "--out", tmp_path / str(devices), "--devices", devices, env=_env(8))
         assert done.returncode == 0, done.stderr[-2000:]
     assert _rows(tmp_path / "1") == _rows(tmp_path / "8")
 
@@ -60,16 +60,15 @@ def test_two_processes_merge_to_the_one_process_result(tmp_path):
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
-    procs = [subprocess.Popen(SWEEP + ["--out", str(tmp_path / f"p{i}"), "--coordinator", f"localhost:{port}",
-                                       "--num-processes", "2", "--process-id", str(i)],
+    procs = [subprocess.Popen([sys.executable, *SWEEP, "--out", str(tmp_path / f"p{i}"), "--coordinator",
+                               f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
                               cwd=ROOT, env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
     assert "process 1/2" in outputs[1][1]
     assert not (tmp_path / "p1" / "results.json").exists()  # process 0 writes
-    single = subprocess.run(SWEEP + ["--out", str(tmp_path / "single")], cwd=ROOT, env=_env(1),
-                            capture_output=True, text=True, timeout=600)
+    single = python(*SWEEP, "--out", tmp_path / "single", env=_env(1))
     assert single.returncode == 0, single.stderr[-2000:]
     assert _rows(tmp_path / "p0") == _rows(tmp_path / "single")
 
@@ -81,8 +80,7 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
     argv = [a for a in SWEEP if a != "--no-cache"] + ["--cache-dir", str(cache)]
     entries = []
     for run in range(2):
-        done = subprocess.run(argv + ["--out", str(tmp_path / f"o{run}")], cwd=ROOT, env=_env(1),
-                              capture_output=True, text=True, timeout=600)
+        done = python(*argv, "--out", tmp_path / f"o{run}", env=_env(1))
         assert done.returncode == 0, done.stderr[-2000:]
         entries.append(sorted(p.name for p in cache.rglob("*") if p.is_file()))
     assert entries[0], "the first run wrote no cache entry"
@@ -91,8 +89,7 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
 
 
 def _python(script: str, env: dict) -> str:
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = python("-c", script, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip()
 
@@ -196,12 +193,11 @@ def test_compiled_programs_do_not_depend_on_pythons_hash_seed(tmp_path):
     were traced in an order that followed the hash seed: every process missed the cache)."""
     cache = tmp_path / "cache"
     for server in ("vllm", "vllm_prefix"):
-        argv = [sys.executable, "-m", "sweeps.kv_budget", "--seeds", "2", "--steps", "150", "--budgets", "2048",
+        argv = ["-m", "sweeps.kv_budget", "--seeds", "2", "--steps", "150", "--budgets", "2048",
                 "--no-plots", "--server", server, "--cache-dir", str(cache)]
         entries = []
         for seed in ("1", "2"):
-            done = subprocess.run(argv + ["--out", str(tmp_path / f"{server}{seed}")], cwd=ROOT,
-                                  env=dict(_env(1), PYTHONHASHSEED=seed), capture_output=True, text=True, timeout=600)
+            done = python(*argv, "--out", tmp_path / f"{server}{seed}", env=dict(_env(1), PYTHONHASHSEED=seed))
             assert done.returncode == 0, done.stderr[-2000:]
             entries.append(sorted(p.name for p in cache.rglob("*") if p.is_file()))
         assert entries[1] == entries[0], server

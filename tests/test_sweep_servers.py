@@ -3,11 +3,11 @@ flags are one line and exit 2, and the default server leaves every result as it 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from sweeps import cluster, kv_budget, paper, policies, prefix_cache, rpm, schedulers
+from tests.helpers import sweep_result
 from vtc_jax.cli import sweep_command
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import cluster_run
@@ -20,9 +20,7 @@ SMALL = ["--seeds", "2", "--steps", "300", "--no-plots"]
 
 
 def _result(module, out, *args) -> dict:
-    assert module.main([*SMALL, "--out", str(out), *args]) == 0
-    with open(out / "results.json") as fh:
-        return json.load(fh)
+    return sweep_result(module.main, out, *SMALL, *args)
 
 
 def test_a_sweep_runs_on_vllm_with_its_pool_as_m(tmp_path):

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import csv
-import json
 
 import numpy as np
 import pytest
 
 from sweeps import kv_budget, return_after_silence, rpm, schedulers
+from tests.helpers import metrics_by_label, sweep_result
 
 SEEDS = "12"
 
 
 def _run(module, tmp_path, *args, plots=False):
     out = tmp_path / module.__name__.split(".")[-1]
-    argv = ["--seeds", SEEDS, "--out", str(out), *args] + ([] if plots else ["--no-plots"])
-    assert module.main(argv) == 0
-    with open(out / "results.json") as fh:
-        result = json.load(fh)
-    return {r["label"]: r["metrics"] for r in result["rows"]}, result, out
+    result = sweep_result(module.main, out, "--seeds", SEEDS, *args, *([] if plots else ["--no-plots"]))
+    return metrics_by_label(result), result, out
 
 
 def test_schedulers_fcfs_grows_vtc_bounded(tmp_path, capsys):

@@ -6,12 +6,11 @@ nor hypothesis."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import python
 from vtc_jax import InputError
 from vtc_jax.driver import policy_modules
 from vtc_jax.inputs.workload import ORDER
@@ -51,5 +50,5 @@ def test_testing_needs_neither_pytest_nor_hypothesis():
     code = ("import sys, vtc_jax.testing, vtc_jax.testing.lanes, vtc_jax.testing.reference, "
             "vtc_jax.testing.vllm_reference; "
             "print(sorted(m for m in ('pytest', 'hypothesis', '_pytest') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = python("-c", code, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]

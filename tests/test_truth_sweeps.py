@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from tests.helpers import png_size
 from vtc_jax.driver import artifact_run as A
 
 LOG_HEADER = "arrival_s,client,prompt,output\n"
@@ -128,12 +129,6 @@ def test_help_default_check_catches_a_lie():
 
 # ---- figure sizes ------------------------------------------------------------------------
 
-def _png_size(path) -> tuple[int, int]:
-    import struct
-
-    return struct.unpack(">II", path.read_bytes()[16:24])
-
-
 @pytest.mark.parametrize("panels, size", [(10, (3600, 320)), (24, (3600, 960)), (3 * 64 + 3, (3600, 1920))])
 def test_paper_service_rate_figure_stays_bounded(tmp_path, panels, size):
     """--overheads takes up to 64 values: on_off_overload then has 195 rows, one panel each,
@@ -146,7 +141,7 @@ def test_paper_service_rate_figure_stays_bounded(tmp_path, panels, size):
             for i in range(panels)]
     path = tmp_path / "rates.png"
     draw_rates(rows, path, "w")
-    assert _png_size(path) == size
+    assert png_size(path) == size
 
 
 def _sweep_names() -> list[str]:

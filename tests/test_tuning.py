@@ -7,16 +7,15 @@ import json
 import numpy as np
 
 from sweeps import beta_tune, context_cost, kv_cap, prefix_cache
+from tests.helpers import metrics_by_label, sweep_result
 from vtc_jax.cli.sweep_command import main
 from vtc_jax.driver.tune import centered_ranks, es_minimize
 
 
 def _run(module, tmp_path, *args):
     name = module.__name__.split(".")[-1]
-    assert main(name, module.__doc__, module.add_arguments, module.build,
-                ["--out", str(tmp_path), "--no-plots", *args]) == 0
-    with open(tmp_path / "results.json") as fh:
-        return {r["label"]: r["metrics"] for r in json.load(fh)["rows"]}
+    command = lambda argv: main(name, module.__doc__, module.add_arguments, module.build, argv)
+    return metrics_by_label(sweep_result(command, tmp_path, "--no-plots", *args))
 
 
 def test_es_finds_the_minimum_of_a_noisy_function():
