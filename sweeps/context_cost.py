@@ -23,7 +23,7 @@ BETAS = ["0", "1/4096", "1/2048", "3/4096", "1/1024", "3/2048", "1/512", "1/256"
 def add_arguments(parser):
     add_workload_arguments(parser, rates="1.0,1.0")
     # Prefill priced at 1/16 of decode (w_p = 1/8, w_q = 2): with w_p = 1 the prefill charge
-    # of long prompts alone already over-charges the long client in bytes (see README).
+    # of long prompts alone already over-charges the long client in bytes (see docs/results/context_cost/).
     parser.set_defaults(kv_budget=16384, steps=4000, w_p="1/8")
     parser.add_argument("--long-prompt", type=range_arg, default=(2048, 4096),
                         help="client 0 prompt range (default 2048,4096)")

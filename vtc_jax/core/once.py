@@ -13,7 +13,7 @@ Under vmap the offset is per lane, so the write is a scatter over every stored v
 the buffers split the event into more kernels. With many clients, where the stored values
 are K-sized, that costs more than the recomputation it saves: `once_for(K)` is `once`
 below ONCE_CLIENTS clients and hands the values back as they are from there
-(benchmarks/RESULTS.md: an event at K = 87 took 1,440-1,640 ns per lane without the
+(benchmarks/HISTORY.md: an event at K = 87 took 1,440-1,640 ns per lane without the
 buffers against 2,170-2,450 with them; at K = 2 and 5, 540 and 650 with them against 650
 and 820 without; equal at K = 9).
 """

@@ -259,7 +259,7 @@ def _run_sub_batches(run_one: Callable[[int, Mesh | None, Callable | None], tupl
     least as many sub-batches as the mesh's devices (and > 1), the devices run theirs at
     once, a thread each (device_plan; XLA releases the GIL): a small sub-batch sharded
     over every device pays each event's fixed cost on each of them, one per device pays
-    it once (the 11-policy mix of benchmarks/RESULTS.md: 1.55x the mean of each policy
+    it once (the 11-policy mix of benchmarks/HISTORY.md: 1.55x the mean of each policy
     alone run one after another). Otherwise one after another over the whole mesh
     (mesh_i None)."""
     devices, count = list(mesh.devices.flat), len(costs)

@@ -49,7 +49,7 @@ MAX_QUANTUM = 1 << 20
 # one at a time by the KV budget (the carry lasts a step), a quantum at or above the cost
 # lets every class pay on its first visit and DRR splits by request count, not by weight
 # (measured: weights 1:2:3:4 get 0.22:0.25:0.26:0.27 of the service at quantum 1024,
-# 0.11:0.21:0.30:0.39 at 64; README).
+# 0.11:0.21:0.30:0.39 at 64; docs/POLICIES.md).
 OPTIONS = {"quantum": 64, "cost": "estimate"}
 
 
