@@ -48,7 +48,7 @@ def test_timestamped_log_with_cached_column_and_any_order(tmp_path):
     ("timestamp,tenant,prompt,output\n1,a,3.5,4\n", "line 2: prompt must be a non-negative integer"),
     ("timestamp,tenant,prompt,output\n1,a,3\n", "line 2: 3 fields, header has 4"),
     ("timestamp,tenant,prompt,output\n", "no requests"),
-    ("timestamp,tenant,prompt,output\n0,a,3,4\n1e9,a,3,4\n", "spans 11,574.1 days at 1e-09 requests/s, implausible"),
+    ("timestamp,tenant,prompt,output\n0,a,3,4\n1e9,a,3,4\n", "spans 11,574.1 days at 2e-09 requests/s, implausible"),
 ])
 def test_bad_logs_name_the_line(tmp_path, text, words):
     log = _write(tmp_path / "log.csv", text)
