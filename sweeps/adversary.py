@@ -71,6 +71,7 @@ from vtc_jax.driver import adversary, devices
 from vtc_jax.driver.sweep import MODEL_ENGINE
 from vtc_jax.engines.settings import Settings
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 PROG = "python -m sweeps.adversary"
 SKIPPED_POLICIES = ("rpm",)  # needs an rpm limit: not a scheduler of its own to attack
@@ -84,7 +85,7 @@ MAX_GENERATION_REQUESTS = 1 << 26  # population x K x N: about 5 GiB of genes an
 # beside the engine lanes, so this and MODEL_ENGINE.lane_bytes (x2 for XLA's buffers)
 # make an estimate about twice what a search holds (K = 2, N = 16 and 64).
 HOST_BYTES_PER_REQUEST = 256
-VLLM_SERVERS = ("vllm", "vllm_prefix")  # the servers whose settings are vLLM's engine arguments
+VLLM_SERVERS = servers.with_flag("num_gpu_blocks")  # the servers whose settings are vLLM's engine arguments
 VLLM_DEFAULTS = {"block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 256}  # vLLM's own
 SERVER_HELP = ("the server every candidate runs on (default ideal, MODEL.md's: memory bounds admission only); "
                "ideal_reserve: admission reserves prompt + output within M (the VTC theorem's assumption); vllm: "
@@ -334,7 +335,7 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
     witness trace under "_trace", removed before JSON)."""
     settings = args.settings[(policy, m)]
     base = f"{policy} M={m} K={limits.clients} T={limits.horizon}"
-    label = base if args.server == "ideal" else f"{base} on {args.server}"
+    label = base if args.server == servers.DEFAULT_SERVER else f"{base} on {args.server}"
     # The seed is the setting's on every server: the servers' searches are paired.
     config = adversary.SearchConfig(**{**args.search.__dict__, "seed": _seed(args.seed, base)})
     objective = adversary.Objective(settings, limits, server=args.server)
@@ -362,7 +363,7 @@ def search_row(args, policy: str, m: int, limits: adversary.Limits, log) -> dict
         f"({result.candidates:,} candidates, {result.seconds:.1f} s)")
     return {"setting": {"policy": policy, "kv_budget": m, "clients": limits.clients, "horizon": limits.horizon,
                         "requests": limits.requests, "lift_last_left": settings.lift_last_left,
-                        **({"server": args.server} if args.server != "ideal" else {})},
+                        **({"server": args.server} if args.server != servers.DEFAULT_SERVER else {})},
             "label": label, "metrics": metrics, "progress": [float(x) for x in result.progress],
             "_trace": result.trace, "_settings": settings, "_limits": limits}
 
@@ -382,7 +383,7 @@ def witness_json(row: dict, args) -> dict:
     memory = (" ".join(_flag_text(k, v) for k, v in options.items()) if options
               else f"--kv-budget {s.kv_budget}")  # vllm's M is its pool: (num_gpu_blocks - 1) x block_size
     command = (f"python -m vtc_jax replay {Path(m['witness']).name} --policy {s.policy}"
-               + ("" if args.server == "ideal" else f" --server {args.server}") + f" {memory} "
+               + ("" if args.server == servers.DEFAULT_SERVER else f" --server {args.server}") + f" {memory} "
                f"--w-p {s.w_p} --w-q {s.w_q}" + (f" --beta {s.beta}" if s.beta else "")
                + ("" if s.lift_last_left else " --no-last-left") + (f" --kv-cap {s.kv_cap}" if s.kv_cap else "")
                + f" --steps {lim.horizon} --details out.json")
@@ -394,7 +395,7 @@ def witness_json(row: dict, args) -> dict:
             "limits": {"requests_per_client": lim.requests, "prompt": list(lim.prompt), "output": list(lim.output),
                        "arrival": [0, lim.horizon - 1]},
             "replay": command,
-            **({"server": args.server, "server_options": options} if args.server != "ideal" else {})}
+            **({"server": args.server, "server_options": options} if args.server != servers.DEFAULT_SERVER else {})}
 
 
 def counterexamples(rows: list[dict]) -> list[dict]:
@@ -512,7 +513,7 @@ def run(args, log=None) -> int:
               "horizon": args.horizon, "requests_per_client": args.requests, "prompt": list(args.prompt),
               "output": list(args.output), "w_p": str(args.w_p), "w_q": str(args.w_q), "beta": str(args.beta),
               "kv_cap": args.kv_cap,
-              **({"server": args.server, "server_options": args.vllm} if args.server != "ideal" else {}),
+              **({"server": args.server, "server_options": args.vllm} if args.server != servers.DEFAULT_SERVER else {}),
               "horizon_grid": list(args.horizon_grid),
               "growth_policies": args.growth_policy if args.horizon_grid else [],
               "search": {k: (list(v) if isinstance(v, tuple) else v) for k, v in args.search.__dict__.items()},

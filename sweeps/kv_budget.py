@@ -15,6 +15,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 RATES = "1.0,0.25"
 BUDGETS = [2048, 4096, 8192, 16384, 32768]
@@ -45,7 +46,7 @@ def server_options(args, m: int) -> tuple:
     """Row M's server settings: --server vllm's with num_gpu_blocks = M // block_size + 1
     (its pool then holds M tokens); the ideal server's memory is M itself."""
     options = dict(args.server_options)
-    if args.server == "ideal":
+    if args.server == servers.DEFAULT_SERVER:
         return ()
     if "num_gpu_blocks" in options:
         raise InputError(f"{VLLM_FLAGS['num_gpu_blocks']}: this sweep sets it from each M of --budgets "

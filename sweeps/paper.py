@@ -59,6 +59,7 @@ from vtc_jax.driver import sweep_outputs
 from vtc_jax.driver.sweep import Row, Sweep
 from vtc_jax.driver import artifact_run as A
 from vtc_jax.inputs import artifact_suites as S
+from vtc_jax.servers import registry as servers
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_TRACE = ROOT / "data" / "vtc_real_trace.csv"
@@ -398,7 +399,7 @@ def build(args) -> tuple[list[tuple[Sweep, int]], dict]:
     for flag in ("measures", "check", "policy_module"):
         if getattr(args, flag, None):
             raise InputError(f"--{flag.replace('_', '-')} is not supported by the artifact profile")
-    if args.server != "ideal":
+    if args.server != servers.DEFAULT_SERVER:
         raise InputError(f"--server {args.server}: the paper's tables run on the artifact profile, an engine of its "
                          "own (docs/ARTIFACT.md), not on a server")
     server_options(args)  # a server's flag without its --server is one line

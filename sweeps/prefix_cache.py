@@ -12,6 +12,7 @@ from vtc_jax.driver.sweep import Plot, Row, Sweep, base_metrics
 from vtc_jax.inputs.sources import TrafficSource
 from vtc_jax.inputs.traffic import overload
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 
 
 def add_arguments(parser):
@@ -37,7 +38,7 @@ def build(args) -> Sweep:
     if args.trace is not None:
         raise InputError("--trace does not apply: the sweep varies the cached fraction of synthetic prompts "
                          "(a trace carries its own cached column)")
-    if args.server != "ideal":
+    if args.server != servers.DEFAULT_SERVER:
         raise InputError(f"--server {args.server} does not model prefix caching (it computes every prompt token), "
                          "so this sweep's cached prefixes would not be what it runs: use --server ideal")
     if len(args.rates) != 2:

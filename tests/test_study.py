@@ -210,7 +210,6 @@ def test_the_study_path_names_no_server():
     assert hits == []
 
 
-@pytest.mark.xfail(strict=True, reason="coordinator removes the rest")
 def test_nothing_above_the_servers_names_a_server():
     """No string literal above vtc_jax/servers/ equals a registered server's name."""
     assert server_literals() == []

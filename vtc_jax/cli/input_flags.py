@@ -141,7 +141,7 @@ def resolved_step_seconds(args) -> float:
     given = getattr(args, "step_seconds", None)
     if given is not None:
         return given
-    clock = servers.get(getattr(args, "server", "ideal")).clock_seconds
+    clock = servers.get(getattr(args, "server", servers.DEFAULT_SERVER)).clock_seconds
     return DEFAULT_STEP_SECONDS if clock is None else clock
 
 

@@ -84,7 +84,7 @@ def apply_server(args, *, has_kv_budget: bool, kv_budget_given: bool) -> None:
     (args.kv_budget: the 2U bound, the load line), so --kv-budget is refused; a sweep
     without --kv-budget (its grid sets M) maps each M itself."""
     args.server_options = server_options(args)
-    if args.server == "ideal":
+    if args.server == servers.DEFAULT_SERVER:
         return
     if kv_budget_given:
         raise InputError(f"--kv-budget is the ideal server's memory; --server {args.server} takes its own "
@@ -180,7 +180,7 @@ def _main(name, description, add_arguments, build, argv) -> int:
 def on_server(sweep: Sweep, args) -> Sweep:
     """The built sweep on --server: every row runs it, and a non-default server is
     recorded in results.json's config (the default leaves every output as it was)."""
-    if args.server == "ideal":
+    if args.server == servers.DEFAULT_SERVER:
         return sweep
     config = dict(sweep.config, server=args.server, server_options=dict(args.server_options))
     return dataclasses.replace(with_server(sweep, args.server), config=config)
@@ -239,7 +239,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, rates: str = "1.0
 def workload_is_default(args, rates: str) -> bool:
     """The workload flags are the defaults (the paper's values apply)."""
     return (args.trace is None and args.weights is None and list(args.rates) == [float(x) for x in rates.split(",")]
-            and getattr(args, "server", "ideal") == "ideal"
+            and getattr(args, "server", servers.DEFAULT_SERVER) == servers.DEFAULT_SERVER
             and all(getattr(args, k, v) == v for k, v in DEFAULT_WORKLOAD.items()))
 
 

@@ -117,7 +117,7 @@ class Limits:
         """int64[3, 2]: the (lo, hi) of arrival, prompt and output."""
         return np.asarray([(0, self.horizon - 1), self.prompt, self.output], np.int64)
 
-    def check(self, settings: Settings, server: str = "ideal") -> None:
+    def check(self, settings: Settings, server: str = servers.DEFAULT_SERVER) -> None:
         """Refuse settings a candidate could not run under exactly on `server` (InputError),
         a candidate request the server could never serve included."""
         chosen = servers.get(server)
@@ -320,7 +320,7 @@ class Objective:
     settings: Settings
     limits: Limits
     arrival_width: int = 4
-    server: str = "ideal"
+    server: str = servers.DEFAULT_SERVER
 
     def __post_init__(self):
         self.limits.check(self.settings, self.server)
@@ -378,7 +378,7 @@ def lower_bound(settings: Settings) -> Fraction:
 
 
 def replay_drift(trace: Trace, settings: Settings, horizon: int, num_clients: int | None = None,
-                 server: str = "ideal") -> Fraction:
+                 server: str = servers.DEFAULT_SERVER) -> Fraction:
     """The exact backlogged drift of one trace on `server` through the public replay path
     (a fresh single-lane run, independent of the batched search)."""
     k = int(trace.client.max()) + 1 if num_clients is None else num_clients

@@ -144,7 +144,7 @@ def run(lanes: Sequence[LaneTrace], scheds: Sequence, num_clients: int, *, seeds
 
 
 def _replays(lanes, traces, settings, num_clients, mesh, progress, chunk) -> tuple[list[Replay], np.ndarray]:
-    res = run_traces(traces, settings, num_clients=num_clients, server="slora", measures=MeasureConfig(), mesh=mesh,
+    res = run_traces(traces, settings, num_clients=num_clients, server=slora.SLORA.name, measures=MeasureConfig(), mesh=mesh,
                      progress=progress, chunk=chunk)
     state = res.server_state
     first, finish = np.asarray(state.first, np.int64), np.asarray(state.finish, np.int64)

@@ -117,7 +117,7 @@ def check_server(name: str):
 def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows: int, min_prompt: int,
                 max_prompt: int, max_output: int, max_requests: int, horizon: int, arrival_width: int = 4,
                 record: bool = False, lane_max_prompts: Sequence[int] | None = None,
-                server: str = "ideal") -> ClusterConfig:
+                server: str = servers.DEFAULT_SERVER) -> ClusterConfig:
     """The static config that fits every lane (validated: exact int32 arithmetic, prompts
     that fit M, the server's settings). `num_clients`: K, or one tenant count per lane (K is
     then the largest); `server`: the replicas' server (`check_server`)."""
@@ -192,7 +192,7 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
 
 def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings], *, num_clients, steps: int,
                     record: bool = False, chunk: int | None = None, arrival_width: int = 4,
-                    server: str = "ideal") -> "ClusterResults":
+                    server: str = servers.DEFAULT_SERVER) -> "ClusterResults":
     """Run lane i = trace i under clusters[i] for `steps` steps, all lanes in one compiled
     batch. `num_clients`: K, or one tenant count per lane (lanes of different K, R and G
     share the batch). Every request must fit M (prompt <= M); requests with arrival >=
@@ -232,7 +232,7 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
 
 
 def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4,
-                  server: str = "ideal", record: bool = False) -> ClusterConfig:
+                  server: str = servers.DEFAULT_SERVER, record: bool = False) -> ClusterConfig:
     """The static config that fits every lane of `srcs` (sources.py) x `clusters` on the
     replicas' `server` (`record`: keep each request's dispatch, ClusterConfig.record)."""
     uniq = sources.unique(srcs)
@@ -246,7 +246,7 @@ def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int 
 
 def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[int], *, base_seed: int = 0,
                      config: ClusterConfig | None = None, chunk: int | None = None, mesh=None,
-                     progress: Callable | None = None, server: str = "ideal") -> "ClusterResults":
+                     progress: Callable | None = None, server: str = servers.DEFAULT_SERVER) -> "ClusterResults":
     """Lane i: requests generated from seeds[i] and srcs[i] (sources.py), run under
     clusters[i] for the sources' horizon, in one compiled batch (`server`: the replicas',
     ignored when `config` is given)."""

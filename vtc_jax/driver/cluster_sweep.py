@@ -33,6 +33,7 @@ from vtc_jax.driver.run import lane_keys
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterSettings
 from vtc_jax.inputs import sources
 from vtc_jax.policies.estimators import mix32
+from vtc_jax.servers.registry import DEFAULT_SERVER
 
 
 def lane_settings(cs: ClusterSettings, seed: int, base_seed: int) -> ClusterSettings:
@@ -82,7 +83,7 @@ class TenantResults(ServedShares):
 
 def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[int], *, base_seed: int = 0,
                      config: ClusterConfig | None = None, mesh=None, progress: Callable | None = None,
-                     server: str = "ideal", server_record: Callable | None = None) -> TenantResults:
+                     server: str = DEFAULT_SERVER, server_record: Callable | None = None) -> TenantResults:
     """Lane i: requests from seeds[i] and srcs[i] (sources.py) under clusters[i] (its seeds
     as given: see `lane_settings`), for the sources' horizon, with the per-tenant values of
     TenantResults. A draining source also runs each lane to its own arrival span (the last

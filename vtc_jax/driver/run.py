@@ -111,7 +111,7 @@ def calendar_rows(max_output: int) -> int:
 def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: int, max_output: int, slots: int,
                   wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
-                  policies: Sequence[str] | None = None, server: str = "ideal", log_steps: int = 0,
+                  policies: Sequence[str] | None = None, server: str = servers.DEFAULT_SERVER, log_steps: int = 0,
                   quiet_window: int = QUIET_WINDOW) -> EngineConfig:
     """The static config that fits every lane of `settings` on server `server` (a
     servers.registry name; `log_steps`: steps of schedule it logs, for servers that do;
@@ -285,7 +285,7 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None,
-               server: str = "ideal", log_steps: int = 0, quiet_window: int = QUIET_WINDOW):
+               server: str = servers.DEFAULT_SERVER, log_steps: int = 0, quiet_window: int = QUIET_WINDOW):
     """Validate lanes (trace i under settings i) and size their common static config.
 
     Returns (config, horizons, event budget, expected events). Fixed horizon T: T + 3 *
@@ -340,7 +340,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
                steps: int | None = None, record_every: int = 0, chunk: int | None = None,
                allow_unadmittable: bool = False, arrival_width: int = 4, mesh: Mesh | None = None,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None,
-               progress: Callable | None = None, wide: bool | None = None, server: str = "ideal",
+               progress: Callable | None = None, wide: bool | None = None, server: str = servers.DEFAULT_SERVER,
                log_steps: int = 0, quiet_window: int = QUIET_WINDOW) -> LaneResults:
     """Run lane i = trace i under settings i, all lanes in one compiled batch.
 
@@ -418,7 +418,7 @@ KEYED_KINDS = ("traffic", "servegen")
 
 def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], record_every: int = 0,
                   arrival_width: int = 4, measures: MeasureConfig = ALL,
-                  policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
+                  policies: Sequence[str] | None = None, server: str = servers.DEFAULT_SERVER) -> EngineConfig:
     """The static config that fits every lane of `srcs` x `settings` (one compile)."""
     srcs = sources.unique(srcs)
     lay = sources.layout(srcs, arrival_width + 1)
@@ -447,7 +447,7 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
 
 def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,
                    arrival_width: int = 4, measures: MeasureConfig = ALL,
-                   policies: Sequence[str] | None = None, server: str = "ideal") -> EngineConfig:
+                   policies: Sequence[str] | None = None, server: str = servers.DEFAULT_SERVER) -> EngineConfig:
     """`source_config` of synthetic traffic."""
     return source_config(_traffic_sources(traffics), settings, record_every, arrival_width, measures, policies,
                          server)
@@ -496,7 +496,7 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
                      base_seed: int = 0, record_every: int = 0, chunk: int | None = None, arrival_width: int = 4,
                      config: EngineConfig | None = None, mesh: Mesh | None = None, measures: MeasureConfig = ALL,
                      policies: Sequence[str] | None = None, progress: Callable | None = None,
-                     server: str = "ideal") -> LaneResults:
+                     server: str = servers.DEFAULT_SERVER) -> LaneResults:
     """Generate lane i's requests from `seeds[i]` and `srcs[i]` and run them under
     `settings[i]`, all lanes in one compiled batch, for the sources' horizon (each distinct
     source and seed generated once; on CPU, lanes that share them run one pass per setting

@@ -17,6 +17,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.engines.settings import INT32_MAX, Params, Settings, to_fraction
 from vtc_jax.policies import registry
 from vtc_jax.servers.base import ServerShape
+from vtc_jax.servers.registry import DEFAULT_SERVER
 
 COUNTERS = ("per_router", "shared", "delayed")
 PER_ROUTER, SHARED, DELAYED = range(3)
@@ -227,7 +228,7 @@ class ClusterConfig:
     ring: int = 0
     arrival_width: int = 4
     record: bool = False
-    server: str = "ideal"
+    server: str = DEFAULT_SERVER
     rpm: bool = False
     kv_cap: bool = False
     bands: bool = False

@@ -121,7 +121,7 @@ class EngineConfig:
     quiet_window: int = quiet.WINDOW
     drain: bool = False
     measures: MeasureConfig = MeasureConfig()
-    server: str = "ideal"
+    server: str = servers.DEFAULT_SERVER
     requeue_depth: int = 16
     log_steps: int = 0
     server_static: tuple = ()

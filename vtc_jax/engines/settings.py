@@ -324,7 +324,7 @@ def limit_flags(settings: Sequence[Settings]) -> dict[str, bool]:
 
 
 def encode_settings(settings: Sequence[Settings], num_clients: int,
-                    policies: Sequence[str] | None = None, server: str = "ideal") -> tuple[Params, Scales]:
+                    policies: Sequence[str] | None = None, server: str = servers.DEFAULT_SERVER) -> tuple[Params, Scales]:
     """Encode lanes' settings as a batched `Params` (leading axis B = len(settings)).
 
     `policies` is the engine's static policy set (default: those present); every policy
