@@ -380,3 +380,48 @@ def test_run_budget_refuses_past_memory_and_warns_past_time():
     assert str(err.value) == ("this run needs about 540.1 GiB / about 74.1 minutes (4096 lane(s) of 1,000 rows, 256 "
                               "slots, 67,660 pool blocks), more than the 64.0 GiB of memory free: give fewer lanes "
                               "(policies x seeds), a smaller --num-gpu-blocks or a shorter log")
+
+
+def test_compare_refuses_a_log_the_step_model_cannot_drain(tmp_path, capsys):
+    """Through the command: compare on a timed vllm server with the huge model above
+    refuses before the run, one line (it ran, then flagged every lane unfinished)."""
+    from vtc_jax.cli.commands import main
+
+    model = tmp_path / "huge.json"
+    model.write_text(json.dumps({"b0": "1000000", "b1": "200000", "b2": "50000000", "a0": 1_000_000_000,
+                                 "num_gpu_blocks": 100}))
+    log = tmp_path / "l.csv"
+    log.write_text("timestamp,tenant,prompt,output\n0,a,100,50\n0.5,b,200,80\n1,a,50,20\n")
+    code = main(["compare", str(log), "--server", "vllm", "--step-time", str(model), "--max-num-seqs", "2",
+                 "--policies", "fcfs", "--out", str(tmp_path / "out")])  # 2 seats: each step alone fits int32
+    err = capsys.readouterr().err
+    assert code == 2 and "this log needs at least 8,420,000,000 us" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_warns_before_a_long_prefix_caching_run(tmp_path, capsys, monkeypatch):
+    """compare --enable-prefix-caching on the preset's 67,660-block pool: a one-line
+    warning with the estimate before the run (a 2-request log ran 16 minutes unannounced).
+    Two requests of 3,000 output tokens: 6,006 events of 0.108 s each are at least 10.9
+    minutes (2 lanes on 2 devices; 21.7 on one), past the 10 minutes that warn. The test stops after the plan."""
+    from vtc_jax.cli import study_plan
+    from vtc_jax.cli.commands import main
+
+    def stop(*_args, **_kw):
+        raise KeyboardInterrupt  # the run itself is not wanted here
+
+    monkeypatch.setattr(study_plan, "plan", _planned_then(study_plan.plan, stop))
+    log = tmp_path / "l.csv"
+    log.write_text("timestamp,tenant,prompt,output,prefix_id,prefix_len\n0,a,600,3000,p,512\n1,b,600,3000,p,512\n")
+    assert main(["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--enable-prefix-caching",
+                 "--policies", "fcfs,vtc", "--out", str(tmp_path / "out")]) == 130  # stopped after the plan
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: this run needs")]
+    assert len(warned) == 1 and "over a 67,660-block prefix-caching pool" in warned[0], warned
+
+
+def _planned_then(plan, then):
+    def planned(*args, **kw):
+        result = plan(*args, **kw)
+        then()
+        return result
+    return planned

@@ -120,13 +120,23 @@ def _priority_queues(log, order: np.ndarray):
     return queue, [rank[p] for _, p in pairs], [t for t, _ in pairs], [p for _, p in pairs]
 
 
-def _drop_unservable(args, log, memory: int):
-    """The log less requests whose prompt can never fit the server's own M (a note names how
-    many: a server's API rejects such a request and serves the rest), where the reader
-    layer offers it (input_flags.drop_unservable). A --kv-budget the user gave refuses such
-    a prompt instead (run.validate_fits: one line naming the file and line)."""
-    drop = getattr(input_flags, "drop_unservable", None)
-    return log if drop is None else drop(args, log, memory)
+def check_size(args, options: dict, log, prefix_caching: bool) -> None:
+    """Before a timed run: refuse (one line) what one lane per device cannot hold, warn (one
+    line) when the whole study would run for long (driver/run_budget.py: a lane's events
+    are bounded by its output tokens plus three per request; a prefix-caching pool scans
+    its blocks every event). The sweep chunks the lanes, so only one chunk must fit."""
+    import jax
+
+    from vtc_jax.driver import run_budget
+
+    rows = len(log)
+    shape = run_budget.RunShape(lanes=len(args.policies) * args.seeds, slots=min(int(options.get("max_num_seqs", rows)),
+                                                                                    rows),
+                                pool_blocks=int(options.get("num_gpu_blocks", 0)), rows=rows,
+                                events=int(np.asarray(log.output, np.int64).sum()) + 3 * rows,
+                                prefix_caching=prefix_caching, devices=jax.device_count())
+    run_budget.check(dataclasses.replace(shape, lanes=shape.devices), warn_seconds=float("inf"))
+    run_budget.check(shape, available=1 << 62)
 
 
 def plan(args, cluster: bool = False) -> Plan:
@@ -146,7 +156,7 @@ def plan(args, cluster: bool = False) -> Plan:
         step_seconds = input_flags.step_seconds_of(args, log)
         per_second, offset = input_flags.steps_per_second(log, step_seconds), 0
     if own_memory:
-        log = _drop_unservable(args, log, memory)
+        log = input_flags.drop_unservable(args, log, memory)
     columns = servers.trace_columns(server)
     shared = timed_compare.prefix_tables(args, log, server, "prefix_id" in columns) if model is not None else {}
     file_row = input_flags.file_rows(log)
@@ -158,6 +168,10 @@ def plan(args, cluster: bool = False) -> Plan:
             raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
                              f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): take a window of it "
                              "(--time-window START,SECONDS)")
+        model.check_drain(arrival_us, log.prompt, log.output, options.get("max_num_batched_tokens", 2048),
+                          limit=servers.get(server).max_horizon,
+                          cached=log.prefix_len if "prefix_id" in columns else None)
+        check_size(args, options, log, "prefix_id" in columns)
         client = np.asarray(log.client, np.int64)
         trace = Trace(arrival_us + offset, client, log.prompt, log.output, np.zeros_like(log.prompt), source=str(args.log))
     else:
