@@ -270,3 +270,13 @@ def test_a_timed_replay_honours_priority_and_writes_requests(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert [(r["tenant"], r["scheduled_us"], r["ttft_us"], r["finish_us"]) for r in rows] == [
         ("tenant-number-one", "27839", "36844", "50998"), ("tenant-number-two", "4680", "13685", "27839")]
+
+
+def test_a_server_with_its_own_clock_declares_what_its_report_prints():
+    """slora's latency report names its step times and prints its settings (the unified
+    path printed 'step time the server's own clock;' and nothing after it)."""
+    clock, shown = servers.get("slora").own_clock({})
+    assert clock == "the artifact's A10G fit (docs/ARTIFACT.md)"
+    assert shown == {"kv_pool": 10000, "adapter_reserve": 32, "prefill_cap": 3072, "running_cap": 1000, "cadence": 10,
+                     "poll_us": 10000, "idle": "poll", "extra_finish_charge": True}
+    assert servers.get("vllm").own_clock is None  # its step times are a step-time model's

@@ -425,3 +425,17 @@ def _planned_then(plan, then):
         then()
         return result
     return planned
+
+
+def test_replay_prints_whole_tenant_names(tmp_path, capsys):
+    """replay's client column held 14 characters: tenant-number-one and tenant-number-two
+    both printed as `tenant-number-`. Both now stand whole, right-aligned in one column."""
+    from vtc_jax.cli.commands import main
+
+    log = tmp_path / "l.csv"
+    log.write_text("timestamp,tenant,prompt,output\n0,tenant-number-one,10,5\n1,tenant-number-two,10,5\n")
+    assert main(["replay", str(log), "--policy", "fcfs", "--kv-budget", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index(next(x for x in lines if x.lstrip().startswith("client "))):]
+    assert table[0].startswith("           client ")
+    assert table[1].startswith("tenant-number-one ") and table[2].startswith("tenant-number-two ")

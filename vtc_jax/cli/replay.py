@@ -244,11 +244,12 @@ def _labels(args, count: int) -> list[str]:
     rank of first appearance), else its id."""
     log = getattr(args, "input_log", None)
     if log is not None and log.timed and len(log.tenants) == count:
-        return [name[:14] for name in log.tenants]
+        return list(log.tenants)  # whole: two names alike in their first characters stay two
     return [str(k) for k in range(count)]
 
 
 def _summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
+    w = max([6] + [len(x) for x in labels])  # the client column holds the longest name
     lines = [f"{policy}: {out['steps']} steps, {out['clients']} clients, "
              f"throughput {out['throughput']:.2f} weighted tokens/step, "
              f"max drift {out['max_drift']} at step {out['max_drift_step']}, "
@@ -257,10 +258,10 @@ def _summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
                  f"2U = {details['bound_2u']}" if details["backlogged_drift"] is not None
                  else f"not measured (over {PAIR_DRIFT_MAX_CLIENTS} clients: it costs K^2 per event; VTC's bound "
                       f"2U = {details['bound_2u']})"),
-             f"{'client':>6} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
+             f"{'client':>{w}} {'service':>14} {'counter':>14} {'admitted':>9} {'completed':>9} {'share':>7} "
              f"{'demand':>7} {'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
-        lines.append(f"{labels[k]:>6} {out['service'][k]:>14} {out['counters'][k]:>14} "
+        lines.append(f"{labels[k]:>{w}} {out['service'][k]:>14} {out['counters'][k]:>14} "
                      f"{out['admitted'][k]:>9} {out['completed'][k]:>9} {_fmt(details['share_of_service'][k]):>7} "
                      f"{_fmt(details['share_of_demand'][k]):>7} {_fmt(details['wait_p50'][k]):>9} "
                      f"{_fmt(details['wait_p99'][k]):>9}")
@@ -273,15 +274,16 @@ def _summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
 
 
 def _cluster_summary(out: dict, details: dict, policy: str, labels: list[str]) -> str:
+    w = max([6] + [len(x) for x in labels])  # the client column holds the longest name
     c = out["cluster"]
     lines = [f"{policy} at {c['replicas']} replica(s) behind {c['routers']} router(s) running {c['gateway_policy']} "
              f"({c['counters']} counters): {out['steps']} steps, {out['clients']} clients, drift while every tenant "
              f"was backlogged {out['all_backlogged_drift']} tokens per unit weight ({out['all_backlogged_steps']} "
              "such steps)",
-             f"{'client':>6} {'service':>14} {'admitted':>9} {'completed':>9} {'share':>7} {'demand':>7} "
+             f"{'client':>{w}} {'service':>14} {'admitted':>9} {'completed':>9} {'share':>7} {'demand':>7} "
              f"{'wait p50':>9} {'wait p99':>9}"]
     for k in range(out["clients"]):
-        lines.append(f"{labels[k]:>6} {out['service'][k]:>14} {out['admitted'][k]:>9} {out['completed'][k]:>9} "
+        lines.append(f"{labels[k]:>{w}} {out['service'][k]:>14} {out['admitted'][k]:>9} {out['completed'][k]:>9} "
                      f"{_fmt(details['share_of_service'][k]):>7} {_fmt(details['share_of_demand'][k]):>7} "
                      f"{_fmt(details['wait_p50'][k]):>9} {_fmt(details['wait_p99'][k]):>9}")
     lines.append(load_line(details["load"]))

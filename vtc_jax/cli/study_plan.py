@@ -30,7 +30,8 @@ US = 1_000_000  # steps per second on a clock of microseconds
 class Plan:
     """server: the server that runs (after --enable-prefix-caching); options: its run
     options (step-time model's included); shown_options: those a report prints; memory:
-    the M of every lane; model: the step-time model's name (None: the server's own clock);
+    the M of every lane; model: what the step times are (a step-time model's name, or
+    what a server with a clock of its own declares; None: untimed);
     offset: the lane clock's lead on the log's arrivals (us; a step-time model's a0);
     trace: the log on the server's clock, file order, clients the engine's (a (tenant,
     priority) pair each under priority scheduling); clients: their names; tenant_of:
@@ -188,9 +189,11 @@ def plan(args, cluster: bool = False) -> Plan:
               file=sys.stderr)
     trace.validate()
     shown = {key: value for key, value in options.items() if not key.startswith("time_")}
-    if model is None and latency:
-        shown = {}
-    return Plan(server, options, shown, memory, None if model is None else model.name, offset, trace, clients,
+    clock = None if model is None else model.name
+    if model is None and latency:  # the server's own clock: what it declares of it
+        own = servers.get(server).own_clock
+        clock, shown = ("the server's own clock", {}) if own is None else own(options)
+    return Plan(server, options, shown, memory, clock, offset, trace, clients,
                 tenant_of, tenants, bands, shared, per_second, step_seconds, file_row, latency, slos)
 
 

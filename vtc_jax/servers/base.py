@@ -302,7 +302,8 @@ class Server:
     # default_memory(options): the M it holds when no --kv-budget is given (None: it has no memory of its own);
     # trace_columns: the log's columns it reads beyond arrival, tenant and lengths; step_time_model: it takes a
     # step-time model (--preset / --step-time: servers/step_time.py) into its time_* options; flags: its settings'
-    # command-line flags, under the names of the engine it models ((setting, flag), ...).
+    # command-line flags, under the names of the engine it models ((setting, flag), ...); own_clock(options):
+    # a server with a clock of its own, (what its step times are, the settings a latency report prints).
     keeps_time: Callable[[dict], bool] = lambda options: False
     request_record: Callable[[Any], dict] | None = None
     record_index: str = "order"
@@ -310,3 +311,4 @@ class Server:
     trace_columns: tuple = ()
     step_time_model: bool = False
     flags: tuple = ()
+    own_clock: Callable[[dict], tuple[str, dict]] | None = None

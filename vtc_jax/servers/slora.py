@@ -471,6 +471,14 @@ def default_memory(options: dict) -> int:
     return s["kv_pool"] - s["adapter_reserve"]
 
 
+def own_clock(options: dict) -> tuple[str, dict]:
+    """(its step times, the settings a latency report prints: the filled options less the
+    step-time coefficients and the run's static sizes)."""
+    shown = {key: value for key, value in settings(dict(options)).items()
+             if key not in (*TIME_KEYS, *STATIC, "overhead", "slots")}
+    return "the artifact's A10G fit (docs/ARTIFACT.md)", shown
+
+
 SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on LightLLM): wall-clock microseconds, "
                "prefill stalls, the admission cadence, LightLLM's worst-case KV check (docs/ARTIFACT.md)",
                init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
@@ -478,4 +486,5 @@ SLORA = Server(name="slora", description="the VTC paper's engine (S-LoRA on Ligh
                never_served=never_served, drain_steps=drain_steps, fuzz_options=fuzz_options, fits_client=True,
                wake=wake, max_horizon=MAX_HORIZON, clock_seconds=1e-6, static_options=static_options,
                request_times=lambda host: (np.asarray(host.first, np.int64), np.asarray(host.finish, np.int64)),
-               keeps_time=lambda options: True, request_record=request_record, default_memory=default_memory)
+               keeps_time=lambda options: True, request_record=request_record, default_memory=default_memory,
+               own_clock=own_clock)
