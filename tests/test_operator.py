@@ -216,8 +216,16 @@ def test_compare_log_row_order_is_no_input(tmp_path):
     assert _compare_rows(tmp_path, TENANT_LOG, "--seeds", "2") == want  # the example has 6 rows out of time order
 
 
-def test_compare_prompt_over_m_names_the_log(tmp_path):
+def test_compare_prompt_over_m_is_dropped_and_counted(tmp_path, capsys):
+    """A prompt past M was refused with the whole run (issue 47, item 4); an engine's API
+    rejects that request and serves the rest: one note counts it, tenant a's request runs
+    (b, whose only request it was, is gone from the report)."""
     log = tmp_path / "log.csv"
     log.write_text("timestamp,tenant,prompt,output\n1.0,a,10,5\n2.0,b,5000,5\n")
-    with pytest.raises(InputError, match=f"^{log}: line 3: prompt 5000 is larger than the KV budget"):
-        cli._main(["compare", str(log), "--kv-budget", "4096", "--out", str(tmp_path / "o"), "--no-cache"])
+    assert cli._main(["compare", str(log), "--kv-budget", "4096", "--out", str(tmp_path / "o"), "--no-cache",
+                      "--no-plots"]) == 0
+    out = capsys.readouterr()
+    assert ("note: dropped 1 of 2 requests whose prompt exceeds the server's memory of 4,096 tokens (longest: 5,000)"
+            in out.err.splitlines())
+    result = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert result["config"]["tenants"] == ["a"]

@@ -214,10 +214,18 @@ def test_tenant_wait_panel_draws_zero_waits(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("text", ["arrival,client,prompt,output\n0,0,10,3\n1,1,500,3\n",
                                   "timestamp,tenant,prompt,output\n0,a,10,3\n1,b,500,3\n"])
-def test_prompt_larger_than_m_names_the_file_and_line(tmp_path, capsys, text):
+def test_prompt_larger_than_m_is_dropped_with_a_note(tmp_path, capsys, text):
+    """A prompt past M is rejected and counted (one note), the rest served (issue 47, item 4:
+    the whole run was refused for it); a log of only such prompts is refused in one line."""
     log = _write(tmp_path / "log.csv", text)
     code = cli.main(["compare", str(log), "--policies", "vtc", "--kv-budget", "100", "--out", str(tmp_path / "o"),
+                     "--no-cache", "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "note: dropped 1 of 2 requests whose prompt exceeds the server's memory of 100 tokens (longest: 500)" in err
+    only = _write(tmp_path / "only.csv", text.splitlines()[0] + "\n" + text.splitlines()[2] + "\n")
+    code = cli.main(["compare", str(only), "--policies", "vtc", "--kv-budget", "100", "--out", str(tmp_path / "o"),
                      "--no-cache"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"vtc_jax: error: {log}: line 3: prompt 500 is larger than the KV budget M=100")
+    assert err.startswith(f"vtc_jax: error: {only}: every request's prompt exceeds the server's memory of 100 tokens")

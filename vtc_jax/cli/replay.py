@@ -40,6 +40,8 @@ def load_for_replay(args) -> tuple[Trace, int]:
     """The engine's trace of the input (the reader layer; a timed input in steps of
     --step-seconds) and its number of clients (--clients, else the largest id + 1)."""
     log = input_flags.read_input(args, "trace")
+    if getattr(args, "kv_budget", None) is not None:  # a prompt past M: rejected and counted, the rest replayed
+        log = input_flags.drop_unservable(args, log, args.kv_budget)
     trace = input_flags.engine_trace(args, log)
     num_clients = args.clients if args.clients is not None else trace.num_clients
     if num_clients > MAX_CLIENTS:

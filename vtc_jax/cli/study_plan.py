@@ -143,7 +143,6 @@ def check_size(args, options: dict, log, prefix_caching: bool) -> None:
 def plan(args, cluster: bool = False) -> Plan:
     """The study's plan from the command's flags (every refusal one line, before a run)."""
     server, options, given, model = server_setup(args)
-    own_memory = args.kv_budget is None  # the server's own M (a --kv-budget given refuses a prompt past it instead)
     memory = memory_of(args, server, options)
     args.kv_budget = memory  # every Settings the command builds (a cluster's gateway too) has the server's M
     latency = servers.keeps_time(server, options) and servers.request_record(server) is not None
@@ -156,8 +155,7 @@ def plan(args, cluster: bool = False) -> Plan:
         log = input_flags.read_input(args, "log")
         step_seconds = input_flags.step_seconds_of(args, log)
         per_second, offset = input_flags.steps_per_second(log, step_seconds), 0
-    if own_memory:
-        log = input_flags.drop_unservable(args, log, memory)
+    log = input_flags.drop_unservable(args, log, memory)  # a prompt past M: rejected and counted, the rest served
     columns = servers.trace_columns(server)
     shared = timed_compare.prefix_tables(args, log, server, "prefix_id" in columns) if model is not None else {}
     file_row = input_flags.file_rows(log)
