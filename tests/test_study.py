@@ -280,3 +280,17 @@ def test_a_server_with_its_own_clock_declares_what_its_report_prints():
     assert shown == {"kv_pool": 10000, "adapter_reserve": 32, "prefill_cap": 3072, "running_cap": 1000, "cadence": 10,
                      "poll_us": 10000, "idle": "poll", "extra_finish_charge": True}
     assert servers.get("vllm").own_clock is None  # its step times are a step-time model's
+
+
+def test_a_sweep_refuses_to_drop_the_priority_column(tmp_path, capsys):
+    """A sweep on a log with priorities under --scheduling-policy priority served by arrival
+    (the priority column was read and dropped); it is refused in one line, naming the
+    commands that honour it."""
+    from sweeps import kv_budget
+
+    log = tmp_path / "l.csv"
+    log.write_text("timestamp,tenant,prompt,output,priority\n0,a,10,5,5\n0,b,10,5,1\n")
+    code = kv_budget.main(["--trace", str(log), "--server", "vllm", "--num-gpu-blocks", "64",
+                           "--scheduling-policy", "priority", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "does not order requests by the log's priority column" in err[0], err

@@ -248,6 +248,12 @@ def workload_source(args, traffic):
     if args.trace is None:
         return sources_mod.TrafficSource(traffic)
     log = input_flags.read_input(args, "trace")
+    if "priority" in log.columns and bool((log.priority != 0).any()):  # a sweep's rows are per tenant, not per band
+        if getattr(args, "scheduling_policy", None) == "priority":
+            raise InputError(f"{args.trace}: a sweep does not order requests by the log's priority column: run it "
+                             "with compare or replay (--scheduling-policy priority), which do")
+        print("note: the log's priority column orders requests only under compare or replay with "
+              "--scheduling-policy priority; this sweep serves them by its policies alone", file=sys.stderr)
     trace = input_flags.engine_trace(args, log)
     k = max(trace.num_clients, len(args.weights or ()))
     return sources_mod.TraceSource(trace, num_clients=k, horizon=args.steps, phase_unit=args.phase_unit)
