@@ -402,8 +402,10 @@ def test_compare_refuses_a_log_the_step_model_cannot_drain(tmp_path, capsys):
 def test_compare_warns_before_a_long_prefix_caching_run(tmp_path, capsys, monkeypatch):
     """compare --enable-prefix-caching on the preset's 67,660-block pool: a one-line
     warning with the estimate before the run (a 2-request log ran 16 minutes unannounced).
-    Two requests of 3,000 output tokens: 6,006 events of 0.108 s each are at least 10.9
-    minutes (2 lanes on 2 devices; 21.7 on one), past the 10 minutes that warn. The test stops after the plan."""
+    Two requests of 8,000 output tokens decode together: about 8,000 steps (the busy clock,
+    8,000 x 7,077 us, over the shortest step), 8,006 events of 0.108 s each, 14.5 minutes a
+    lane (2 lanes on 2 devices), past the 10 minutes that warn. The test stops after the
+    plan."""
     from vtc_jax.cli import study_plan
     from vtc_jax.cli.commands import main
 
@@ -412,7 +414,7 @@ def test_compare_warns_before_a_long_prefix_caching_run(tmp_path, capsys, monkey
 
     monkeypatch.setattr(study_plan, "plan", _planned_then(study_plan.plan, stop))
     log = tmp_path / "l.csv"
-    log.write_text("timestamp,tenant,prompt,output,prefix_id,prefix_len\n0,a,600,3000,p,512\n1,b,600,3000,p,512\n")
+    log.write_text("timestamp,tenant,prompt,output,prefix_id,prefix_len\n0,a,600,8000,p,512\n1,b,600,8000,p,512\n")
     assert main(["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--enable-prefix-caching",
                  "--policies", "fcfs,vtc", "--out", str(tmp_path / "out")]) == 130  # stopped after the plan
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: this run needs")]

@@ -121,20 +121,24 @@ def _priority_queues(log, order: np.ndarray):
     return queue, [rank[p] for _, p in pairs], [t for t, _ in pairs], [p for _, p in pairs]
 
 
-def check_size(args, options: dict, log, prefix_caching: bool) -> None:
+def check_size(args, options: dict, log, prefix_caching: bool, model, arrival_us: np.ndarray) -> None:
     """Before a timed run: refuse (one line) what one lane per device cannot hold, warn (one
-    line) when the whole study would run for long (driver/run_budget.py: a lane's events
-    are bounded by its output tokens plus three per request; a prefix-caching pool scans
-    its blocks every event). The sweep chunks the lanes, so only one chunk must fit."""
+    line) when the whole study would run for long (driver/run_budget.py; a prefix-caching
+    pool scans its blocks every event). A lane's steps: at most its output tokens (a step
+    decodes at least one), and about its busy clock (`model.drain_floor` less the first
+    arrival) over the shortest step; plus three events per request (arrival, admission,
+    completion). The sweep chunks the lanes, so only one chunk must fit."""
     import jax
 
     from vtc_jax.driver import run_budget
 
     rows = len(log)
+    budget = int(options.get("max_num_batched_tokens", 2048))
+    busy = model.drain_floor(arrival_us, log.prompt, log.output, budget) - int(np.min(arrival_us))
+    steps = min(int(np.asarray(log.output, np.int64).sum()), busy // model.step_us(0, 1) + 1)
     shape = run_budget.RunShape(lanes=len(args.policies) * args.seeds, slots=min(int(options.get("max_num_seqs", rows)),
                                                                                     rows),
-                                pool_blocks=int(options.get("num_gpu_blocks", 0)), rows=rows,
-                                events=int(np.asarray(log.output, np.int64).sum()) + 3 * rows,
+                                pool_blocks=int(options.get("num_gpu_blocks", 0)), rows=rows, events=steps + 3 * rows,
                                 prefix_caching=prefix_caching, devices=jax.device_count())
     run_budget.check(dataclasses.replace(shape, lanes=shape.devices), warn_seconds=float("inf"))
     run_budget.check(shape, available=1 << 62)
@@ -170,7 +174,7 @@ def plan(args, cluster: bool = False) -> Plan:
         model.check_drain(arrival_us, log.prompt, log.output, options.get("max_num_batched_tokens", 2048),
                           limit=servers.get(server).max_horizon,
                           cached=log.prefix_len if "prefix_id" in columns else None)
-        check_size(args, options, log, "prefix_id" in columns)
+        check_size(args, options, log, "prefix_id" in columns, model, arrival_us)
         client = np.asarray(log.client, np.int64)
         trace = Trace(arrival_us + offset, client, log.prompt, log.output, np.zeros_like(log.prompt), source=str(args.log))
     else:
