@@ -251,7 +251,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_truth_round3_cli.py::test_ctrl_c_in_a_policy_modules_import_is_one_line_and_130[[]in_process[]]",
      "18 s (the command's case stays)"),
     ("test_hostile.py::test_closed_pipe_is_one_line_not_a_traceback", "41 s: a process (Ctrl-C's stays)"),
-    ("test_operator.py::test_compare_prompt_over_m_names_the_log", "30 s"),
+    ("test_operator.py::test_compare_prompt_over_m_is_dropped_and_counted", "30 s"),
     ("test_artifact.py::test_idle_poll_and_stall_of_running_batch", "18 s alone"),
     ("test_timeline.py::test_block_of_rows_is_a_binary_search_of_the_block_starts", "27 s"),
     ("test_request_log.py::test_servegen_directory", "24 s"),

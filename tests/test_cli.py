@@ -94,8 +94,8 @@ CSV_CASES = {
                                  ["line 3", "client", "--clients 2"]),
     "huge client id": (f"{HEADER}\n0,0,10,3\n0,1000000000,10,3\n", [],
                        ["line 3", "client id 1000000000"]),
-    "prompt larger than M": (f"{HEADER}\n0,0,10,3\n5,1,300,3\n", ["--kv-budget", "200"],
-                             ["line 3", "prompt 300", "M=200"]),
+    "prompt larger than M": (f"{HEADER}\n0,0,300,3\n5,1,301,3\n", ["--kv-budget", "200"],  # every one: nothing to run
+                             ["every request's prompt exceeds", "200 tokens", "shortest: 300"]),
     "quoted newline in header": ('"arr\nival",client,prompt,output\n0,0,10,3\n', [], ["missing column 'arrival'"]),
     "unterminated quote": (f'{HEADER}\n0,0,"10,3\n', [], ["line 2"]),
 }
@@ -200,7 +200,7 @@ def test_no_command(capsys):
 @pytest.mark.parametrize("content, extra, words", [
     ("arrival,client,output\n0,0,3\n", [], ["missing column 'prompt'"]),
     (GOOD, ["--policy", "rpm"], ["--rpm"]),
-    (f"{HEADER}\n0,0,10,3\n1,0,500,3\n", ["--policy", "vtc"], ["line 3", "M=100"]),
+    (f"{HEADER}\n0,0,500,3\n1,0,500,3\n", ["--policy", "vtc"], ["every request's prompt exceeds", "100 tokens"]),
 ], ids=["missing-column", "rpm-without-limit", "prompt-over-M"])
 def test_module_subprocess(tmp_path, content, extra, words):
     path = write(tmp_path, content)
@@ -286,3 +286,15 @@ def test_extra_client_and_exact_numbers(tmp_path, capsys):
     assert_one_error(*run_main(capsys, [write(tmp_path, GOOD), "--policy", "vtc", "--kv-budget", "100",
                                         "--clients", "3", "--record-every", "4", "--json", bad]),
                      "cannot write", str(bad))
+
+
+def test_replay_drops_a_prompt_over_m_and_replays_the_rest(tmp_path, capsys):
+    """A prompt past M was a refusal of the whole replay; it is dropped and counted (one
+    note) and client 0's request replays alone (client 1 had only that request: the trace's
+    clients are now 0 alone, 16 tokens served)."""
+    path = write(tmp_path, f"{HEADER}\n0,0,10,3\n5,1,300,3\n")
+    code, out, err = run_main(capsys, [path, "--policy", "vtc", "--kv-budget", "200"])
+    assert code == 0, err
+    assert "note: dropped 1 of 2 requests whose prompt exceeds the server's memory of 200 tokens (longest: 300)" in err
+    assert "vtc: 3 steps, 1 clients" in out and "skipped 1 requests whose prompt exceeds" in out
+    assert [line.split()[:2] for line in out.splitlines() if line.lstrip().startswith("0 ")] == [["0", "16"]]

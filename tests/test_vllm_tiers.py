@@ -33,7 +33,8 @@ def _leaves(result) -> list:
 def test_tiers_give_the_results_of_one_run_with_every_slot(monkeypatch):
     rng = np.random.default_rng(77)
     lanes = [random_lane(rng, policy) for policy in ("fcfs", "priority") for _ in range(40)]
-    lanes = [(reqs, dict(config, max_num_seqs=int(rng.integers(3, 9)))) for reqs, config in lanes]
+    lanes = [(reqs, dict(config, max_num_seqs=seats, max_num_batched_tokens=max(config["max_num_batched_tokens"], seats)))
+             for (reqs, config), seats in ((lane, int(rng.integers(3, 9))) for lane in lanes)]  # vLLM: budget >= seats
     tiered = _run(lanes, monkeypatch, 1)  # tiers 1 and 4 below the 8 seats: most lanes rerun
     whole = _run(lanes, monkeypatch, 1 << 20)  # no tier below the seats: one run
     assert whole.finished.all()
