@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from vtc_jax.driver.latency import bench_serve, summarize
+from vtc_jax.servers import registry as servers
 from vtc_jax.servers import slora
 
-STEP_TIME = "the server's own clock"  # compare gives a server with its own clock no step-time flags
 OUTPUTS = ["bench_serve.json"]  # written in --out beside compare's files (the latency: results.json's "latency")
 
 
@@ -50,10 +50,9 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
     settings = dataclasses.replace(settings, server_options=tuple(
         (key, value) for key, value in settings.server_options if key not in slora.STATIC))
     measured = measure_capacity(trace.prompt, trace.output, settings, args.server, slora.request_record)
-    options = {key: value for key, value in slora.settings(dict(settings.server_options)).items()
-               if key not in (*slora.TIME_KEYS, *slora.STATIC, "overhead", "slots")}
+    clock, options = servers.get(args.server).own_clock(dict(settings.server_options))  # what its reports print
     where = None if cluster is None else dict(cluster, server=args.server)
-    out = {"log": str(args.log), "server": args.server, "step_time": STEP_TIME, "settings": options,
+    out = {"log": str(args.log), "server": args.server, "step_time": clock, "settings": options,
            "tenants": names, **({} if cluster is None else {"cluster": cluster}),
            "load": timed_compare.load_report(measured, arrival_us, where), "policies": {}}
     tables, bench = {}, {}
