@@ -441,3 +441,16 @@ def test_replay_prints_whole_tenant_names(tmp_path, capsys):
     table = lines[lines.index(next(x for x in lines if x.lstrip().startswith("client "))):]
     assert table[0].startswith("           client ")
     assert table[1].startswith("tenant-number-one ") and table[2].startswith("tenant-number-two ")
+
+
+@pytest.mark.parametrize("server", ["ideal_reserve", "slora"])
+def test_a_sweep_runs_on_a_server_without_vllm_blocks(tmp_path, capsys, server):
+    """`sweeps.schedulers --server ideal_reserve|slora` ended in 'internal error: KeyError:
+    num_gpu_blocks' (the sweep took every non-default server's memory from vLLM's blocks):
+    ideal_reserve takes --kv-budget as the default server does, slora its own pool."""
+    from sweeps import schedulers
+
+    out = tmp_path / "o"
+    assert schedulers.main(["--server", server, "--seeds", "2", "--steps", "300", "--out", str(out), "--no-plots"]) == 0
+    assert (out / "results.json").exists()
+    capsys.readouterr()

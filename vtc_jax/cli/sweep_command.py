@@ -15,7 +15,7 @@ import jax
 
 from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import CheckFailed, Parser, float_arg, guarded, int_arg, list_arg, number_text
-from vtc_jax.cli.server_flags import add_server_flags, memory_tokens, server_options
+from vtc_jax.cli.server_flags import add_server_flags, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import run
@@ -86,12 +86,16 @@ def apply_server(args, *, has_kv_budget: bool, kv_budget_given: bool) -> None:
     args.server_options = server_options(args)
     if args.server == servers.DEFAULT_SERVER:
         return
-    if kv_budget_given:
-        raise InputError(f"--kv-budget is the ideal server's memory; --server {args.server} takes its own "
-                         "(--num-gpu-blocks x --block-size)")
     if has_kv_budget:
         servers.get(args.server).validate(dict(args.server_options))
-        args.kv_budget = memory_tokens(dict(args.server_options))
+    own = servers.default_memory(args.server, args.server_options)
+    if own is None and not servers.flags(args.server):  # no memory of its own (ideal_reserve): --kv-budget is its M
+        return
+    if kv_budget_given:
+        raise InputError(f"--kv-budget is the ideal server's memory; --server {args.server} takes its own"
+                         + (" (--num-gpu-blocks x --block-size)" if servers.flags(args.server) else ""))
+    if has_kv_budget:
+        args.kv_budget = own
 
 
 def setup_runtime(args) -> None:
