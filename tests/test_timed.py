@@ -134,7 +134,7 @@ def test_capacity_of_one_seat_is_one_request_per_period():
     trunc(7051.8 + 19.54 x 100) = 9,005 us and its two decode steps 7,077 us each; the next
     waits for the seat, so the server completes one request per 23,159 us (43.18 requests/s)
     and, untimed, one per 3 steps."""
-    from vtc_jax.cli.server_flags import memory_tokens
+    from vtc_jax.servers.records import vllm_memory as memory_tokens
     from vtc_jax.driver.capacity import measure
     from vtc_jax.engines.settings import Settings
 

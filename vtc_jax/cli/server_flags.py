@@ -61,7 +61,3 @@ def server_options(args) -> tuple:
     return tuple(sorted(given.items()))
 
 
-def memory_tokens(options: dict) -> int:
-    """The KV tokens a vllm server holds: (num_gpu_blocks - 1) x block_size (the null
-    block holds none); the M of VTC's bound and of the load line."""
-    return (options["num_gpu_blocks"] - 1) * options.get("block_size", 16)

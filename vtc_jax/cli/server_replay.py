@@ -11,7 +11,7 @@ import numpy as np
 
 from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
-from vtc_jax.cli.server_flags import memory_tokens, server_options
+from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_report
@@ -35,7 +35,7 @@ def server_settings(args, settings_from_args, queue_bands, extra=None):
                          "(--num-gpu-blocks x --block-size)")
     if args.bands and queue_bands is not None:
         raise InputError("--bands and --scheduling-policy priority both set priorities: use the trace's column")
-    settings = settings_from_args(argparse.Namespace(**{**vars(args), "kv_budget": memory_tokens(options)}))
+    settings = settings_from_args(argparse.Namespace(**{**vars(args), "kv_budget": servers.default_memory(args.server, options)}))
     return dataclasses.replace(settings, server_options=tuple(sorted(options.items())),
                                bands=tuple(queue_bands) if queue_bands is not None else settings.bands)
 
