@@ -21,13 +21,19 @@ request's place come from is a named option (`victim`, `preempted_to`).
 
 from __future__ import annotations
 
-import bisect
-import collections
-import dataclasses
-import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from vtc_jax.core.errors import InputError
+from vtc_jax.testing.vllm_reference_parts import (  # noqa: F401  (re-exported: the reference's public names)
+    ORDERS,
+    FcfsOrder,
+    PriorityOrder,
+    RequestState,
+    ServerConfig,
+    TraceRequest,
+    WaitingOrder,
+    _BlockPool,
+)
 
 POLICIES = ("fcfs", "priority")
 VICTIMS = ("newest", "policy")
@@ -38,249 +44,14 @@ _VLLM_VICTIM = {"fcfs": "newest", "priority": "policy"}
 _VLLM_PREEMPTED_TO = {"fcfs": "front", "priority": "policy"}
 CONFIG_KEYS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
                "chunked_prefill", "policy", "prefix_caching", "long_prefill_threshold",
-               "victim", "preempted_to", "max_steps")
+               "victim", "preempted_to", "max_steps", "async_scheduling")
 _METADATA_KEYS = ("vllm_version", "effective")  # recorded by the harness, not settings
 _DEFAULTS = {"block_size": 16, "chunked_prefill": True, "policy": "fcfs", "prefix_caching": False,
              "long_prefill_threshold": 0, "max_num_batched_tokens": 2048, "max_num_seqs": 256,
-             "max_steps": 1_000_000}
+             "max_steps": 1_000_000, "async_scheduling": False}
 TRACE_COLUMNS = ("arrival", "client", "prompt", "output")
 TRACE_OPTIONAL = ("priority", "prefix_id", "prefix_len", "cached")
 
-
-@dataclasses.dataclass(frozen=True)
-class TraceRequest:
-    """One request: `arrival` (scheduler step it joins the waiting queue, int >= 0), `client`
-    (str; the scheduler does not see it), `prompt` P and `output` O (ints >= 1; exactly O
-    tokens are sampled), `priority` (int, lower first), `prefix_id` (str or None) and
-    `prefix_len` (int in [0, P]: requests with the same prefix_id share their first
-    prefix_len prompt tokens; every other token is distinct)."""
-
-    arrival: int
-    client: str
-    prompt: int
-    output: int
-    priority: int = 0
-    prefix_id: str | None = None
-    prefix_len: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerConfig:
-    """The checked settings (see docs/VLLM.md for each): all ints are exact Python ints."""
-
-    block_size: int
-    num_blocks: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    chunked_prefill: bool
-    policy: str
-    prefix_caching: bool
-    long_prefill_threshold: int
-    victim: str
-    preempted_to: str
-    max_steps: int
-
-
-class RequestState:
-    """A request's mutable state, what a WaitingOrder sees: `row`, `spec` (its
-    TraceRequest), `computed` tokens c (KV written), `generated` tokens g, `preemptions`;
-    `blocks` (physical block ids it holds, in position order) and `hashed` (how many of
-    its leading blocks carry a prefix-cache hash) belong to the KV manager."""
-
-    __slots__ = (
-        "blocks",
-        "token_times",
-        "computed",
-        "finish_step",
-        "first_token_step",
-        "generated",
-        "hashed",
-        "preemptions",
-        "row",
-        "spec",
-    )
-
-    def __init__(self, row: int, spec: TraceRequest):
-        self.row, self.spec = row, spec
-        self.computed = self.generated = self.hashed = self.preemptions = 0
-        self.blocks: list[int] = []
-        self.token_times: list[int] = []  # each sampled token's time (the step, or timed: its end)
-        self.first_token_step = self.finish_step = None
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens known so far, P + g: what the request owes KV for, minus `computed`."""
-        return self.spec.prompt + self.generated
-
-    def order_key(self) -> tuple[int, int]:
-        """(arrival, row): vLLM's arrival_time order (trace order within a step)."""
-        return self.spec.arrival, self.row
-
-
-# ----------------------------------------------------------------------------------------
-# The waiting queue's order (vLLM's RequestQueue), pluggable.
-
-
-class WaitingOrder:
-    """Which waiting request is the head. `add` takes an arrival; `push_front` puts a
-    request ahead of every waiting one (vLLM fcfs's place for a preempted request);
-    `requeue` puts a preempted request at the order's own place for it; `victim` is the
-    order's choice of a running request to preempt (used with `victim="policy"`)."""
-
-    def add(self, req: RequestState) -> None:
-        raise NotImplementedError
-
-    def push_front(self, req: RequestState) -> None:
-        raise NotImplementedError
-
-    def requeue(self, req: RequestState) -> None:
-        raise NotImplementedError
-
-    def peek(self) -> RequestState:
-        raise NotImplementedError
-
-    def pop(self) -> RequestState:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def victim(self, running: list[RequestState]) -> RequestState:
-        raise NotImplementedError
-
-
-class FcfsOrder(WaitingOrder):
-    """vLLM's fcfs: a FIFO by arrival; its own place for a preempted request is its
-    arrival place, its own victim the latest arrival."""
-
-    def __init__(self):
-        self._queue: collections.deque[RequestState] = collections.deque()
-
-    def add(self, req):
-        self._queue.append(req)
-
-    def push_front(self, req):
-        self._queue.appendleft(req)
-
-    def requeue(self, req):
-        keys = [r.order_key() for r in self._queue]
-        self._queue.insert(bisect.bisect_left(keys, req.order_key()), req)
-
-    def peek(self):
-        return self._queue[0]
-
-    def pop(self):
-        return self._queue.popleft()
-
-    def __len__(self):
-        return len(self._queue)
-
-    def victim(self, running):
-        return max(running, key=RequestState.order_key)
-
-
-class PriorityOrder(WaitingOrder):
-    """vLLM's priority: a heap by (priority, arrival, row), lower first; requests pushed to
-    the front (only with `preempted_to="front"`) come before the heap, newest first."""
-
-    def __init__(self):
-        self._heap: list[tuple[int, int, int, RequestState]] = []
-        self._front: collections.deque[RequestState] = collections.deque()
-
-    @staticmethod
-    def key(req: RequestState) -> tuple[int, int, int]:
-        return req.spec.priority, req.spec.arrival, req.row
-
-    def add(self, req):
-        heapq.heappush(self._heap, (*self.key(req), req))
-
-    requeue = add  # vLLM's heap `prepend_request` is a plain push
-
-    def push_front(self, req):
-        self._front.appendleft(req)
-
-    def peek(self):
-        return self._front[0] if self._front else self._heap[0][-1]
-
-    def pop(self):
-        return self._front.popleft() if self._front else heapq.heappop(self._heap)[-1]
-
-    def __len__(self):
-        return len(self._front) + len(self._heap)
-
-    def victim(self, running):
-        # max() keeps the first of equal keys, as vLLM's does; keys are unique here anyway.
-        return max(running, key=self.key)
-
-
-ORDERS = {"fcfs": FcfsOrder, "priority": PriorityOrder}
-
-
-# ----------------------------------------------------------------------------------------
-# KV blocks (vLLM's BlockPool for one full-attention group).
-
-
-class _BlockPool:
-    """Blocks 1..N-1 (block 0 is the null block, never handed out). A free block is either
-    unhashed (reused first) or keeps its prefix-cache hash in an LRU queue until reused;
-    `cached` maps a hash to its blocks in insertion order (a lookup returns the first)."""
-
-    def __init__(self, num_blocks: int):
-        self.ref = [0] * num_blocks
-        self.hash_of: list[tuple | None] = [None] * num_blocks
-        self.free_unhashed = list(range(num_blocks - 1, 0, -1))  # which one is irrelevant
-        self.free_hashed: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.cached: dict[tuple, dict[int, None]] = {}
-
-    def num_free(self) -> int:
-        return len(self.free_unhashed) + len(self.free_hashed)
-
-    def take(self, n: int) -> list[int]:
-        """n new blocks: unhashed first, then the least recently freed hashed ones, whose
-        hash is dropped (evicted). The caller checked `n <= num_free()`."""
-        out = []
-        for _ in range(n):
-            if self.free_unhashed:
-                block = self.free_unhashed.pop()
-            else:
-                block, _ = self.free_hashed.popitem(last=False)
-                self._evict(block)
-            self.ref[block] = 1
-            out.append(block)
-        return out
-
-    def _evict(self, block: int) -> None:
-        key = self.hash_of[block]
-        holders = self.cached[key]
-        del holders[block]
-        if not holders:
-            del self.cached[key]
-        self.hash_of[block] = None
-
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Prefix hits: a free hit block leaves the free queue; every hit gains a holder."""
-        for block in blocks:
-            if self.ref[block] == 0:
-                del self.free_hashed[block]
-            self.ref[block] += 1
-
-    def release(self, blocks: Iterable[int]) -> None:
-        """Drop one holder of each block, in the given order (eviction order among them)."""
-        for block in blocks:
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                if self.hash_of[block] is None:
-                    self.free_unhashed.append(block)
-                else:
-                    self.free_hashed[block] = None
-
-    def cache(self, block: int, key: tuple) -> None:
-        self.hash_of[block] = key
-        self.cached.setdefault(key, {})[block] = None
-
-    def lookup(self, key: tuple) -> int | None:
-        holders = self.cached.get(key)
-        return next(iter(holders)) if holders else None
 
 
 # ----------------------------------------------------------------------------------------
@@ -292,7 +63,17 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class _Server:
-    """One vLLM V1 server: `step(t)` is one `schedule()` + `update_from_output()` call."""
+    """One vLLM V1 server: `step(t)` is one `schedule()` + `update_from_output()` call.
+
+    Async scheduling (vLLM's AsyncScheduler under EngineCore.step_with_batch_queue, two
+    batches in flight): `update_from_output` of a step runs after the NEXT step's
+    `schedule()`. A sampled token is known to the scheduler as an output placeholder at
+    once, so the counts below (`generated`) already hold it and the next step decodes on
+    it; what waits for the update is the stop: a request that sampled its last token
+    stays in the running list through the next schedule call (skipped: vLLM does not
+    schedule a request known to reach max_tokens; it still holds its blocks and its seat,
+    and counts as running), and finishes, freeing its blocks, in the update that follows
+    it (`in_flight`). The step's record lists what that update finished."""
 
     def __init__(self, cfg: ServerConfig, reqs: list[RequestState], waiting: WaitingOrder):
         self.cfg = cfg
@@ -300,6 +81,8 @@ class _Server:
         self.pool = _BlockPool(cfg.num_blocks)
         self.waiting = waiting
         self.running: list[RequestState] = []
+        self.in_flight: list[RequestState] = []  # async: sampled their last token in the last step, not yet stopped
+        self.placeholders: set[int] = set()  # async: rows that sampled in the last step (their update has not run)
 
     # -- prefix caching ------------------------------------------------------------------
 
@@ -323,12 +106,16 @@ class _Server:
             hits.append(block)
         return hits
 
-    def _hash_full_blocks(self, req: RequestState, upto: int) -> None:
+    def _hash_full_blocks(self, req: RequestState, upto: int, final: bool = False) -> None:
         """Blocks are hashed when allocated, for the `upto` tokens computed by the end of
-        this step, so a request admitted later in the same step can hit them."""
+        this step, so a request admitted later in the same step can hit them; only tokens
+        the scheduler knows are final count (kv_cache_manager.py: at most
+        `request.num_tokens`), which under async scheduling leaves out a token sampled in
+        the last step (its update has not run: `placeholders`) unless `final`."""
         if not self.cfg.prefix_caching:
             return
-        full = min(upto, req.num_tokens) // self.cfg.block_size
+        known = req.num_tokens - (not final and req.row in self.placeholders)
+        full = min(upto, known) // self.cfg.block_size
         for j in range(req.hashed, full):
             self.pool.cache(req.blocks[j], self._block_key(req, j))
         req.hashed = max(req.hashed, full)
@@ -394,6 +181,12 @@ class _Server:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.generated == req.spec.output:
+                # Async only (sync requests leave when they stop): its last token is in flight;
+                # vLLM does not schedule it again (scheduler.py: num_output_placeholders > 0
+                # and computed + 2 - placeholders >= prompt + max_tokens), nor counts it here.
+                i += 1
+                continue
             n = req.num_tokens - req.computed
             if 0 < cap < n:
                 n = cap
@@ -455,27 +248,54 @@ class _Server:
         timed = step_time is not None and bool(self.running or len(self.waiting))
         end = t + step_time(sum(sched.values()) - decode, decode) if timed else t + 1
         stamp = end if step_time is not None else t
-        finished = []
+        self._cache_updated()
+        stopped, sampled = [], set()
         for row, n in sched.items():  # vLLM's update_from_output order
             req = self.reqs[row]
             req.computed += n
             if req.computed < req.num_tokens:
                 continue  # mid-prefill: no token
+            sampled.add(row)
             req.generated += 1
             req.token_times.append(stamp)
             if req.first_token_step is None:
                 req.first_token_step = t
             if req.generated == req.spec.output:
                 req.finish_step = t
-                self.pool.release(reversed(req.blocks))
-                req.blocks = []
-                finished.append(req)
-        if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
+                stopped.append(req)
+        finished = self._stop(stopped)
+        if self.cfg.async_scheduling:
+            self.placeholders = sampled
         return {"step": t, "sched": {str(row): n for row, n in sched.items()},
                 "preempted": sorted(r.row for r in preempted),
                 "finished": sorted(r.row for r in finished)}, end
+
+    def _cache_updated(self) -> None:
+        """Async: the last step's update, which runs after this step's schedule, hashes the
+        blocks each request that sampled in the last step had computed by then, if it is
+        still running (scheduler.py update_from_output: cache_blocks for a RUNNING request
+        with output placeholders); a request this schedule preempted loses them unhashed.
+        (Sync: schedule-time hashing already covered them.)"""
+        for req in self.running:
+            if req.row in self.placeholders:
+                self._hash_full_blocks(req, req.computed, final=True)
+
+    def _stop(self, stopped: list[RequestState]) -> list[RequestState]:
+        """The requests this step's update stops, in the order their step scheduled them:
+        those that sampled their last token now (sync), or in the step before (async: the
+        update runs one schedule call late). Each frees its blocks, last block first, and
+        leaves the running list, or, a victim preempted while its last token was in
+        flight (its blocks already freed), the waiting queue."""
+        if self.cfg.async_scheduling:
+            stopped, self.in_flight = self.in_flight, stopped
+        for req in stopped:
+            self.pool.release(reversed(req.blocks))
+            req.blocks = []
+            if req in self.running:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+        return stopped
 
     def idle(self) -> bool:
         return not self.running and not len(self.waiting)
@@ -501,7 +321,7 @@ def check_config(config: dict) -> ServerConfig:
         value = values[key]
         if type(value) is not int or value < low:
             raise InputError(f"config: {key} must be an integer >= {low}, got {value!r}")
-    for key in ("chunked_prefill", "prefix_caching"):
+    for key in ("chunked_prefill", "prefix_caching", "async_scheduling"):
         if type(values[key]) is not bool:
             raise InputError(f"config: {key} must be true or false, got {values[key]!r}")
     if values["policy"] not in POLICIES:
