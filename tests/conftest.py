@@ -224,7 +224,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_vllm_cli.py::test_cli_reproduces_the_real_scheduler*", "19-71 s each: a golden through the CLI"),
     ("test_vllm_cli.py::test_enable_prefix_caching_picks_the_server*", "15 s"),
     ("test_vllm_prefix.py::test_random_lanes_match_the_reference", "random lanes"),
-    ("test_vllm_prefix.py::test_slots_hold_the_pool_and_tables_of_one_batch_share_a_size", "engine runs"),
+    ("test_vllm_prefix.py::test_slots_are_the_seats_and_lanes_of_one_batch_share_a_size", "engine runs"),
     ("test_vllm_prefix.py::test_a_prefix_len_without_an_id_is_shared_within_its_client", "engine runs"),
     ("test_vllm_server.py::test_golden_step_for_step*", "the goldens' batches: 224 s (one golden stays, through the CLI)"),
     ("test_vllm_server.py::test_random_lanes_match_the_reference", "53 s"),

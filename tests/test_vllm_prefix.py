@@ -15,8 +15,9 @@ import pytest
 from tests.test_vllm_server import assert_same, engine_schedules, random_lane
 from vtc_jax import InputError
 from vtc_jax.cli.input_flags import server_trace
+from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.request_log import read_requests
-from vtc_jax.servers import registry, vllm_prefix
+from vtc_jax.servers import registry, vllm_blocks, vllm_prefix
 from vtc_jax.testing.vllm_reference import WaitingOrder, simulate
 
 
@@ -114,48 +115,77 @@ def test_random_lanes_match_the_reference():
         assert_same(mine, real, f"lane {k} ({(lanes + vtc)[k][1]})")
 
 
-def test_prefix_tables_are_indexed_by_order():
-    """Rows out of arrival order: the tables follow (arrival, row) order; a prefix_len
-    without an id is its client's; nothing shared: no tables."""
-    got = vllm_prefix.prefix_options([5, 0, 5, 1], ["a", "b", "a", "b"], ["x", None, None, "x"], [4, 3, 2, 0], rows=6)
-    # ORDER: row 1 (t 0), row 3 (t 1), row 0 (t 5), row 2 (t 5)
-    assert got == {"prefix_group": (1, -1, 0, 2, -1, -1), "prefix_len": (3, 0, 4, 2, 0, 0)}
-    assert vllm_prefix.prefix_options([0, 1], ["a", "b"], [None, "x"], [0, 0]) == {}
+def test_the_smallest_lru_ring_is_compacted_without_changing_anything(monkeypatch):
+    """The LRU ring at its smallest valid size, P + W (a compacted ring's live entries plus
+    one whole release), so that it is compacted whenever its stale and live entries pass
+    P: 40 tight lanes still match the reference step for step."""
+    monkeypatch.setattr(vllm_blocks, "ring_size", lambda blocks, width: blocks + width)
+    rng = np.random.default_rng(11)
+    lanes = _lanes(rng, "fcfs", 20, _hits_matter) + _lanes(rng, "priority", 20, _hits_matter)
+    want = [simulate(reqs, config) for reqs, config in lanes]
+    got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1, policy="fcfs")
+    for k, (mine, real) in enumerate(zip(got, want)):
+        assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+    assert sum(w["total_preemptions"] > 0 for w in want) >= 10
+
+
+def test_content_tables_are_indexed_by_order():
+    """Rows out of arrival order: the block tables follow (arrival, row) order; a
+    prefix_len without an id is its client's group; the ids are the blocks' contents
+    through the whole sequence (prompt + output) at the lane's block size."""
+    ident = prefix_blocks.groups(["x", None, None, "x"], [40, 0, 20, 32], [0, 1, 0, 1])
+    options = vllm_prefix.prefix_options([5, 0, 5, 1], [40, 20, 30, 40], [2, 2, 2, 2], ident)
+    # ORDER: row 1 (t 0), row 3 (t 1), row 0 (t 5), row 2 (t 5). Contents numbered by first
+    # appearance in trace order: row 0's x-blocks 0, 1; row 1's own block 2; row 2's 3, 4.
+    offsets, ids = options["prefix_blocks"].blocks(16)
+    assert offsets.tolist() == [0, 1, 3, 5, 7] and ids.tolist() == [2, 0, 1, 0, 1, 3, 4]
+    # At 8 tokens: row 0's x-blocks 0-4 (40 tokens), row 1's own 5, 6, row 2's client blocks
+    # 7, 8 (its 20-token prefix holds two whole blocks) and own 9, 10, row 3's x-blocks 0-3
+    # (32 tokens) and own 11.
+    offsets, ids = options["prefix_blocks"].blocks(8)
+    assert offsets.tolist() == [0, 2, 7, 12, 16] and ids.tolist() == [5, 6, 0, 1, 2, 3, 11, 0, 1, 2, 3, 4, 7, 8, 9, 10]
+    encoded = vllm_prefix.encode({"num_gpu_blocks": 8, **options})
+    assert encoded["block_offsets"][:6].tolist() == [0, 1, 3, 5, 7, 7] and encoded["block_offsets"].shape == (64,)
 
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"victim": "counter"}, "victim must be one of newest, priority"),
-    ({"prefix_group": (0, 1), "prefix_len": (3,)}, "differ in length"),
-    ({"prefix_group": (0, -2), "prefix_len": (3, 0)}, "prefix_group must be a tuple"),
-    ({"prefix_group": [0], "prefix_len": [3]}, "prefix_group must be a tuple"),
+    ({"prefix_blocks": (1, 2)}, "prefix_blocks must be a PrefixTable"),
+    ({"prefix_capacity": (1,)}, "prefix_capacity must be a pair"),
     ({"block_size": 0}, "block_size must be an integer"),
     ({"bogus": 1}, "server vllm_prefix has no setting 'bogus'"),
 ])
 def test_bad_settings_are_refused(options, message):
+    ident = prefix_blocks.groups([None], [0], [0])
+    table = vllm_prefix.prefix_options([0], [4], [1], ident)
     with pytest.raises(InputError, match=message):
-        vllm_prefix.validate({"num_gpu_blocks": 8, **options})
+        vllm_prefix.validate({"num_gpu_blocks": 8, **table, **options})
 
 
-def test_slots_hold_the_pool_and_tables_of_one_batch_share_a_size():
+def test_slots_are_the_seats_and_lanes_of_one_batch_share_a_size():
     server = registry.get("vllm_prefix")
-    assert server.plan_slots([{"num_gpu_blocks": 300, "max_num_seqs": 4}], 10, 50) == 300
-    assert server.plan_slots([{"num_gpu_blocks": 3, "max_num_seqs": 4}], 10, 50) == 4
+    small = vllm_prefix.prefix_options([0, 0], [40, 8], [2, 1], prefix_blocks.groups([None, None], [0, 0], [0, 0]))
+    big = vllm_prefix.prefix_options([0], [4000], [2], prefix_blocks.groups([None], [0], [0]))
+    assert server.plan_slots([{"num_gpu_blocks": 300, "max_num_seqs": 4, **small}], 10, 50) == 4
+    assert dict(server.static_options([{"num_gpu_blocks": 300, **small}, {"num_gpu_blocks": 30, **big}])) == {
+        "token_times": 0, "pool_blocks": 300, "table_width": 251, "contents": 256}
+    lanes = [{"num_gpu_blocks": 8, **small}, {"num_gpu_blocks": 8, **big}]
     with pytest.raises(InputError, match="differ in size"):
-        server.plan_slots([{"num_gpu_blocks": 8, "prefix_group": (0,) * 70, "prefix_len": (1,) * 70},
-                           {"num_gpu_blocks": 8}], 10, 50)
-    encoded = server.encode({"num_gpu_blocks": 8, "prefix_group": (2, -1), "prefix_len": (5, 0)})
-    assert encoded["prefix_group"].tolist() == [2, -1] + [-1] * 62 and encoded["prefix_len"][:3].tolist() == [5, 0, 0]
+        server.plan_slots(lanes, 10, 50)
+    assert server.plan_slots(vllm_prefix.common_capacity(lanes), 10, 50) == 50  # seats 256, 50 requests
 
 
 def test_a_prefix_len_without_an_id_is_shared_within_its_client(tmp_path):
     """The server trace (as `replay --server vllm` reads it) takes a prefix_len without a
-    prefix_id (as the goldens' harness made them: the client's own prefix); prefix_options
-    gives each client its group."""
+    prefix_id (as the goldens' harness made them: the client's own prefix); the content
+    identity gives each client its group."""
     path = tmp_path / "t.csv"
     path.write_text("arrival,client,prompt,output,prefix_id,prefix_len\n0,a,40,2,,32\n0,b,40,2,,32\n1,a,40,2,,16\n"
                     "1,b,40,2,sys,8\n")
     source = server_trace(read_requests([path]), None)
     assert source.prefix_id == (None, None, None, "sys") and source.prefix_len.tolist() == [32, 32, 16, 8]
-    got = vllm_prefix.prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
-                                     source.prefix_len)
-    assert got == {"prefix_group": (0, 1, 0, 2), "prefix_len": (32, 32, 16, 8)}
+    ident = prefix_blocks.groups(source.prefix_id, source.prefix_len, source.tenant)
+    got = vllm_prefix.prefix_options(source.arrival, source.prompt, source.output, ident)["prefix_blocks"].blocks(16)
+    # 42 tokens each: two full blocks. a's 32-token prefix (ids 0, 1), b's (2, 3); row 2
+    # shares a's first block only (its own second: 4); row 3's 8 tokens hold no whole block
+    assert got[0].tolist() == [0, 2, 4, 6, 8] and got[1].tolist() == [0, 1, 2, 3, 0, 4, 5, 6]

@@ -19,6 +19,7 @@ import pytest
 from vtc_jax import InputError, MeasureConfig, Settings, Trace, run_traces
 from vtc_jax.core.rows import ORDER
 from vtc_jax.inputs.workload import layout_trace
+from vtc_jax.inputs import prefix_blocks
 from vtc_jax.servers import vllm_prefix, vllm_v1
 from vtc_jax.testing.vllm_goldens import load_golden
 from vtc_jax.testing.vllm_reference import TraceRequest, simulate
@@ -56,13 +57,15 @@ def lane_input(requests: list[TraceRequest], config: dict) -> tuple[Trace, list[
 
 
 def lane_options(requests: list[TraceRequest], config: dict, rows: int) -> dict:
-    """The server's settings of a lane: with prefix caching, the trace's prefix tables too
-    (vllm_prefix.prefix_options, padded to `rows`)."""
+    """The server's settings of a lane: with prefix caching, the trace's content as prefix
+    groups (vllm_prefix.prefix_options; the reference's prefix_id names a group, a
+    prefix_len without one is its client's). `rows` is unused (the run pads the tables)."""
     options = server_options(config)
     if config.get("prefix_caching"):
-        options.update(vllm_prefix.prefix_options([r.arrival for r in requests], [r.client for r in requests],
-                                                  [r.prefix_id for r in requests], [r.prefix_len for r in requests],
-                                                  rows=rows))
+        ident = prefix_blocks.groups([r.prefix_id for r in requests], [r.prefix_len for r in requests],
+                                     np.zeros(len(requests), np.int64))
+        options.update(vllm_prefix.prefix_options([r.arrival for r in requests], [r.prompt for r in requests],
+                                                  [r.output for r in requests], ident))
     return options
 
 

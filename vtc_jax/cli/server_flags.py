@@ -7,6 +7,9 @@ run never silently ignores what a user asked for."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+import numpy as np
 
 from vtc_jax.cli.common import int_arg
 from vtc_jax.core.errors import InputError
@@ -36,8 +39,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="vLLM's waiting order: fcfs (default) or priority (the trace's priority column, "
                             "lower first; the --policy orders requests of equal priority)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                       help="share KV blocks of common prefixes (trace columns prefix_id, prefix_len) and keep "
-                            "freed blocks cached: runs --server vllm as vllm_prefix (default off)")
+                       help="share KV blocks of common content (the log's hash_ids, session_id or prefix_id/"
+                            "prefix_len) and keep freed blocks cached: runs --server vllm as vllm_prefix (default: on "
+                            "when the log carries such content, as vLLM V1)")
 
 
 def server_options(args) -> tuple:
@@ -61,3 +65,35 @@ def server_options(args) -> tuple:
     return tuple(sorted(given.items()))
 
 
+
+
+def carries_content(log) -> bool:
+    """Whether a request log says which tokens its requests share: block-hash chains
+    (hash_ids), sessions (session_id) or prefix groups (a prefix_len above 0)."""
+    return (log.hash_ids is not None or log.session is not None
+            or bool((np.asarray(log.prefix_len, np.int64) > 0).any()))
+
+
+def prefix_caching_default(args, log) -> str:
+    """vLLM V1 turns prefix caching on by default: a server with a prefix-caching variant
+    runs it when the log carries its content and neither --enable-prefix-caching nor
+    --no-enable-prefix-caching was given (one note). Sets and returns args.server."""
+    if getattr(args, "enable_prefix_caching", None) is None and carries_content(log):
+        caching = servers.prefix_caching(args.server, True)
+        if caching != args.server:
+            print("note: prefix caching on, as in vLLM V1 (the log says which tokens its requests share); "
+                  "--no-enable-prefix-caching turns it off", file=sys.stderr)
+            args.server = caching
+    return args.server
+
+
+def content_options(args, log, arrival) -> dict:
+    """The server's `prefix_blocks` setting (servers/vllm_prefix.py) from the log's content
+    (inputs/prefix_blocks.of_log: chains, else sessions, else groups) when --server reads
+    it, else {}; `arrival`: the engine trace's arrivals (its ORDER)."""
+    if "prefix_id" not in servers.trace_columns(args.server):
+        return {}
+    from vtc_jax.inputs import prefix_blocks
+    from vtc_jax.servers.vllm_prefix import prefix_options
+
+    return prefix_options(arrival, log.prompt, log.output, prefix_blocks.of_log(log))

@@ -11,13 +11,12 @@ import numpy as np
 
 from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
-from vtc_jax.cli.server_flags import server_options
+from vtc_jax.cli.server_flags import content_options, prefix_caching_default, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.schedules import keeps_schedule, logged_steps, schedule_report
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.servers import registry as servers
-from vtc_jax.servers.vllm_prefix import prefix_options
 
 FIRST_LOG = 4096  # steps the schedule log holds on a first run (a longer run is rerun with room)
 MAX_LOG_BYTES = 1 << 30
@@ -73,10 +72,8 @@ def replay_on_server(args, settings_from_args):
         trace = dataclasses.replace(trace, arrival=np.asarray(log.arrival_us(), np.int64) + a0)
     num_clients = len(bands)
     server_options(args)  # sets args.server (--enable-prefix-caching: vllm_prefix)
-    extra = dict(timed)
-    if "prefix_id" in servers.trace_columns(args.server):  # the trace's shared prefixes, by ORDER (rank in (arrival, row))
-        extra.update(prefix_options(source.arrival, [source.tenants[t] for t in source.tenant], source.prefix_id,
-                                    source.prefix_len))
+    prefix_caching_default(args, log)  # vLLM V1's default: on when the log carries its content
+    extra = dict(timed, **content_options(args, log, trace.arrival))  # the log's content, by ORDER
     if args.requests_out:
         fileio.check_writable_file(args.requests_out)
     settings = server_settings(args, settings_from_args, bands if by_priority else None, extra)

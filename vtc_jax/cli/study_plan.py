@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vtc_jax.cli import input_flags, timed_compare
-from vtc_jax.cli.server_flags import server_options
+from vtc_jax.cli.server_flags import content_options, prefix_caching_default, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.latency import bench_serve, check_slo_tenants, parse_goodput
@@ -144,6 +144,14 @@ def check_size(args, options: dict, log, prefix_caching: bool, model, arrival_us
     run_budget.check(shape, available=1 << 62)
 
 
+def _cached_tokens(log) -> np.ndarray:
+    """int64[N]: per request, the prompt tokens an earlier request holds (an unbounded
+    cache: what the drain bound may take as never computed)."""
+    from vtc_jax.inputs import prefix_blocks
+
+    return prefix_blocks.shared_tokens(prefix_blocks.of_log(log), log.prompt, log.output, through="sequence")
+
+
 def plan(args, cluster: bool = False) -> Plan:
     """The study's plan from the command's flags (every refusal one line, before a run)."""
     server, options, given, model = server_setup(args)
@@ -160,8 +168,9 @@ def plan(args, cluster: bool = False) -> Plan:
         step_seconds = input_flags.step_seconds_of(args, log)
         per_second, offset = input_flags.steps_per_second(log, step_seconds), 0
     log = input_flags.drop_unservable(args, log, memory)  # a prompt past M: rejected and counted, the rest served
+    server = prefix_caching_default(args, log)  # vLLM V1's default: on when the log carries its content
     columns = servers.trace_columns(server)
-    shared = timed_compare.prefix_tables(args, log, server, "prefix_id" in columns) if model is not None else {}
+    timed_compare.note_unused_columns(log, server, "prefix_id" in columns)
     file_row = input_flags.file_rows(log)
     tenants = list(log.tenants)
     check_slo_tenants(slos, tenants)
@@ -173,7 +182,7 @@ def plan(args, cluster: bool = False) -> Plan:
                              "(--time-window START,SECONDS)")
         model.check_drain(arrival_us, log.prompt, log.output, options.get("max_num_batched_tokens", 2048),
                           limit=servers.get(server).max_horizon,
-                          cached=log.prefix_len if "prefix_id" in columns else None)
+                          cached=_cached_tokens(log) if "prefix_id" in columns else None)
         check_size(args, options, log, "prefix_id" in columns, model, arrival_us)
         client = np.asarray(log.client, np.int64)
         trace = Trace(arrival_us + offset, client, log.prompt, log.output, np.zeros_like(log.prompt), source=str(args.log))
@@ -190,6 +199,9 @@ def plan(args, cluster: bool = False) -> Plan:
         print("note: the log's priority column orders requests only under --scheduling-policy priority",
               file=sys.stderr)
     trace.validate()
+    shared = content_options(args, log, trace.arrival)
+    if shared:
+        servers.get(server).validate({**options, **shared})
     shown = {key: value for key, value in options.items() if not key.startswith("time_")}
     clock = None if model is None else model.name
     if model is None and latency:  # the server's own clock: what it declares of it

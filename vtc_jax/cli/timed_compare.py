@@ -23,7 +23,6 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver import capacity
 from vtc_jax.driver.latency import DEFAULT_SLO, PERCENTILES, per_tenant
 from vtc_jax.servers import step_time
-from vtc_jax.servers.vllm_prefix import prefix_options
 
 RECORD_BYTES = 1 << 30  # the most memory the per-token record (ITL percentiles) may take, every lane together
 H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
@@ -41,18 +40,13 @@ def read_timed_log(args):
     return log
 
 
-def prefix_tables(args, log, server: str, shares: bool) -> dict:
-    """The server's shared-prefix tables from the log's prefix_id/prefix_len columns (for
-    Mooncake: its hash_ids) when it `shares` them (it reads those columns); a note when the
-    log has columns the run does not use."""
+def note_unused_columns(log, server: str, shares: bool) -> None:
+    """A note when the log has content columns the run does not use."""
     unused = sorted(log.columns & {"cached"} | (log.columns & {"prefix_id", "prefix_len"} if not shares else set()))
     if unused:
         print(f"note: the log's {', '.join(unused)} column(s) are not used by --server {server} (vLLM computes "
               "prefix hits itself" + ("; give --enable-prefix-caching to share the logged prefixes)" if
                                       not shares else ")"), file=sys.stderr)
-    if not shares:
-        return {}
-    return prefix_options(log.arrival, [log.tenants[c] for c in log.client], log.prefix_id, log.prefix_len)
 
 
 def model_of(args) -> step_time.StepTime:

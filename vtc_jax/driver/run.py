@@ -366,6 +366,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
     """
     if len(traces) != len(settings):
         raise InputError(f"{len(traces)} traces for {len(settings)} settings")
+    settings = servers.batch_settings(server, settings)
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
                                                     server, log_steps, quiet_window)

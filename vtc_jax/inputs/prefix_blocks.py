@@ -287,3 +287,65 @@ def of_log(log, kind: str | None = None) -> ContentIdentity:
     if kind == "groups":
         return groups(log.prefix_id, log.prefix_len, log.client)
     raise ValueError(f"kind {kind!r}: one of {KINDS}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PrefixTable:
+    """A trace's content identity as a server setting (`vllm_prefix`'s `prefix_blocks`):
+    hashable by content (a digest), so lanes and settings holding one compare cheaply.
+
+    ident: the identity in the trace's order; prompt, output: int64[N] (trace order);
+    order: int64[N], the trace index of each ORDER rank (rank in (arrival, trace row)
+    order: the engine's ORDER field). `blocks(B)` gives the block ids by ORDER."""
+
+    ident: ContentIdentity
+    prompt: np.ndarray
+    output: np.ndarray
+    order: np.ndarray
+    digest: str
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PrefixTable) and other.digest == self.digest
+
+    def __len__(self) -> int:
+        return int(self.order.shape[0])
+
+    def __repr__(self) -> str:  # settings print their options: no arrays
+        return f"PrefixTable({self.ident.kind}, {len(self)} requests)"
+
+    def blocks(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets int64[N+1], ids int64[total]) by ORDER: request of rank r's full blocks
+        through its whole sequence (prompt + output: vLLM hashes the blocks decode fills
+        too) are ids[offsets[r]:offsets[r+1]]; ids dense from 0 (`block_ids`)."""
+        key = (self.digest, int(block_size))
+        if key not in _BLOCKS:
+            offsets, ids = block_ids(self.ident, self.prompt, self.output, block_size, through="sequence")
+            count = np.diff(offsets)[self.order]
+            start = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+            at = np.repeat(offsets[:-1][self.order] - start[:-1], count) + np.arange(int(start[-1]), dtype=np.int64)
+            if len(_BLOCKS) >= 8:
+                _BLOCKS.pop(next(iter(_BLOCKS)))
+            _BLOCKS[key] = (start, ids[at])
+        return _BLOCKS[key]
+
+
+_BLOCKS: dict = {}  # (digest, block size) -> PrefixTable.blocks: derived once per process
+
+
+def prefix_table(ident: ContentIdentity, arrival, prompt, output) -> PrefixTable:
+    """The PrefixTable of a trace (arrival, prompt, output per request, trace order)."""
+    import hashlib
+
+    arrival = np.asarray(arrival, np.int64)
+    prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
+    if not len(ident) == len(arrival) == len(prompt) == len(output):
+        raise ValueError("identity, arrival, prompt and output differ in length")
+    order = np.lexsort((np.arange(len(arrival)), arrival)).astype(np.int64)
+    h = hashlib.blake2b(f"{ident.kind}:{ident.hash_block}".encode(), digest_size=16)
+    for a in (ident.key, ident.prefix_len, ident.offsets, ident.hashes, prompt, output, order):
+        h.update(np.ascontiguousarray(a, np.int64).tobytes())
+        h.update(b"|")
+    return PrefixTable(ident, prompt, output, order, h.hexdigest())

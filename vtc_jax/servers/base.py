@@ -312,3 +312,6 @@ class Server:
     step_time_model: bool = False
     flags: tuple = ()
     own_clock: Callable[[dict], tuple[str, dict]] | None = None
+    # batch_options(options of every distinct lane) -> the same, made to share one batch's shapes (a server whose
+    # encoded settings hold per-lane tables pads them to one size); None: lanes share shapes as they are
+    batch_options: Callable[[list], list] | None = None

@@ -4,6 +4,8 @@ and fuzzed against the literal reference without touching anything else."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers.base import Server
 from vtc_jax.servers.ideal import IDEAL, IDEAL_RESERVE
@@ -75,6 +77,18 @@ def takes_step_time(name: str) -> bool:
 def flags(name: str) -> dict:
     """{setting: flag} of server `name`'s settings that have command-line flags (cli/server_flags.py)."""
     return dict(get(name).flags)
+
+
+def batch_settings(name: str, settings) -> list:
+    """Lanes' Settings (engines/settings.py) with their options for server `name` made to
+    share one batch (the server's `batch_options`; unchanged when it has none)."""
+    batch = get(name).batch_options
+    if batch is None:
+        return list(settings)
+    distinct = list(dict.fromkeys(settings))
+    options = batch([dict(s.server_options) for s in distinct])
+    new = {s: dataclasses.replace(s, server_options=tuple(sorted(o.items()))) for s, o in zip(distinct, options)}
+    return [new[s] for s in settings]
 
 
 def all_flags() -> dict:

@@ -2,18 +2,30 @@
 `vllm_prefix` server (servers/vllm_prefix.py); the rules are docs/VLLM.md's and the
 literal reference's (`vtc_jax/testing/vllm_reference.py`, `_BlockPool`).
 
-Physical blocks 0..P-1 (P static); block 0 (vLLM's null block) and the blocks at or past
-the lane's `num_blocks` are never handed out. Per block, int32[P]: `ref` holders; `owner`
-its hash (-1 none): 2 g for block `pos` of shared-prefix group g, 2 o + 1 for block `pos`
-of the request whose ORDER is o (its own tokens); `pos` the block's position in its
-holders' tables; `cached_at` when it was hashed (a lookup returns the copy hashed first:
-hashes are not de-duplicated); `freed_at` when it was last freed (hashed free blocks are
-reused least recently freed first, after every free block without a hash). One clock
-stamps both. Per running slot: `table` int32[S, W] its blocks by position, `held` and
-`hashed` int32[S] (blocks it holds; leading blocks of them that carry its hash).
+A block's hash is its CONTENT: a dense id from the trace (inputs/prefix_blocks.py: two
+requests' blocks at one position have one id exactly when their tokens agree through the
+block's last token). Physical blocks are handles only: which free block without a hash a
+request gets is never observable, so those are a counter of never-used blocks (`fresh`)
+and a stack of freed ones; what is observable is which hashes stay cached, and that is
+kept exactly:
 
-Every function is pure and O(P + W) (a take sorts the P free-queue keys), masked by a
-count or a dropped scatter index, so that a masked-off call changes nothing.
+  - per block, int32[P]: `ref` holders, `key` its content (-1: no hash), `cnext`/`cprev`
+    the other cached copies of its content in insertion order (hashes are not
+    de-duplicated; a lookup returns the first copy), `freed_at` the stamp of its entry in
+    the LRU queue (-1: not in it);
+  - per content, int32[U]: `head`/`tail`, its first and last cached copy (-1: none): the
+    hash-to-block map, of fixed capacity U (the trace's distinct blocks);
+  - the LRU queue of free blocks with a hash: a ring of C entries (C >= 2 (P + W)), entry
+    of stamp q at ring[q % C]; an entry is live while its block's freed_at is q (a hit on
+    a free block only clears freed_at: the entry goes stale and is skipped when reached);
+    the ring is compacted (live entries re-stamped in order) before it could overflow;
+  - per running slot: `table` int32[S, W] its blocks by position, `held` and `hashed`
+    int32[S] (blocks held; leading ones of them hashed). W bounds any request's blocks.
+
+Per event the work is O(what changes): a take or a hash is O(1) per block (a loop over
+the blocks), a release, a hit and a lookup are vectorized over one request's table
+(O(W), and a lookup stops at the first miss), a compaction is O(C) once per P + W appends.
+Masked-off calls change nothing (counts of 0, dropped scatter indices, `_when`).
 """
 
 from __future__ import annotations
@@ -24,125 +36,213 @@ import jax
 import jax.numpy as jnp
 
 I32 = jnp.int32
-INT_MAX = 2**31 - 1
+LOOKUP_CHUNK = 64  # blocks a lookup checks per iteration
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Pool:
     ref: jax.Array
-    owner: jax.Array
-    pos: jax.Array
-    cached_at: jax.Array
+    key: jax.Array
+    cnext: jax.Array
+    cprev: jax.Array
+    head: jax.Array
+    tail: jax.Array
     freed_at: jax.Array
-    clock: jax.Array
+    ring: jax.Array
+    rhead: jax.Array
+    rtail: jax.Array
+    nlru: jax.Array
+    fresh: jax.Array
+    stack: jax.Array
+    nstack: jax.Array
     table: jax.Array
     held: jax.Array
     hashed: jax.Array
 
 
-def pool_init(blocks: int, slots: int, width: int) -> Pool:
-    """An empty pool of `blocks` physical blocks for `slots` requests of `width` blocks."""
-    zeros = jnp.zeros(blocks, I32)
-    return Pool(ref=zeros, owner=jnp.full(blocks, -1, I32), pos=zeros, cached_at=zeros, freed_at=zeros,
-                clock=jnp.zeros((), I32), table=jnp.zeros((slots, width), I32), held=jnp.zeros(slots, I32),
-                hashed=jnp.zeros(slots, I32))
+def ring_size(blocks: int, width: int) -> int:
+    """C: a power of two >= 2 (P + W), so a compacted ring (at most P - 1 live entries)
+    takes a whole request's release (at most W entries) P + W times before the next."""
+    return 1 << (2 * (blocks + width) - 1).bit_length()
 
 
-def _usable(pool: Pool, num_blocks):
-    ids = jnp.arange(pool.ref.shape[0], dtype=I32)
-    return (ids >= 1) & (ids < num_blocks)
+def pool_init(blocks: int, slots: int, width: int, contents: int) -> Pool:
+    """An empty pool of `blocks` physical blocks (block 0 is the null block, never handed
+    out), `slots` running requests of at most `width` blocks, `contents` distinct hashes."""
+    p_none, u_none = jnp.full(blocks, -1, I32), jnp.full(max(contents, 1), -1, I32)
+    zero = jnp.zeros((), I32)
+    return Pool(ref=jnp.zeros(blocks, I32), key=p_none, cnext=p_none, cprev=p_none, head=u_none, tail=u_none,
+                freed_at=p_none, ring=jnp.zeros(ring_size(blocks, width), I32), rhead=zero, rtail=zero, nlru=zero,
+                fresh=jnp.ones((), I32), stack=jnp.zeros(blocks, I32), nstack=zero,
+                table=jnp.zeros((slots, width), I32), held=jnp.zeros(slots, I32), hashed=jnp.zeros(slots, I32))
+
+
+def _when(pred, fn, x):
+    """fn(x) where pred, else x: a loop of at most one pass, so that under vmap the pass
+    runs only when some lane needs it (a `cond` would run both sides in every lane)."""
+    return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), fn(c[1])), (pred, x))[1]
 
 
 def num_free(pool: Pool, num_blocks):
-    """int32[]: blocks in the free queue (hashed or not)."""
-    return (_usable(pool, num_blocks) & (pool.ref == 0)).sum(dtype=I32)
+    """int32[]: blocks free to take: never used, freed without a hash, cached in the LRU."""
+    return num_blocks - pool.fresh + pool.nstack + pool.nlru
 
 
-def block_owner(j, group, prefix_len, order, block_size):
-    """The hash owner of block position(s) j of a request: its prefix group's (2 g) when
-    the block lies wholly inside the shared prefix, else the request's own (2 order + 1)."""
-    shared = (group >= 0) & (block_size * (j + 1) <= prefix_len)
-    return jnp.where(shared, 2 * group, 2 * order + 1).astype(I32)
+def _unlink(pool: Pool, b, on) -> Pool:
+    """Where `on`: block b's hash is dropped (b leaves its content's list of copies)."""
+    big, u = pool.ref.shape[0], pool.head.shape[0]
+    k, p, n = pool.key[b], pool.cprev[b], pool.cnext[b]
+    mine = jnp.where(on, b, big)
+    return dataclasses.replace(
+        pool, head=pool.head.at[jnp.where(on & (p < 0), k, u)].set(n, mode="drop"),
+        tail=pool.tail.at[jnp.where(on & (n < 0), k, u)].set(p, mode="drop"),
+        cnext=pool.cnext.at[jnp.where(on & (p >= 0), p, big)].set(n, mode="drop").at[mine].set(-1, mode="drop"),
+        cprev=pool.cprev.at[jnp.where(on & (n >= 0), n, big)].set(p, mode="drop").at[mine].set(-1, mode="drop"),
+        key=pool.key.at[mine].set(-1, mode="drop"), freed_at=pool.freed_at.at[mine].set(-1, mode="drop"))
+
+
+def _link(pool: Pool, b, k) -> Pool:
+    """Block b gets hash k: it becomes k's last cached copy."""
+    t = pool.tail[k]
+    big, u = pool.ref.shape[0], pool.head.shape[0]
+    return dataclasses.replace(
+        pool, head=pool.head.at[jnp.where(t < 0, k, u)].set(b, mode="drop"), tail=pool.tail.at[k].set(b),
+        cnext=pool.cnext.at[jnp.where(t >= 0, t, big)].set(b, mode="drop").at[b].set(-1),
+        cprev=pool.cprev.at[b].set(t), key=pool.key.at[b].set(k))
+
+
+def _pop(pool: Pool, num_blocks):
+    """(pool, b): one free block, one without a hash first (a freed one, else a never-used
+    one), else the least recently freed cached one, whose hash is evicted."""
+    c = pool.ring.shape[0]
+    from_stack = pool.nstack > 0
+    from_fresh = ~from_stack & (pool.fresh < num_blocks)
+    from_lru = ~from_stack & ~from_fresh
+
+    def passed(q):  # a stale entry (its block was hit, or re-freed later) is skipped
+        return from_lru & (q < pool.rtail) & (pool.freed_at[pool.ring[q % c]] != q)
+
+    q = jax.lax.while_loop(passed, lambda q: q + 1, pool.rhead)
+    oldest = pool.ring[q % c]
+    b = jnp.where(from_stack, pool.stack[jnp.maximum(pool.nstack - 1, 0)], jnp.where(from_fresh, pool.fresh, oldest))
+    pool = _unlink(pool, oldest, from_lru)
+    return dataclasses.replace(pool, rhead=jnp.where(from_lru, q + 1, pool.rhead), nlru=pool.nlru - from_lru.astype(I32),
+                               nstack=pool.nstack - from_stack.astype(I32),
+                               fresh=pool.fresh + from_fresh.astype(I32)), b
 
 
 def take(pool: Pool, slot, count, num_blocks) -> Pool:
-    """`count` new blocks for `slot`, at its table positions [held, held + count): free
-    blocks without a hash first, then hashed ones least recently freed first (their hash
-    is evicted). The caller checked they are free; count 0 changes nothing."""
-    p, w = pool.ref.shape[0], pool.table.shape[1]
-    ids = jnp.arange(p, dtype=I32)
-    free = _usable(pool, num_blocks) & (pool.ref == 0)
-    queue = jnp.where(free, jnp.where(pool.owner < 0, ids - p, pool.freed_at), INT_MAX)
-    order = jnp.argsort(queue).astype(I32)  # the free queue's order; distinct keys
-    k = jnp.arange(p, dtype=I32)
-    taken = jnp.where(k < count, order, p)  # the first `count` of the queue
-    start = pool.held[slot]
-    cols = jnp.arange(w, dtype=I32)
-    fill = (cols >= start) & (cols < start + count)
-    row = jnp.where(fill, order[jnp.clip(cols - start, 0, p - 1)], pool.table[slot])
-    return dataclasses.replace(pool, ref=pool.ref.at[taken].set(1, mode="drop"),
-                               owner=pool.owner.at[taken].set(-1, mode="drop"),
-                               table=pool.table.at[slot].set(row, mode="drop"), held=pool.held.at[slot].add(count, mode="drop"))
+    """`count` new blocks for `slot`, at its table positions [held, held + count) (the
+    caller checked they are free; count 0 changes nothing)."""
+
+    def one(carry):
+        i, pool = carry
+        pool, b = _pop(pool, num_blocks)
+        at = pool.held[slot]
+        return i + 1, dataclasses.replace(pool, ref=pool.ref.at[b].set(1), table=pool.table.at[slot, at].set(b),
+                                          held=pool.held.at[slot].set(at + 1))
+
+    return jax.lax.while_loop(lambda c: c[0] < count, one, (jnp.zeros((), I32), pool))[1]
 
 
-def hash_blocks(pool: Pool, slot, upto, group, prefix_len, order, block_size) -> Pool:
-    """Hash the blocks of `slot` that are full with `upto` tokens and carry no hash yet,
-    in position order (when they are allocated, so a later admission in the same step
-    can hit them)."""
-    w = pool.table.shape[1]
-    j = jnp.arange(w, dtype=I32)
-    lo, hi = pool.hashed[slot], jnp.maximum(upto // block_size, pool.hashed[slot])
-    mine = (j >= lo) & (j < hi)
-    dest = jnp.where(mine, pool.table[slot], pool.ref.shape[0])
+def _content(ids, off, j):
+    return ids[jnp.clip(off + j, 0, ids.shape[0] - 1)]
+
+
+def hash_blocks(pool: Pool, slot, upto, ids, off, nids, block_size) -> Pool:
+    """Hash the blocks of `slot` full with `upto` tokens that carry no hash yet, in
+    position order (when allocated, so that a later admission in the same step can hit
+    them): block j's hash is the content ids[off + j] (j < nids: the request's full
+    blocks in the trace; a request past the table is never hashed)."""
+    lo = pool.hashed[slot]
+    hi = jnp.maximum(jnp.minimum(upto // block_size, nids), lo)
+
+    def one(carry):
+        j, pool = carry
+        return j + 1, _link(pool, pool.table[slot, j], _content(ids, off, j))
+
+    pool = jax.lax.while_loop(lambda c: c[0] < hi, one, (lo, pool))[1]
+    return dataclasses.replace(pool, hashed=pool.hashed.at[slot].set(hi, mode="drop"))
+
+
+def _compact(pool: Pool) -> Pool:
+    """The ring's live entries, in order, re-stamped from rtail on (O(C))."""
+    c, big = pool.ring.shape[0], pool.ref.shape[0]
+    q = pool.rhead + jnp.arange(c, dtype=I32)
+    b = pool.ring[q % c]
+    live = (q < pool.rtail) & (pool.freed_at[b] == q)
+    stamp = pool.rtail + jnp.cumsum(live, dtype=I32) - live
     return dataclasses.replace(
-        pool, owner=pool.owner.at[dest].set(block_owner(j, group, prefix_len, order, block_size), mode="drop"),
-        pos=pool.pos.at[dest].set(j, mode="drop"), cached_at=pool.cached_at.at[dest].set(pool.clock + j - lo, mode="drop"),
-        clock=pool.clock + (hi - lo), hashed=pool.hashed.at[slot].set(hi, mode="drop"))
+        pool, ring=pool.ring.at[jnp.where(live, stamp % c, c)].set(b, mode="drop"),
+        freed_at=pool.freed_at.at[jnp.where(live, b, big)].set(stamp, mode="drop"), rhead=pool.rtail,
+        rtail=pool.rtail + live.sum(dtype=I32))
+
+
+def _release(pool: Pool, slot) -> Pool:
+    w, c, big = pool.table.shape[1], pool.ring.shape[0], pool.ref.shape[0]
+    pool = _when(pool.rtail - pool.rhead + w > c, _compact, pool)
+    j = jnp.arange(w, dtype=I32)
+    blocks = pool.table[slot]
+    mine = j < pool.held[slot]
+    freed = mine & (pool.ref[blocks] == 1)
+    cached = freed & (pool.key[blocks] >= 0)
+    plain = freed & (pool.key[blocks] < 0)
+    later = jnp.cumsum(cached[::-1], dtype=I32)[::-1] - cached  # cached blocks after this one: last block first
+    stamp = pool.rtail + later
+    ncached = cached.sum(dtype=I32)
+    below = jnp.cumsum(plain, dtype=I32) - plain
+    return dataclasses.replace(
+        pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].add(-1, mode="drop"),
+        ring=pool.ring.at[jnp.where(cached, stamp % c, c)].set(blocks, mode="drop"),
+        freed_at=pool.freed_at.at[jnp.where(cached, blocks, big)].set(stamp, mode="drop"),
+        rtail=pool.rtail + ncached, nlru=pool.nlru + ncached,
+        stack=pool.stack.at[jnp.where(plain, pool.nstack + below, big)].set(blocks, mode="drop"),
+        nstack=pool.nstack + plain.sum(dtype=I32), held=pool.held.at[slot].set(0), hashed=pool.hashed.at[slot].set(0))
 
 
 def release(pool: Pool, slot, on) -> Pool:
-    """Where `on`: `slot` drops its hold on every block, last block first (a hashed block
-    that becomes free joins the back of the queue in that order; its hash is kept)."""
-    w = pool.table.shape[1]
-    j = jnp.arange(w, dtype=I32)
-    held = jnp.where(on, pool.held[slot], 0)
-    blocks = pool.table[slot]
-    mine = j < held
-    dest = jnp.where(mine, blocks, pool.ref.shape[0])
-    freed = mine & (pool.ref[blocks] == 1)
-    stamp = jnp.where(freed, pool.clock + held - 1 - j, pool.freed_at[blocks])
-    return dataclasses.replace(pool, ref=pool.ref.at[dest].add(-1, mode="drop"),
-                               freed_at=pool.freed_at.at[dest].set(stamp, mode="drop"), clock=pool.clock + held,
-                               held=pool.held.at[slot].set(jnp.where(on, 0, pool.held[slot]), mode="drop"),
-                               hashed=pool.hashed.at[slot].set(jnp.where(on, 0, pool.hashed[slot]), mode="drop"))
+    """Where `on`: `slot` drops its hold on every block, last block first (a block that
+    becomes free joins the LRU's back in that order when it has a hash, keeping it)."""
+    return _when(on & (pool.held[jnp.clip(slot, 0, pool.held.shape[0] - 1)] > 0), lambda p: _release(p, slot), pool)
 
 
-def lookup(pool: Pool, tokens, group, prefix_len, order, block_size):
-    """The prefix hit of a request knowing `tokens` tokens: the longest run of leading
-    positions whose hash is cached, whole blocks of at most tokens - 1 tokens. Returns
-    (hits int32[], copy int32[W]: each position's first-hashed copy, evictable int32[]:
-    hit blocks that are free now, which the admission counts as needed)."""
-    p, w = pool.ref.shape[0], pool.table.shape[1]
-    j = pool.pos
-    want = block_owner(j, group, prefix_len, order, block_size)
-    match = (pool.owner >= 0) & (pool.owner == want) & (j < (tokens - 1) // block_size)
-    at = jnp.where(match, j, w)
-    best = jnp.full(w, INT_MAX, I32).at[at].min(pool.cached_at, mode="drop")
-    first = match & (pool.cached_at == best[jnp.clip(j, 0, w - 1)])
-    copy = jnp.zeros(w, I32).at[jnp.where(first, j, w)].set(jnp.arange(p, dtype=I32), mode="drop")
-    found = best < INT_MAX
-    hits = jnp.argmin(jnp.concatenate([found, jnp.zeros(1, bool)])).astype(I32)
-    evictable = ((jnp.arange(w) < hits) & (pool.ref[copy] == 0)).sum(dtype=I32)
-    return hits, copy, evictable
+def lookup(pool: Pool, tokens, ids, off, nids, block_size):
+    """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
+    blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
+    (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
+    needed). A loop of LOOKUP_CHUNK blocks per pass, to the first miss."""
+    limit = jnp.minimum((tokens - 1) // block_size, nids)
+    k = jnp.arange(LOOKUP_CHUNK, dtype=I32)
+
+    def chunk(carry):
+        j0, hits, evictable, _ = carry
+        j = j0 + k
+        copy = pool.head[_content(ids, off, j)]
+        ok = (j < limit) & (copy >= 0)
+        run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+        free = ((k < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
+        return j0 + LOOKUP_CHUNK, hits + run, evictable + free, run == LOOKUP_CHUNK
+
+    zero = jnp.zeros((), I32)
+    _, hits, evictable, _ = jax.lax.while_loop(lambda c: c[3], chunk, (zero, zero, zero, limit > 0))
+    return hits, evictable
 
 
-def touch(pool: Pool, slot, hits, copy) -> Pool:
-    """`slot` starts holding the hit blocks copy[:hits] (a free one leaves the free
-    queue); its table is those, every one hashed."""
-    w = pool.table.shape[1]
+def _touch(pool: Pool, slot, hits, ids, off) -> Pool:
+    w, big = pool.table.shape[1], pool.ref.shape[0]
     j = jnp.arange(w, dtype=I32)
     mine = j < hits
-    return dataclasses.replace(pool, ref=pool.ref.at[jnp.where(mine, copy, pool.ref.shape[0])].add(1, mode="drop"),
-                               table=pool.table.at[slot].set(jnp.where(mine, copy, 0), mode="drop"),
-                               held=pool.held.at[slot].set(hits, mode="drop"), hashed=pool.hashed.at[slot].set(hits, mode="drop"))
+    copy = pool.head[_content(ids, off, j)]
+    was_free = mine & (pool.ref[jnp.maximum(copy, 0)] == 0)
+    return dataclasses.replace(
+        pool, ref=pool.ref.at[jnp.where(mine, copy, big)].add(1, mode="drop"),
+        freed_at=pool.freed_at.at[jnp.where(was_free, copy, big)].set(-1, mode="drop"),
+        nlru=pool.nlru - was_free.sum(dtype=I32), table=pool.table.at[slot].set(jnp.where(mine, copy, 0), mode="drop"),
+        held=pool.held.at[slot].set(hits, mode="drop"), hashed=pool.hashed.at[slot].set(hits, mode="drop"))
+
+
+def touch(pool: Pool, slot, hits, ids, off) -> Pool:
+    """`slot` starts holding the first copies of its first `hits` blocks' contents (a free
+    one leaves the LRU: its entry goes stale); its table is those, every one hashed."""
+    return _when(hits > 0, lambda p: _touch(p, slot, hits, ids, off), pool)

@@ -12,18 +12,17 @@ admissions are the engine's, one per event, finished requests release their bloc
 scheduling order, each its last block first. Per request it keeps vllm's record (`Outcome`,
 each token's time too given `token_times`).
 
-Which tokens are shared comes from the trace: requests with the same prefix group share
-their first prefix_len prompt tokens, every other token is distinct. The server reads them
-per request from its settings `prefix_group` and `prefix_len` (tuples of ints indexed by
-the request's ORDER, its rank in (arrival, trace row) order; `prefix_options` builds them
-from a trace's columns), padded to a power of two (at least 64) so lanes of one batch
-share a shape; a request past the tables, or of group -1, shares nothing.
+Which blocks are shared comes from the trace's content (inputs/prefix_blocks.py): the
+setting `prefix_blocks` is a PrefixTable (prefix groups, block-hash chains or sessions),
+from which each request's full blocks get content ids at the lane's block size, by ORDER
+(the request's rank in (arrival, trace row) order); two blocks with one id are one hash.
+A request past the table is never hashed and never hits. `prefix_options` builds the
+setting from a trace's columns.
 
-Static sizes: the block pool has P physical blocks and each running request a table of
-P positions, P = the server's slots, which `plan_slots` sets to at least the largest
-num_gpu_blocks of the batch (ServerShape has no field of its own for it); the running
-slots are min(P, the workload's rows). State is O(min(P, R) P) per lane, an event
-O(P log P + min(P, R)).
+Static sizes (ServerShape.static, from `static_options`): the pool's P physical blocks
+(the largest num_gpu_blocks of the batch), W (the most blocks any request can hold) and
+U (the most distinct contents of a lane). The running slots are vllm's (the seats). State
+is O(P + U + S W) per lane; an event's work is what it changes (servers/vllm_blocks.py).
 """
 
 from __future__ import annotations
@@ -37,7 +36,10 @@ import numpy as np
 from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
+from vtc_jax.inputs import prefix_blocks
+from vtc_jax.inputs.prefix_blocks import ContentIdentity, PrefixTable, prefix_table
 from vtc_jax.servers import base, block_math, step_time, vllm_v1
+from vtc_jax.servers.vllm_v1 import LIMIT
 from vtc_jax.servers import vllm_blocks as vb
 from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
@@ -46,10 +48,10 @@ from vtc_jax.servers.vllm_v1 import _log  # one writer of the schedule log for b
 
 I32 = jnp.int32
 INT_MAX = 2**31 - 1
-PREFIX_OPTIONS = ("prefix_group", "prefix_len")
+PREFIX_OPTIONS = ("prefix_blocks", "prefix_capacity")
 VICTIMS = ("newest", "priority")  # vllm's victim rules offered here (its `counter` is not)
 MIN_TABLE = 64
-LIMIT = INT_MAX // 4
+_NONE = PrefixTable.__new__(PrefixTable)  # a missing table passes validate (the plan refuses it: `_table`)
 
 
 def _split(options: dict) -> tuple[dict, dict]:
@@ -58,8 +60,9 @@ def _split(options: dict) -> tuple[dict, dict]:
 
 
 def validate(options: dict) -> None:
-    """vllm's settings (vllm_v1.validate), the victim `newest` or `priority`, and the
-    prefix tables: tuples of ints of one length, groups >= -1, lengths >= 0."""
+    """vllm's settings (vllm_v1.validate), the victim `newest` or `priority`, the trace's
+    content `prefix_blocks` (a PrefixTable; required by the run, `_table`) and
+    `prefix_capacity` (rows, ids): the sizes its tables are padded to, optional."""
     base, prefix = _split(options)
     try:
         vllm_v1.validate(base)
@@ -68,70 +71,96 @@ def validate(options: dict) -> None:
     victim = vllm_v1.settings(base)["victim"]
     if victim not in VICTIMS:
         raise InputError(f"victim must be one of {', '.join(VICTIMS)} with prefix caching, got {victim!r}")
-    tables = [prefix.get(name, ()) for name in PREFIX_OPTIONS]
-    for name, table in zip(PREFIX_OPTIONS, tables):
-        low = -1 if name == "prefix_group" else 0
-        if not isinstance(table, tuple) or any(type(v) is not int or not low <= v <= LIMIT for v in table):
-            raise InputError(f"{name} must be a tuple of integers in [{low}, {LIMIT}]")
-    if len(tables[0]) != len(tables[1]):
-        raise InputError(f"prefix_group and prefix_len differ in length ({len(tables[0])} and {len(tables[1])})")
+    if not isinstance(prefix.get("prefix_blocks", _NONE), PrefixTable):
+        raise InputError("prefix_blocks must be a PrefixTable (vtc_jax.servers.vllm_prefix.prefix_options)")
+    cap = prefix.get("prefix_capacity", (0, 0))
+    if not (isinstance(cap, tuple) and len(cap) == 2 and all(type(v) is int and 0 <= v <= LIMIT for v in cap)):
+        raise InputError(f"prefix_capacity must be a pair of integers in [0, {LIMIT}] (rows, ids)")
 
 
-def _table_size(options: dict) -> int:
-    n = len(options.get("prefix_group", ()))
-    return max(MIN_TABLE, 1 << max(n - 1, 0).bit_length())
+def _table(options: dict) -> PrefixTable:
+    table = options.get("prefix_blocks")
+    if table is None:
+        raise InputError("server vllm_prefix needs the trace's content (which tokens requests share): a log with "
+                         "hash_ids, session_id or prefix_id/prefix_len columns, or the setting prefix_blocks")
+    return table
+
+
+def _pow2(n: int) -> int:
+    return max(MIN_TABLE, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _tables(options: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets int32[R'], ids int32[I']) of a lane, padded (offsets with their last value,
+    ids with 0) to powers of two (at least 64), or to `prefix_capacity` when larger."""
+    base, prefix = _split(options)
+    offsets, ids = _table(options).blocks(vllm_v1.settings(base)["block_size"])
+    rows, size = prefix.get("prefix_capacity", (0, 0))
+    if int(ids.max(initial=0)) > LIMIT or offsets[-1] > LIMIT:
+        raise InputError(f"the trace's content has {int(offsets[-1]):,} blocks: more than {LIMIT:,}")
+    out_off = np.full(max(_pow2(len(offsets)), rows), offsets[-1], np.int32)
+    out_off[: len(offsets)] = offsets
+    out_ids = np.zeros(max(_pow2(len(ids)), size), np.int32)
+    out_ids[: len(ids)] = ids
+    return out_off, out_ids
 
 
 def encode(options: dict) -> dict:
     """The traced settings (from vllm_v1.settings, vLLM's names; the victim as its index
-    in VICTIMS) and the prefix tables, int32[L] each (L `_table_size`; padding: group -1)."""
-    base, prefix = _split(options)
+    in VICTIMS) and the content tables `block_offsets` int32[R'] and `block_ids` int32[I']
+    (`_tables`)."""
+    base, _ = _split(options)
     s = vllm_v1.settings(base)
-    size = _table_size(options)
-    group, length = np.full(size, -1, np.int32), np.zeros(size, np.int32)
-    group[: len(prefix.get("prefix_group", ()))] = prefix.get("prefix_group", ())
-    length[: len(prefix.get("prefix_len", ()))] = prefix.get("prefix_len", ())
+    offsets, ids = _tables(options)
     return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
-            "victim": np.int32(VICTIMS.index(s["victim"])), "prefix_group": group, "prefix_len": length,
+            "victim": np.int32(VICTIMS.index(s["victim"])), "block_offsets": offsets, "block_ids": ids,
             **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
 
 
-def prefix_options(arrival, client, prefix_id, prefix_len, rows: int = 0) -> dict:
-    """The settings `prefix_group` and `prefix_len` of a trace (per request in trace
-    order: arrival, client label, prefix id (None: none), prefix_len): groups numbered by
-    first appearance; a prefix_len without an id shares within the client (as the
-    goldens' harness does); indexed by ORDER (rank in (arrival, row) order), padded to
-    `rows` entries. Empty when nothing is shared."""
-    arrival = np.asarray(arrival, np.int64)
-    lengths = [int(x) for x in prefix_len]
-    if not any(lengths):
-        return {}
-    ids: dict = {}
-    group = [ids.setdefault(("id", p) if p is not None else ("client", c), len(ids)) if n > 0 else -1
-             for p, c, n in zip(prefix_id, client, lengths)]
-    order = np.lexsort((np.arange(len(arrival)), arrival))
-    pad = max(0, rows - len(order))
-    return {"prefix_group": tuple(group[i] for i in order) + (-1,) * pad,
-            "prefix_len": tuple(lengths[i] for i in order) + (0,) * pad}
+def prefix_options(arrival, prompt, output, ident: ContentIdentity) -> dict:
+    """The setting `prefix_blocks` of a trace (per request in trace order: arrival, prompt,
+    output; `ident` its content identity, inputs/prefix_blocks.py: groups, chains or
+    sessions)."""
+    return {"prefix_blocks": prefix_table(ident, arrival, prompt, output)}
+
+
+def common_capacity(options: list) -> list:
+    """Lanes' options with one `prefix_capacity`, the largest padded table sizes among
+    them, so that lanes of different traces share one batch."""
+    sizes = [tuple(len(t) for t in _tables(o)) for o in options]
+    cap = (max(s[0] for s in sizes), max(s[1] for s in sizes))
+    return [dict(o, prefix_capacity=cap) for o in options]
+
+
+def _static_sizes(options: dict) -> tuple[int, int]:
+    """(W, U) of a lane: the most blocks a request can hold, the distinct contents."""
+    base, prefix = _split(options)
+    table = _table(options)
+    bs = vllm_v1.settings(base)["block_size"]
+    width = int(vllm_v1.peak_blocks(table.prompt, table.output, bs).max(initial=1))
+    _, ids = table.blocks(bs)
+    return max(width, 1), int(ids.max(initial=-1)) + 1
 
 
 def plan_slots(options: list, bound: int, requests: int) -> int:
-    """vllm's running slots, and at least the largest pool (the block pool and each
-    request's table are sized by the slots). Refused: lanes whose prefix tables differ
-    in padded size (give them `prefix_options(..., rows=)` of one length)."""
-    sizes = {_table_size(o) for o in options}
+    """vllm's running slots (the seats). Refused: lanes whose content tables differ in
+    padded size (give them `common_capacity`)."""
+    sizes = {tuple(len(t) for t in _tables(o)) for o in options}
     if len(sizes) > 1:
-        raise InputError("the lanes' prefix tables differ in size: pad them to one length (prefix_options rows=)")
-    base = [_split(o)[0] for o in options]
-    return max(vllm_v1.plan_slots(base, bound, requests), max(vllm_v1.settings(o)["num_gpu_blocks"] for o in base))
+        raise InputError("the lanes' prefix tables differ in size: give them one prefix_capacity (common_capacity)")
+    return vllm_v1.plan_slots([_split(o)[0] for o in options], bound, requests)
 
 
 def static_options(options: list) -> tuple:
-    """(("token_times", the most entries any lane asks for: 0, no record),) (vllm's)."""
-    return tuple((name, value) for name, value in vllm_v1.static_options([_split(o)[0] for o in options])
-                 if name == "token_times")
+    """(("token_times", vllm's), ("pool_blocks", P), ("table_width", W), ("contents", U)):
+    the batch's largest pool, request and content count (U a power of two)."""
+    sizes = [_static_sizes(o) for o in options]
+    times = dict(vllm_v1.static_options([_split(o)[0] for o in options]))["token_times"]
+    return (("token_times", times),
+            ("pool_blocks", max(vllm_v1.settings(_split(o)[0])["num_gpu_blocks"] for o in options)),
+            ("table_width", max(w for w, _ in sizes)), ("contents", _pow2(max(u for _, u in sizes))))
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
@@ -145,15 +174,17 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
 
 
 def fuzz_options(rng, prompt, output) -> dict:
-    """vllm's random settings (victim newest or priority) and random prefix tables: a
-    request joins one of 3 groups with probability 0.6, with a prefix of up to its prompt."""
+    """vllm's random settings (victim newest or priority) and random prefix groups: a
+    request joins one of 3 groups with probability 0.6, with a prefix of up to its prompt
+    (arrival order is taken as the trace order)."""
     out = vllm_v1.fuzz_options(rng, prompt, output)
     if out.get("victim") not in (None, *VICTIMS):
         out["victim"] = rng.choice(VICTIMS)
     lengths = [int(p) for p in prompt]
-    group = [rng.randrange(3) if rng.random() < 0.6 else -1 for _ in lengths]
-    out["prefix_group"] = tuple(group)
-    out["prefix_len"] = tuple(rng.randint(0, p) if g >= 0 else 0 for g, p in zip(group, lengths))
+    group = [rng.randrange(3) if rng.random() < 0.6 else None for _ in lengths]
+    prefix = [rng.randint(0, p) if g is not None else 0 for g, p in zip(group, lengths)]
+    ident = prefix_blocks.groups(group, prefix, np.zeros(len(lengths), np.int64))
+    out.update(prefix_options(np.arange(len(lengths)), prompt, output, ident))
     return out
 
 
@@ -207,10 +238,11 @@ class PrefixState:
 
 
 def init(shape: ServerShape) -> PrefixState:
-    """An empty server: a pool of `shape.slots` blocks, and running slots for at most as
-    many requests as the workload has rows (no more can run)."""
-    blocks, r, steps, k = shape.slots, shape.num_rows, shape.log_steps, shape.num_clients
-    s = min(blocks, r) if r > 0 else blocks
+    """An empty server: a pool of P blocks, running slots for `shape.slots` requests of at
+    most W blocks, U contents (P, W, U: `static_options`)."""
+    static = dict(shape.static)
+    blocks, width, contents = static["pool_blocks"], static["table_width"], static["contents"]
+    r, steps, k, s = shape.num_rows, shape.log_steps, shape.num_clients, shape.slots
     zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
     none_r = jnp.full(r, -1, I32)
     return PrefixState(
@@ -225,25 +257,21 @@ def init(shape: ServerShape) -> PrefixState:
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, blocks))
+        victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents))
 
 
 def _per_client(values, client, mask, k):
     return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
 
 
-def _prefix(p: dict, row):
-    """(group, prefix_len clipped to the prompt, ORDER) of a request row."""
-    size = p["prefix_group"].shape[0]
+def _content(p: dict, row):
+    """(ids int32[I'], off int32[], nids int32[]): the content table and where the request
+    of this row finds its blocks' contents (by ORDER; none past the table)."""
+    offsets = p["block_offsets"]
     order = row[ORDER]
-    inside = (order >= 0) & (order < size)
-    at = jnp.clip(order, 0, size - 1)
-    group = jnp.where(inside, p["prefix_group"][at], -1)
-    return group, jnp.minimum(jnp.where(inside, p["prefix_len"][at], 0), row[PROMPT]), order
-
-
-def _slot_prefix(state: PrefixState, p: dict, slot):
-    return _prefix(p, state.row[slot])
+    inside = (order >= 0) & (order < offsets.shape[0] - 1)
+    at = jnp.clip(order, 0, offsets.shape[0] - 2)
+    return p["block_ids"], offsets[at], jnp.where(inside, offsets[at + 1] - offsets[at], 0)
 
 
 def load(state: PrefixState) -> Load:
@@ -274,8 +302,8 @@ def _grow(pool, state: PrefixState, p: dict, slot, n, on):
     c = state.computed[slot]
     need = jnp.where(on, jnp.maximum(block_math.ceil_div(c + n, bs) - pool.held[slot], 0), 0)
     pool = vb.take(pool, slot, need, p["num_blocks"])
-    group, length, order = _slot_prefix(state, p, slot)
-    return vb.hash_blocks(pool, slot, jnp.where(on, c + n, 0), group, length, order, bs)
+    ids, off, nids = _content(p, state.row[slot])
+    return vb.hash_blocks(pool, slot, jnp.where(on, c + n, 0), ids, off, nids, bs)
 
 
 def begin_step(state: PrefixState, params, view, step, mask):
@@ -352,11 +380,11 @@ def begin_step(state: PrefixState, params, view, step, mask):
 
 
 def _admission(state: PrefixState, p: dict, row, generated):
-    """(ok, n, hits, copy, evictable): vLLM's admission check for this request now."""
+    """(ok, n, hits, evictable, chunk): vLLM's admission check for this request now."""
     bs = p["block_size"]
     total = row[PROMPT] + generated
-    group, length, order = _prefix(p, row)
-    hits, copy, evictable = vb.lookup(state.pool, total, group, length, order, bs)
+    ids, off, nids = _content(p, row)
+    hits, evictable = vb.lookup(state.pool, total, ids, off, nids, bs)
     ask = jnp.minimum(total - hits * bs, state.cap)
     n = jnp.minimum(ask, state.left)
     free = vb.num_free(state.pool, p["num_blocks"])
@@ -364,7 +392,7 @@ def _admission(state: PrefixState, p: dict, row, generated):
     chunk = jnp.maximum(block_math.ceil_div(hits * bs + n, bs) - hits, 0) + evictable
     ok = (~state.preempted & (state.left > 0) & (state.nrun < p["seats"]) & (p["chunked"] | (ask <= state.left))
           & (whole <= free) & (chunk <= free))
-    return ok, n, hits, copy, evictable, chunk
+    return ok, n, hits, evictable, chunk
 
 
 def fits(state: PrefixState, params, row, *, generated):
@@ -377,15 +405,15 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
     p = params.server
     bs = p["block_size"]
     slots = state.alive.shape[0]
-    _, n, hits, copy, evictable, chunk = _admission(state, p, row, generated)
+    _, n, hits, evictable, chunk = _admission(state, p, row, generated)
     has_slot = ~state.alive.all()
     on = mask & has_slot
     s = jnp.where(on, jnp.argmin(state.alive), slots).astype(I32)  # out of range: every write below is dropped
-    group, length, order = _prefix(p, row)
+    ids, off, nids = _content(p, row)
     hits = jnp.where(on, hits, 0)
-    pool = vb.touch(state.pool, s, hits, copy)
+    pool = vb.touch(state.pool, s, hits, ids, off)
     pool = vb.take(pool, s, jnp.where(on, chunk - evictable, 0), p["num_blocks"])
-    pool = vb.hash_blocks(pool, s, jnp.where(on, hits * bs + n, 0), group, length, order, bs)
+    pool = vb.hash_blocks(pool, s, jnp.where(on, hits * bs + n, 0), ids, off, nids, bs)
     put = lambda x, v: x.at[s].set(v, mode="drop")  # noqa: E731
     k, r = state.running.shape[0], state.out.scheduled.shape[0]  # scheduled: the first scheduling only
     new = dataclasses.replace(
@@ -490,4 +518,4 @@ VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with p
                      fuzz_options=fuzz_options, static_options=static_options, keeps_time=timed_by_options,
                      request_record=outcome_record, record_index="row", default_memory=vllm_memory,
                      trace_columns=("priority", "prefix_id", "prefix_len"), step_time_model=True,
-                     flags=tuple(VLLM_FLAGS.items()))
+                     flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity)
