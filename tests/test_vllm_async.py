@@ -90,3 +90,72 @@ def test_async_golden_records_are_schedule_calls():
             steps = json.load(f)["steps"]
         assert all(a["step"] < b["step"] for a, b in zip(steps, steps[1:])), name
         assert steps[-1]["sched"] == {} and steps[-1]["finished"], name
+
+
+# ----------------------------------------------------------------------------------------
+# The `vllm` server (servers/vllm_v1.py with vllm_v1_async.py) through the engine.
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """tests/test_vllm_server.py's lane runner, with the reference config's
+    `async_scheduling` passed on as the server's setting of the same name."""
+    from tests import test_vllm_server as tvs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(tvs.OPTION_NAMES, "async_scheduling", "async_scheduling")
+        yield tvs
+
+
+def _without_prefix_caching() -> list[str]:
+    return [n for n in NAMES if not load_golden(ASYNC, n)[1]["prefix_caching"]]
+
+
+@pytest.fixture(scope="module")
+def golden_runs(engine) -> dict:
+    """The 52 async goldens without prefix caching through the engine, in 4 batches of
+    similar length: {name: (golden, ours)}."""
+    loaded = {n: load_golden(ASYNC, n) for n in _without_prefix_caching()}
+    names = sorted(loaded, key=lambda n: len(loaded[n][2]["steps"]))
+    out = {}
+    for k in range(4):
+        batch = names[k * len(names) // 4: (k + 1) * len(names) // 4]
+        got = engine.engine_schedules([loaded[n][:2] for n in batch], max(len(loaded[n][2]["steps"]) for n in batch) + 5)
+        out.update({n: (loaded[n][2], mine) for n, mine in zip(batch, got)})
+    return out
+
+
+@pytest.mark.parametrize("name", _without_prefix_caching())
+def test_server_reproduces_the_async_golden(golden_runs, engine, name):
+    real, mine = golden_runs[name]
+    engine.assert_same(mine, real, name)
+
+
+def test_server_micro_trace_by_hand(engine):
+    """The micro trace above through the engine, async and sync in one batch."""
+    got = engine.engine_schedules([(MICRO, {"num_blocks": 100, "async_scheduling": flag}) for flag in (True, False)], 8)
+    for mine, flag in zip(got, (True, False)):
+        want = simulate(MICRO, {"num_blocks": 100, "async_scheduling": flag})
+        engine.assert_same(mine, want, f"async {flag}")
+    assert [s["finished"] for s in got[0]["steps"]] == [[], [], [], [1], [0, 2]]
+
+
+def _stopped_victims(schedule: dict) -> int:
+    """Victims whose last token was in flight: preempted and stopped in one step."""
+    return sum(len(set(s["preempted"]) & set(s["finished"])) for s in schedule["steps"])
+
+
+def test_random_lanes_match_the_reference(engine):
+    """Random small lanes (tests/test_vllm_server.py's, tight pools to ample) under async
+    scheduling, fcfs and priority, against the reference's async mode, with sync lanes of
+    the same traces in the same batch (lanes may mix the modes): 90 lanes of each; among
+    them victims whose last token was in flight (they stop from the waiting queue)."""
+    import numpy as np
+    rng = np.random.default_rng(49)
+    lanes = [engine.random_lane(rng, policy, async_scheduling=True) for policy in ("fcfs", "priority") for _ in range(45)]
+    lanes += [(reqs, dict(config, async_scheduling=False)) for reqs, config in lanes]
+    want = [simulate(reqs, config) for reqs, config in lanes]
+    assert sum(_stopped_victims(w) > 0 for w in want[:90]) >= 3
+    assert all(_stopped_victims(w) == 0 for w in want[90:])
+    got = engine.engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
+    for k, (mine, real) in enumerate(zip(got, want)):
+        engine.assert_same(mine, real, f"lane {k} ({lanes[k][1]})")

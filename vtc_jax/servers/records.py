@@ -11,6 +11,7 @@ VLLM_FLAGS = {  # setting -> vLLM's engine-argument flag (cli/server_flags.py ad
     "max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
     "enable_chunked_prefill": "--enable-chunked-prefill", "long_prefill_token_threshold": "--long-prefill-token-threshold",
     "scheduling_policy": "--scheduling-policy", "enable_prefix_caching": "--enable-prefix-caching",
+    "async_scheduling": "--async-scheduling",  # vLLM's flag (and --no-async-scheduling): docs/VLLM_ASYNC.md
 }
 
 

@@ -55,8 +55,27 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, block_math, step_time
 from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
-from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
+from vtc_jax.servers.base import Finished, Requeue, Server, Work
+from vtc_jax.servers.vllm_v1_state import (  # noqa: F401  (Outcome, ScheduleLog, _log: read by servers/vllm_prefix.py)
+    _MOVED,
+    ONE_HOT_CLIENTS,
+    Outcome,
+    ScheduleLog,
+    VllmState,
+    _at,
+    _blocks,
+    _excl_cumsum,
+    _leading,
+    _log,
+    _per_client,
+    _running,
+    _select,
+    census,
+    init,
+    load,
+)
 from vtc_jax.servers.vllm_victims import FIELDS, NEWEST, OUT, VICTIMS, walk
+from vtc_jax.servers import vllm_v1_async
 
 I32 = jnp.int32
 INT_MAX = 2**31 - 1
@@ -68,6 +87,7 @@ OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     # the step-time model (servers/step_time.py): scaled integers; time_scale 0: untimed
     "time_b0": (0, 0), "time_b1": (0, 0), "time_b2": (0, 0), "time_scale": (0, 0),
     "token_times": (0, 0),  # entries of the per-token time record (a static size: the most of any lane; 0: none)
+    "async_scheduling": (False, None),  # vLLM's AsyncScheduler (docs/VLLM_ASYNC.md); vLLM's own default is on (GPU)
 }
 POLICIES = ("fcfs", "priority")
 CHOICES = {"scheduling_policy": POLICIES, "victim": VICTIMS}
@@ -119,6 +139,7 @@ def encode(options: dict) -> dict:
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
+            "async": np.bool_(s["async_scheduling"]),
             **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
 
 
@@ -182,6 +203,8 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     never reported)."""
     steps = int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
     s = settings(options)
+    if s["async_scheduling"]:  # a request's stop comes one step later: at most one step more per request
+        steps += len(prompt) + 1
     if s["victim"] != "newest":
         steps = steps * (len(prompt) + 1)
     if s["time_scale"] > 0:  # timed: each step lasts at most its longest (the full budget, every seat)
@@ -210,108 +233,16 @@ def fuzz_options(rng, prompt, output) -> dict:
     return out
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """Per workload row, int32[R]: first_token and finish (-1: not yet): the step, or on a
-    timed lane the end of that step in us; scheduled: the start of the step that first
-    scheduled it (-1: never); preemptions; times: each token's time, the same stamps."""
-
-    first_token: jax.Array
-    finish: jax.Array
-    preemptions: jax.Array
-    scheduled: jax.Array
-    times: base.TokenTimes
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ScheduleLog:
-    """The first L steps that did anything (L = ServerShape.log_steps; 0: none kept):
-    count int32[]; t int32[L]; per step and slot, in vLLM's order (the running list, then
-    admissions), index int32[L, S] (workload row, -1 none), tokens int32[L, S] scheduled,
-    finished bool[L, S]; preempted int32[L, S] the rows preempted (-1 none)."""
-
-    count: jax.Array
-    t: jax.Array
-    index: jax.Array
-    tokens: jax.Array
-    finished: jax.Array
-    preempted: jax.Array
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class VllmState:
-    """One lane. Scalars int32[]: t (the step in progress), nrun (slots [0, nrun) are the running list, in
-    admission order, with the leaving requests still in their places), ndone (leaving requests: finished,
-    generated == output, not yet handed back; none once the step's completions are settled, so the running phase
-    and admissions see the running list alone), ended (the last step's end stamp: the leaving requests' finish,
-    written to `out` as each is handed back), free blocks, left (budget left this step), cap (the prefill cap
-    this step); bool[]: preempted (this step preempted), just_finished (the last step finished a request),
-    active (the step has something to log); running: int32[K] requests per client in the server (leaving ones
-    included). Per slot, int32[S]: client, value (the policy's), index (workload row), prompt, output, computed,
-    generated, tokens (scheduled this step), order (the request's ORDER field: the priority victim's key). out:
-    Outcome; log; victims int32[S]: the rows this step preempted, in preemption order (-1 none; kept only when
-    there is a log, else always -1). Slots at or past nrun hold no request (what they hold is never read)."""
-
-    t: jax.Array
-    nrun: jax.Array
-    free: jax.Array
-    left: jax.Array
-    cap: jax.Array
-    preempted: jax.Array
-    just_finished: jax.Array
-    active: jax.Array
-    running: jax.Array
-    client: jax.Array
-    value: jax.Array
-    index: jax.Array
-    prompt: jax.Array
-    output: jax.Array
-    computed: jax.Array
-    generated: jax.Array
-    tokens: jax.Array
-    order: jax.Array
-    ndone: jax.Array
-    ended: jax.Array
-    out: Outcome
-    log: ScheduleLog
-    victims: jax.Array
-    walks: bool = dataclasses.field(default=True, metadata={"static": True})  # some lane's rule is not `newest`
-    # every lane's block size is a power of two: block counts are shifts (`_blocks`)
-    pow2_blocks: bool = dataclasses.field(default=False, metadata={"static": True})
-
-
-_SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
-_MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "order")  # by `complete`
-
-
-def init(shape: ServerShape) -> VllmState:
-    s, r, steps, k = shape.slots, shape.num_rows, shape.log_steps, shape.num_clients
-    zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
-    none_r = jnp.full(r, -1, I32)
-    return VllmState(
-        t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
-        just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
-        **{f: empty for f in _SLOTS},
-        ndone=zero, ended=zero,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
-                    times=base.token_times(shape)),
-        log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
-                        tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
-                        preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True),
-        pow2_blocks=dict(shape.static).get("pow2_blocks", False))
-
 
 def static_options(options: list) -> tuple:
     """(("walks", some lane's victim rule is not `newest`: else vLLM's walk, vllm_victims.py, is left out of
     the program), ("token_times", the most entries any lane asks for: 0, no record), ("pow2_blocks", every
-    lane's block size is a power of two, as vLLM's are: block counts are then shifts))."""
+    lane's block size is a power of two, as vLLM's are: block counts are then shifts), ("async_scheduling", some
+    lane schedules async: else servers/vllm_v1_async.py is left out of the program))."""
     return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
             ("token_times", max(settings(o)["token_times"] for o in options)),
-            ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)))
+            ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)),
+            ("async_scheduling", any(settings(o)["async_scheduling"] for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -322,57 +253,6 @@ def slot_tiers(slots: int) -> tuple:
     overflows a tier reruns with the next; every event costs O(slots))."""
     return tuple(SLOT_TIER << (2 * i) for i in range(8) if SLOT_TIER << (2 * i) < slots)
 
-
-def _blocks(tokens, state: VllmState, p: dict):
-    """The blocks that many tokens hold (block_math.blocks_for)."""
-    return block_math.blocks_for(tokens, p["block_size"], p["block_shift"], state.pow2_blocks)
-
-
-def _excl_cumsum(x):
-    return base.prefix_sum(x) - x
-
-
-def _leading(ok):
-    """How many leading entries of bool[S] are True: int32[] (the first False's position,
-    a min: fewer ops than an argmin)."""
-    return jnp.where(ok, ok.shape[0], jnp.arange(ok.shape[0], dtype=I32)).min()
-
-
-def _at(x, i):
-    """x[i] of int32/bool[S] for a computed i (0/False outside [0, S)): a masked sum, as a
-    gather from an array computed in the same event would be fused with (and recompute)
-    its producer."""
-    hit = jnp.arange(x.shape[0]) == i
-    return jnp.any(hit & x) if x.dtype == bool else jnp.where(hit, x, 0).sum(dtype=x.dtype)
-
-
-ONE_HOT_CLIENTS = 16  # per-client sums over slots as a one-hot [S, K] sum up to this K; a scatter above
-
-
-def _per_client(values, client, mask, k):
-    if k <= ONE_HOT_CLIENTS:
-        return jnp.where((client[:, None] == jnp.arange(k)[None, :]) & mask[:, None], values[:, None], 0).sum(
-            axis=0, dtype=I32)
-    return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
-
-
-def _running(state: VllmState):
-    """bool[S]: the slots of running requests (the running list without the leaving ones)."""
-    return (jnp.arange(state.client.shape[0]) < state.nrun) & (state.generated < state.output)
-
-
-def load(state: VllmState) -> Load:
-    """Requests in the server (leaving ones included) and the tokens they hold (running ones), per client."""
-    listed = _running(state)
-    return Load(running=state.running, context=_per_client(state.computed, state.client, listed,
-                                                           state.running.shape[0]))
-
-
-def _select(mask, new: VllmState, old: VllmState) -> VllmState:
-    """`new` where mask, else `old`, for the per-step and per-slot fields; the per-row
-    tables (`out`, `log`) are written by masked scatters already, so they are taken as
-    they are (a select over them would cost O(rows) per event)."""
-    return base.select_fields(mask, new, old, skip=("out", "log"))
 
 
 def _newest(state: VllmState, p: dict, cap, free):
@@ -437,30 +317,41 @@ def begin_step(state: VllmState, params, view, step, mask):
     waiting = over_clients.total(view.waiting)
     cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
     (tokens, nrun, free, left, out, nvic, gone), (first, pre, budget, unused) = _newest(state, p, cap, free)
-    f, looping = {}, jnp.zeros((), bool)
+    f, looping, survived = {}, jnp.zeros((), bool), pos < nrun
     if state.walks:
         # One loop for every lane: it starts from the closed form's result where the rule
         # is `newest` and takes no iteration there (so nothing is selected after it).
         looping = p["victim"] != NEWEST
         on = lambda a, b: jnp.where(looping, a, b)  # noqa: E731
         f = {name: getattr(state, name) for name in FIELDS} | {"tokens": on(pre, tokens)}
+        f |= {"slot": pos} if state.asyncs else {}  # each survivor's start slot, carried along by the walk
         f, nrun, free, left, out, nvic = walk(f, on(state.nrun, nrun), first, on(unused, free), on(budget, left), out,
                                               on(0, nvic), cap, p["block_size"], p["victim"], params.band, view.counter,
                                               view.num, mask & looping)
         tokens = f.pop("tokens")
         gone = on(pos < nvic, gone)  # the walk's victims: entries [0, nvic), in preemption order
+        if state.asyncs:
+            survived = on(vllm_v1_async.survivors(f.pop("slot"), nrun), survived)
     r = state.out.preemptions.shape[0]
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, out["index"], r)].add(1, mode="drop")
-    leaving = _per_client(jnp.ones_like(pos), out["client"], gone, state.running.shape[0])
+    requeue, finish = gone, state.out.finish
+    if state.asyncs:  # victims whose last token was in flight stop in this step's update instead
+        slots_now = {name: getattr(state, name) for name in FIELDS} | f | {"tokens": tokens}
+        victim = (pos < state.nrun) & ~survived
+        f, nrun, finish = vllm_v1_async.stop_victims(state, victim, slots_now, nrun, state.stamp, mask)
+        tokens = f.pop("tokens")
+        requeue = gone & vllm_v1_async.requeued(finish, out["index"])
+    leaving = _per_client(jnp.ones_like(pos), out["client"], requeue, state.running.shape[0])
     logged = {}
     if state.log.t.shape[0]:  # the log's victims: rows in preemption order, then -1
         newest = state.index[jnp.clip(state.nrun - 1 - pos, 0, slots - 1)]
         logged = {"victims": jnp.where(pos < nvic, jnp.where(looping, out["index"], newest), -1)}
     new = dataclasses.replace(
         state, **f, **logged, t=step, free=free, cap=cap, nrun=nrun, preempted=nvic > 0,
-        left=jnp.where(nvic > 0, 0, left), tokens=tokens, out=dataclasses.replace(state.out, preemptions=preemptions),
+        left=jnp.where(nvic > 0, 0, left), tokens=tokens,
+        out=dataclasses.replace(state.out, preemptions=preemptions, finish=finish),
         running=state.running - leaving, active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
-    return _select(mask, new, state), Requeue(mask=mask & gone, **out)
+    return _select(mask, new, state), Requeue(mask=mask & requeue, **out)
 
 
 def fits(state: VllmState, params, row, *, generated):
@@ -505,7 +396,9 @@ def end_step(state: VllmState, params, mask):
     computed = state.computed + state.tokens
     samples = listed & (state.tokens > 0) & (computed == state.prompt + state.generated)
     generated = state.generated + samples
-    finished = samples & (generated == state.output)
+    if state.asyncs:  # a last token counts, and its request stops, one step later (servers/vllm_v1_async.py)
+        generated = vllm_v1_async.sample_counts(state, samples, p["async"])
+    finished = listed & (generated == state.output)
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
     # A decode computes the one token after every known one (c = P + g - 1); anything else
     # scheduled is prefill (a prompt, or a recompute after a preemption).
@@ -521,8 +414,8 @@ def end_step(state: VllmState, params, mask):
                jnp.where(listed, state.tokens, 0), finished, state.victims)
     nfin = finished.sum(dtype=I32)
     new = dataclasses.replace(
-        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin, ended=stamp,
-        just_finished=nfin > 0,
+        state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin,
+        ended=jnp.where(p["async"], state.stamp, stamp) if state.asyncs else stamp, stamp=stamp, just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _blocks(computed, state, p), 0).sum(dtype=I32),
         out=dataclasses.replace(state.out, first_token=first, times=times), log=log, preempted=jnp.zeros((), bool),
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
@@ -531,16 +424,6 @@ def end_step(state: VllmState, params, mask):
                 elapsed=elapsed)
     return _select(mask, new, state), work
 
-
-def _log(log: ScheduleLog, mask, t, index, tokens, finished, victims) -> ScheduleLog:
-    steps = log.t.shape[0]
-    if steps == 0:
-        return log
-    at = jnp.where(mask & (log.count < steps), log.count, steps)
-    return ScheduleLog(count=log.count + mask.astype(I32), t=log.t.at[at].set(t, mode="drop"),
-                       index=log.index.at[at].set(index, mode="drop"), tokens=log.tokens.at[at].set(tokens, mode="drop"),
-                       finished=log.finished.at[at].set(finished, mode="drop"),
-                       preempted=log.preempted.at[at].set(victims, mode="drop"))
 
 
 def due(state: VllmState, step) -> jax.Array:
@@ -578,15 +461,6 @@ def complete(state: VllmState, step, mask):
 
 def busy(state: VllmState) -> jax.Array:
     return state.nrun > 0
-
-
-def census(host: VllmState, num_clients: int) -> np.ndarray:
-    """int64[B, K]: running and leaving requests per client, counted from the slots [0, nrun)."""
-    client, nrun = np.asarray(host.client, np.int64), np.asarray(host.nrun, np.int64)
-    out = np.zeros((client.shape[0], num_clients), np.int64)
-    for b in range(client.shape[0]):
-        out[b] += np.bincount(client[b, : nrun[b]], minlength=num_clients)[:num_clients]
-    return out
 
 
 VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats, KV blocks, chunked prefill, "
