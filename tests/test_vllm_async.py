@@ -159,3 +159,30 @@ def test_random_lanes_match_the_reference(engine):
     got = engine.engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
     for k, (mine, real) in enumerate(zip(got, want)):
         engine.assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+
+
+def test_the_setting_is_a_bool_off_by_default_with_vllms_flag_name():
+    from vtc_jax.core.errors import InputError
+    from vtc_jax.servers import records, vllm_v1
+    assert vllm_v1.settings({"num_gpu_blocks": 8})["async_scheduling"] is False
+    assert bool(vllm_v1.encode({"num_gpu_blocks": 8, "async_scheduling": True})["async"])
+    assert dict(vllm_v1.static_options([{}, {"async_scheduling": True}]))["async_scheduling"]
+    assert not dict(vllm_v1.static_options([{}, {"async_scheduling": False}]))["async_scheduling"]
+    assert records.VLLM_FLAGS["async_scheduling"] == "--async-scheduling"
+    with pytest.raises(InputError, match="async_scheduling must be true or false, got 'yes'"):
+        vllm_v1.validate({"num_gpu_blocks": 8, "async_scheduling": "yes"})
+    with pytest.raises(InputError, match="config: async_scheduling must be true or false, got 1"):
+        simulate(MICRO, {"num_blocks": 100, "async_scheduling": 1})
+
+
+def test_a_stop_adds_at_most_one_step_to_the_drain_bound():
+    """drain_steps: async adds requests + 1 steps (one skipped step per request, one empty
+    step after the last stop) to the newest victim's bound; the goldens' runs fit it."""
+    from vtc_jax.servers import vllm_v1
+    for name in _without_prefix_caching():
+        requests, config, golden = load_golden(ASYNC, name)
+        arrival, prompt, output = ([getattr(r, f) for r in requests] for f in ("arrival", "prompt", "output"))
+        options = {"num_gpu_blocks": config["num_blocks"], "async_scheduling": True}
+        bound = vllm_v1.drain_steps(options, arrival, prompt, output)
+        assert bound == vllm_v1.drain_steps(dict(options, async_scheduling=False), arrival, prompt, output) + len(requests) + 1
+        assert golden["steps"][-1]["step"] < bound, name
