@@ -186,3 +186,38 @@ def test_a_stop_adds_at_most_one_step_to_the_drain_bound():
         bound = vllm_v1.drain_steps(options, arrival, prompt, output)
         assert bound == vllm_v1.drain_steps(dict(options, async_scheduling=False), arrival, prompt, output) + len(requests) + 1
         assert golden["steps"][-1]["step"] < bound, name
+
+
+def test_every_policy_drains_async_lanes_computing_each_token_once_unless_preempted(engine):
+    """Every registered policy that needs no setting of its own picks the waiting order
+    on async lanes (one batch): every
+    request finishes after its first token, and a request never preempted is computed
+    exactly once: P + O - 1 tokens (its last token gets no KV), its stop one step after."""
+    import numpy as np
+
+    from vtc_jax.policies import registry
+    from vtc_jax import InputError, Settings
+
+    def plain(name: str) -> bool:  # runs without settings of its own (rpm needs a limit)
+        try:
+            Settings(policy=name, kv_budget=1 << 29)
+        except InputError:
+            return False
+        return True
+
+    rng = np.random.default_rng(7)
+    names = [n for n in registry.names() if plain(n)]
+    assert len(names) >= 5
+    lanes = [engine.random_lane(rng, "fcfs", async_scheduling=True) for _ in names for _ in range(3)]
+    got = engine.engine_schedules(lanes, 600, policy=[n for n in names for _ in range(3)])
+    for (requests, _), mine in zip(lanes, got):
+        tokens = {}
+        for s in mine["steps"]:
+            for row, n in s["sched"].items():
+                tokens[row] = tokens.get(row, 0) + n
+        stops = {row: s["step"] for s in mine["steps"] for row in s["finished"]}
+        for row, r in enumerate(requests):
+            rec = mine["requests"][str(row)]
+            assert rec["first_token_step"] <= rec["finish_step"] < stops[row]
+            if rec["preemptions"] == 0:
+                assert tokens[str(row)] == r.prompt + r.output - 1 and stops[row] == rec["finish_step"] + 1
