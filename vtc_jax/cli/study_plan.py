@@ -258,16 +258,18 @@ def study_engine(plan: Plan):
 
 def _capacity(plan: Plan, settings):
     """The server's capacity on the log's mix (the load line), in a run of its own
-    without the per-token record."""
+    without the per-token record; with prefix caching, of the same engine without it (the
+    saturated mix is not the log's order, so its content does not apply: a floor)."""
     from vtc_jax.driver import capacity
     from vtc_jax.driver.server_latency import measure_capacity
 
     options = tuple((k, v) for k, v in settings.server_options if k not in ("token_times", *plan.shared))
     settings = dataclasses.replace(settings, server_options=options)
-    record, index = servers.request_record(plan.server)
+    server = servers.prefix_caching(plan.server, False) if plan.shared else plan.server
+    record, index = servers.request_record(server)
     if index == "row":
-        return capacity.measure(plan.trace.prompt, plan.trace.output, settings, plan.server)
-    return measure_capacity(plan.trace.prompt, plan.trace.output, settings, plan.server, record)
+        return capacity.measure(plan.trace.prompt, plan.trace.output, settings, server)
+    return measure_capacity(plan.trace.prompt, plan.trace.output, settings, server, record)
 
 
 def report(args, plan: Plan, engine, rows, settings, result: dict) -> list:

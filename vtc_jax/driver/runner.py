@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from vtc_jax.core.lanes import LANE_AXIS
 from vtc_jax.driver.devices import LANES, lane_mesh, pad_to, shard
 from vtc_jax.engines.program import LaneProgram
 
@@ -51,7 +52,7 @@ def advance(carry, batched, shared, num_events, *, program: LaneProgram, config,
     lane = functools.partial(_loop_events, program, config)
 
     def lanes(carry, batched, shared, num_events):
-        return jax.vmap(lane, in_axes=(0, 0, None, None))(carry, batched, shared, num_events)
+        return jax.vmap(lane, in_axes=(0, 0, None, None), axis_name=LANE_AXIS)(carry, batched, shared, num_events)
 
     if mesh is None or mesh.devices.size == 1:
         return lanes(carry, batched, shared, num_events)

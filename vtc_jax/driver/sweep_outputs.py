@@ -131,6 +131,8 @@ def _json_default(x):
         return x.tolist()
     if isinstance(x, Fraction):
         return str(x)
+    if hasattr(x, "as_json"):  # a setting that stands for a table (a trace's content): its summary
+        return x.as_json()
     raise TypeError(f"cannot write {type(x).__name__} as JSON")
 
 
@@ -143,7 +145,7 @@ def results_csv(result: dict) -> str:
         for name, m in entry["metrics"].items():
             if not isinstance(m, dict) or "mean" not in m:
                 continue
-            writer.writerow([json.dumps(entry["setting"].get(k)) if isinstance(entry["setting"].get(k), (dict, list))
+            writer.writerow([json.dumps(entry["setting"].get(k), default=_json_default) if isinstance(entry["setting"].get(k), (dict, list))
                              else entry["setting"].get(k) for k in keys] +
                             [name, m["mean"], m["std"], m["ci95"][0], m["ci95"][1], m["min"], m["max"], m["n"]])
     return buf.getvalue()

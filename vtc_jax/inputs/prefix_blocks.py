@@ -316,6 +316,9 @@ class PrefixTable:
     def __repr__(self) -> str:  # settings print their options: no arrays
         return f"PrefixTable({self.ident.kind}, {len(self)} requests)"
 
+    def as_json(self) -> dict:
+        return {"content": self.ident.kind, "requests": len(self), "digest": self.digest}
+
     def blocks(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(offsets int64[N+1], ids int64[total]) by ORDER: request of rank r's full blocks
         through its whole sequence (prompt + output: vLLM hashes the blocks decode fills

@@ -35,6 +35,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core.lanes import batch_any, batch_max
+
 I32 = jnp.int32
 LOOKUP_CHUNK = 64  # blocks a lookup checks per iteration
 
@@ -79,9 +81,10 @@ def pool_init(blocks: int, slots: int, width: int, contents: int) -> Pool:
 
 
 def _when(pred, fn, x):
-    """fn(x) where pred, else x: a loop of at most one pass, so that under vmap the pass
-    runs only when some lane needs it (a `cond` would run both sides in every lane)."""
-    return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), fn(c[1])), (pred, x))[1]
+    """fn(x, pred): a masked pass (fn changes nothing where pred is false) that runs only
+    when some lane of the batch needs it (a `cond` would run in every lane; a loop whose
+    condition differs between lanes would select the whole pool: core/lanes.py)."""
+    return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), fn(c[1], pred)), (batch_any(pred), x))[1]
 
 
 def num_free(pool: Pool, num_blocks):
@@ -102,28 +105,31 @@ def _unlink(pool: Pool, b, on) -> Pool:
         key=pool.key.at[mine].set(-1, mode="drop"), freed_at=pool.freed_at.at[mine].set(-1, mode="drop"))
 
 
-def _link(pool: Pool, b, k) -> Pool:
-    """Block b gets hash k: it becomes k's last cached copy."""
-    t = pool.tail[k]
+def _link(pool: Pool, b, k, on) -> Pool:
+    """Where `on`: block b gets hash k, as k's last cached copy."""
     big, u = pool.ref.shape[0], pool.head.shape[0]
+    k = jnp.where(on, k, u)
+    t = pool.tail[jnp.minimum(k, u - 1)]
+    t = jnp.where(on, t, -1)
+    mine = jnp.where(on, b, big)
     return dataclasses.replace(
-        pool, head=pool.head.at[jnp.where(t < 0, k, u)].set(b, mode="drop"), tail=pool.tail.at[k].set(b),
-        cnext=pool.cnext.at[jnp.where(t >= 0, t, big)].set(b, mode="drop").at[b].set(-1),
-        cprev=pool.cprev.at[b].set(t), key=pool.key.at[b].set(k))
+        pool, head=pool.head.at[jnp.where(t < 0, k, u)].set(b, mode="drop"), tail=pool.tail.at[k].set(b, mode="drop"),
+        cnext=pool.cnext.at[jnp.where(t >= 0, t, big)].set(b, mode="drop").at[mine].set(-1, mode="drop"),
+        cprev=pool.cprev.at[mine].set(t, mode="drop"), key=pool.key.at[mine].set(k, mode="drop"))
 
 
-def _pop(pool: Pool, num_blocks):
-    """(pool, b): one free block, one without a hash first (a freed one, else a never-used
-    one), else the least recently freed cached one, whose hash is evicted."""
+def _pop(pool: Pool, num_blocks, on):
+    """(pool, b) where `on`: one free block, one without a hash first (a freed one, else a
+    never-used one), else the least recently freed cached one, whose hash is evicted."""
     c = pool.ring.shape[0]
-    from_stack = pool.nstack > 0
-    from_fresh = ~from_stack & (pool.fresh < num_blocks)
-    from_lru = ~from_stack & ~from_fresh
+    from_stack = on & (pool.nstack > 0)
+    from_fresh = on & ~from_stack & (pool.fresh < num_blocks)
+    from_lru = on & ~from_stack & ~from_fresh
 
     def passed(q):  # a stale entry (its block was hit, or re-freed later) is skipped
         return from_lru & (q < pool.rtail) & (pool.freed_at[pool.ring[q % c]] != q)
 
-    q = jax.lax.while_loop(passed, lambda q: q + 1, pool.rhead)
+    q = jax.lax.while_loop(passed, lambda q: q + 1, pool.rhead)  # carries q only: a batched bound is cheap
     oldest = pool.ring[q % c]
     b = jnp.where(from_stack, pool.stack[jnp.maximum(pool.nstack - 1, 0)], jnp.where(from_fresh, pool.fresh, oldest))
     pool = _unlink(pool, oldest, from_lru)
@@ -135,15 +141,20 @@ def _pop(pool: Pool, num_blocks):
 def take(pool: Pool, slot, count, num_blocks) -> Pool:
     """`count` new blocks for `slot`, at its table positions [held, held + count) (the
     caller checked they are free; count 0 changes nothing)."""
+    big, s = pool.ref.shape[0], pool.held.shape[0]
 
     def one(carry):
         i, pool = carry
-        pool, b = _pop(pool, num_blocks)
-        at = pool.held[slot]
-        return i + 1, dataclasses.replace(pool, ref=pool.ref.at[b].set(1), table=pool.table.at[slot, at].set(b),
-                                          held=pool.held.at[slot].set(at + 1))
+        on = i < count
+        pool, b = _pop(pool, num_blocks, on)
+        at = pool.held[jnp.clip(slot, 0, s - 1)]
+        row = jnp.where(on, slot, s)
+        return i + 1, dataclasses.replace(pool, ref=pool.ref.at[jnp.where(on, b, big)].set(1, mode="drop"),
+                                          table=pool.table.at[row, at].set(b, mode="drop"),
+                                          held=pool.held.at[row].set(at + 1, mode="drop"))
 
-    return jax.lax.while_loop(lambda c: c[0] < count, one, (jnp.zeros((), I32), pool))[1]
+    bound = batch_max(count)
+    return jax.lax.while_loop(lambda c: c[0] < bound, one, (jnp.zeros((), I32), pool))[1]
 
 
 def _content(ids, off, j):
@@ -155,36 +166,41 @@ def hash_blocks(pool: Pool, slot, upto, ids, off, nids, block_size) -> Pool:
     position order (when allocated, so that a later admission in the same step can hit
     them): block j's hash is the content ids[off + j] (j < nids: the request's full
     blocks in the trace; a request past the table is never hashed)."""
-    lo = pool.hashed[slot]
-    hi = jnp.maximum(jnp.minimum(upto // block_size, nids), lo)
+    s = pool.held.shape[0]
+    lo = pool.hashed[jnp.clip(slot, 0, s - 1)]
+    count = jnp.maximum(jnp.minimum(upto // block_size, nids) - lo, 0)
 
     def one(carry):
-        j, pool = carry
-        return j + 1, _link(pool, pool.table[slot, j], _content(ids, off, j))
+        t, pool = carry
+        j = lo + t
+        on = t < count
+        return t + 1, _link(pool, pool.table[jnp.clip(slot, 0, s - 1), j], _content(ids, off, j), on)
 
-    pool = jax.lax.while_loop(lambda c: c[0] < hi, one, (lo, pool))[1]
-    return dataclasses.replace(pool, hashed=pool.hashed.at[slot].set(hi, mode="drop"))
+    bound = batch_max(count)
+    pool = jax.lax.while_loop(lambda c: c[0] < bound, one, (jnp.zeros((), I32), pool))[1]
+    return dataclasses.replace(pool, hashed=pool.hashed.at[jnp.where(count > 0, slot, s)].set(lo + count, mode="drop"))
 
 
-def _compact(pool: Pool) -> Pool:
-    """The ring's live entries, in order, re-stamped from rtail on (O(C))."""
+def _compact(pool: Pool, on) -> Pool:
+    """Where `on`: the ring's live entries, in order, re-stamped from rtail on (O(C))."""
     c, big = pool.ring.shape[0], pool.ref.shape[0]
     q = pool.rhead + jnp.arange(c, dtype=I32)
     b = pool.ring[q % c]
-    live = (q < pool.rtail) & (pool.freed_at[b] == q)
+    live = on & (q < pool.rtail) & (pool.freed_at[b] == q)
     stamp = pool.rtail + jnp.cumsum(live, dtype=I32) - live
     return dataclasses.replace(
         pool, ring=pool.ring.at[jnp.where(live, stamp % c, c)].set(b, mode="drop"),
-        freed_at=pool.freed_at.at[jnp.where(live, b, big)].set(stamp, mode="drop"), rhead=pool.rtail,
-        rtail=pool.rtail + live.sum(dtype=I32))
+        freed_at=pool.freed_at.at[jnp.where(live, b, big)].set(stamp, mode="drop"),
+        rhead=jnp.where(on, pool.rtail, pool.rhead), rtail=pool.rtail + live.sum(dtype=I32))
 
 
-def _release(pool: Pool, slot) -> Pool:
-    w, c, big = pool.table.shape[1], pool.ring.shape[0], pool.ref.shape[0]
-    pool = _when(pool.rtail - pool.rhead + w > c, _compact, pool)
+def _release(pool: Pool, slot, on) -> Pool:
+    w, c, big, s = pool.table.shape[1], pool.ring.shape[0], pool.ref.shape[0], pool.held.shape[0]
+    pool = _when(on & (pool.rtail - pool.rhead + w > c), _compact, pool)
+    row = jnp.clip(slot, 0, s - 1)
     j = jnp.arange(w, dtype=I32)
-    blocks = pool.table[slot]
-    mine = j < pool.held[slot]
+    blocks = pool.table[row]
+    mine = on & (j < pool.held[row])
     freed = mine & (pool.ref[blocks] == 1)
     cached = freed & (pool.key[blocks] >= 0)
     plain = freed & (pool.key[blocks] < 0)
@@ -192,19 +208,22 @@ def _release(pool: Pool, slot) -> Pool:
     stamp = pool.rtail + later
     ncached = cached.sum(dtype=I32)
     below = jnp.cumsum(plain, dtype=I32) - plain
+    gone = jnp.where(on, slot, s)
     return dataclasses.replace(
         pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].add(-1, mode="drop"),
         ring=pool.ring.at[jnp.where(cached, stamp % c, c)].set(blocks, mode="drop"),
         freed_at=pool.freed_at.at[jnp.where(cached, blocks, big)].set(stamp, mode="drop"),
         rtail=pool.rtail + ncached, nlru=pool.nlru + ncached,
         stack=pool.stack.at[jnp.where(plain, pool.nstack + below, big)].set(blocks, mode="drop"),
-        nstack=pool.nstack + plain.sum(dtype=I32), held=pool.held.at[slot].set(0), hashed=pool.hashed.at[slot].set(0))
+        nstack=pool.nstack + plain.sum(dtype=I32), held=pool.held.at[gone].set(0, mode="drop"),
+        hashed=pool.hashed.at[gone].set(0, mode="drop"))
 
 
 def release(pool: Pool, slot, on) -> Pool:
     """Where `on`: `slot` drops its hold on every block, last block first (a block that
     becomes free joins the LRU's back in that order when it has a hash, keeping it)."""
-    return _when(on & (pool.held[jnp.clip(slot, 0, pool.held.shape[0] - 1)] > 0), lambda p: _release(p, slot), pool)
+    held = pool.held[jnp.clip(slot, 0, pool.held.shape[0] - 1)]
+    return _when(on & (held > 0), lambda p, m: _release(p, slot, m), pool)
 
 
 def lookup(pool: Pool, tokens, ids, off, nids, block_size):
@@ -229,20 +248,21 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     return hits, evictable
 
 
-def _touch(pool: Pool, slot, hits, ids, off) -> Pool:
-    w, big = pool.table.shape[1], pool.ref.shape[0]
+def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
+    w, big, s = pool.table.shape[1], pool.ref.shape[0], pool.held.shape[0]
     j = jnp.arange(w, dtype=I32)
-    mine = j < hits
+    mine = on & (j < hits)
     copy = pool.head[_content(ids, off, j)]
     was_free = mine & (pool.ref[jnp.maximum(copy, 0)] == 0)
+    row = jnp.where(on, slot, s)
     return dataclasses.replace(
         pool, ref=pool.ref.at[jnp.where(mine, copy, big)].add(1, mode="drop"),
         freed_at=pool.freed_at.at[jnp.where(was_free, copy, big)].set(-1, mode="drop"),
-        nlru=pool.nlru - was_free.sum(dtype=I32), table=pool.table.at[slot].set(jnp.where(mine, copy, 0), mode="drop"),
-        held=pool.held.at[slot].set(hits, mode="drop"), hashed=pool.hashed.at[slot].set(hits, mode="drop"))
+        nlru=pool.nlru - was_free.sum(dtype=I32), table=pool.table.at[row].set(jnp.where(mine, copy, 0), mode="drop"),
+        held=pool.held.at[row].set(hits, mode="drop"), hashed=pool.hashed.at[row].set(hits, mode="drop"))
 
 
 def touch(pool: Pool, slot, hits, ids, off) -> Pool:
     """`slot` starts holding the first copies of its first `hits` blocks' contents (a free
     one leaves the LRU: its entry goes stale); its table is those, every one hashed."""
-    return _when(hits > 0, lambda p: _touch(p, slot, hits, ids, off), pool)
+    return _when(hits > 0, lambda p, m: _touch(p, slot, hits, ids, off, m), pool)

@@ -35,6 +35,7 @@ import numpy as np
 
 from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
+from vtc_jax.core.lanes import batch_any, batch_max
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, OUTPUT, PROMPT
 from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.prefix_blocks import ContentIdentity, PrefixTable, prefix_table
@@ -68,6 +69,9 @@ def validate(options: dict) -> None:
         vllm_v1.validate(base)
     except InputError as err:
         raise InputError(str(err).replace("server vllm ", "server vllm_prefix ")) from None
+    if vllm_v1.settings(base)["async_scheduling"]:
+        raise InputError("async scheduling with prefix caching: not yet (give --no-async-scheduling, or turn "
+                         "prefix caching off)")
     victim = vllm_v1.settings(base)["victim"]
     if victim not in VICTIMS:
         raise InputError(f"victim must be one of {', '.join(VICTIMS)} with prefix caching, got {victim!r}")
@@ -328,11 +332,12 @@ def begin_step(state: PrefixState, params, view, step, mask):
         _, i, _, budget, _, _ = carry
         return mask & (i < nlist) & (budget > 0)
 
-    def body(carry):
+    def body(carry):  # a pass of a lane that is done changes nothing (the loop runs while some lane goes)
         f, i, n, budget, vic, nvic = carry
         st = dataclasses.replace(state, **f)
         s = walk[jnp.minimum(i, slots - 1)]
-        live = st.alive[s]
+        go = going(carry)
+        live = go & st.alive[s]
         need = block_math.ceil_div(st.computed[s] + n, bs) - st.pool.held[s]
         short = live & (need > vb.num_free(st.pool, p["num_blocks"]))
         v = _victim(st, params, st.alive)
@@ -349,7 +354,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
         small = {name: f[name] for name in g_f}
         f2 = jax.tree_util.tree_map(lambda x, y, z: jnp.where(short, x, jnp.where(grown, y, z)), p_f, g_f, small)
         f2["pool"] = pool
-        moves = ~short | (v == s)  # scheduled, skipped (not running any more) or preempted itself
+        moves = go & (~short | (v == s))  # scheduled, skipped (not running any more) or preempted itself
         budget2 = jnp.where(short, budget + back, jnp.where(grown, budget - n, budget))
         i2 = i + moves.astype(I32)
         n2 = jnp.where(moves, ask(dataclasses.replace(state, **f2), i2, budget2), n)
@@ -361,7 +366,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
     budget = p["budget"].astype(I32)
     carry = ({name: getattr(start, name) for name in walked}, jnp.zeros((), I32), ask(start, 0, budget), budget,
              jnp.zeros(slots, I32), jnp.zeros((), I32))
-    f, _, _, budget, vic, nvic = jax.lax.while_loop(going, body, carry)
+    f, _, _, budget, vic, nvic = jax.lax.while_loop(lambda c: batch_any(going(c)), body, carry)
     st = dataclasses.replace(state, **f)
     gone = pos < nvic
     slot = jnp.where(gone, vic, 0)
@@ -459,9 +464,9 @@ def end_step(state: PrefixState, params, mask):
     fin_slots = jnp.where(fin_sorted, order, slots)[jnp.argsort(~fin_sorted)]  # finished slots, scheduling order
 
     def free_one(j, pool):
-        return vb.release(pool, jnp.minimum(fin_slots[j], slots - 1), True)
+        return vb.release(pool, jnp.minimum(fin_slots[j], slots - 1), j < nfin)
 
-    pool = jax.lax.fori_loop(0, nfin, free_one, state.pool)
+    pool = jax.lax.fori_loop(0, batch_max(nfin), free_one, state.pool)  # one bound for the batch: core/lanes.py
     fs = jnp.minimum(fin_slots, slots - 1)
     got = jnp.arange(slots) < finished.sum(dtype=I32)
     new = dataclasses.replace(
