@@ -192,16 +192,18 @@ def test_mooncake_hash_ids_share_blocks_by_hand(tmp_path):
     28,545 us, first token at 4,680 + 28,545 = 33,225 us. r2 at t = 1 s finds r1's 64 hashed
     blocks of 16 tokens (1,024 tokens) cached: its prefill computes 76 tokens,
     trunc(7051.8 + 19.54 x 76) = 8,536 us, first token 4,680 + 8,536 = 13,216 us after it
-    arrives. Without --enable-prefix-caching both take 33,225 us."""
+    arrives; --requests-out says so (cached_tokens 0 and 1,024). Prefix caching is on by
+    default (the log carries hash_ids, as vLLM V1); with --no-enable-prefix-caching both
+    take 33,225 us."""
     path = tmp_path / "moon.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 2, "hash_ids": [0, 1, 5]}\n'
                     '{"timestamp": 1000, "input_length": 1100, "output_length": 2, "hash_ids": [0, 1, 3]}\n')
     got = {}
-    for flags in ((), ("--enable-prefix-caching",)):
+    for flags in (("--no-enable-prefix-caching",), ()):
         out, requests = tmp_path / f"out{len(flags)}", tmp_path / f"requests{len(flags)}.csv"
         argv = ["compare", str(path), "--server", "vllm", "--preset", PRESET, "--policies", "fcfs", "--out", str(out),
                 "--requests-out", str(requests), "--num-gpu-blocks", "256", "--no-cache", *FEW_SEATS, *flags]
         assert main(argv) == 0
-        got[bool(flags)] = [(r["arrival_us"], r["ttft_us"]) for r in csv.DictReader(requests.open())]
-    assert got[False] == [("0", "33225"), ("1000000", "33225")]
-    assert got[True] == [("0", "33225"), ("1000000", "13216")]
+        got[not flags] = [(r["arrival_us"], r["ttft_us"], r.get("cached_tokens")) for r in csv.DictReader(requests.open())]
+    assert got[False] == [("0", "33225", None), ("1000000", "33225", None)]
+    assert got[True] == [("0", "33225", "0"), ("1000000", "13216", "1024")]

@@ -61,6 +61,11 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, kv_budget_required: 
                         help="--estimator noisy: relative error r in [0, 1) (default 0)")
     parser.add_argument("--estimate-seed", type=int_arg(0, 2**32 - 1), default=None,
                         help="--estimator noisy: seed of the errors (default 0)")
+    parser.add_argument("--charge-prefill", choices=("computed", "sent"), default="computed",
+                        help="what a fairness counter charges for a prompt at admission: computed (default: the "
+                             "tokens the server prefills, less its prefix-cache hits or the log's cached column) "
+                             "or sent (every prompt token, the VTC paper's accounting); a recomputation after a "
+                             "preemption is never charged (docs/VLLM.md)")
     parser.add_argument("--no-last-left", action="store_true",
                         help="the VTC artifact's lift variant: no last_left clause (vtc, vtc_predict)")
     parser.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
@@ -119,6 +124,6 @@ def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool 
                     kv_cap=args.kv_cap, bands=tuple(args.bands) if args.bands else None,
                     lift_last_left=not (args.no_last_left and "--no-last-left" not in drop),
                     options=tuple((n, v) for n, v in args.option if f"--option {n}" not in drop),
-                    share_window=share_window,
+                    share_window=share_window, charge_cached=getattr(args, "charge_prefill", "computed") == "sent",
                     **estimator)
 

@@ -28,6 +28,7 @@ RECORD_BYTES = 1 << 30  # the most memory the per-token record (ITL percentiles)
 H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's server defaults on H100/H200
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
+CACHE_COLUMNS = ("cached_tokens", "recomputed_tokens")  # with prefix caching (vLLM's name: cached_tokens)
 
 
 def read_timed_log(args):
@@ -166,24 +167,28 @@ def format_report(report: dict, names) -> str:
         for name, g, sg in groups:
             goodput = "n/a" if g["goodput"] is None else f"{g['goodput']:.2f}"
             cells = [_cell(g[metric][q], None if sg is None else (sg.get(metric) or {}).get(q)) for _, metric, q in COLUMNS]
-            rows.append((policy, name, _reqs(g), cells, f"{g['output_tokens_per_s']:.1f}", goodput, str(g["preemptions"])))
+            hit = g.get("prefix_cache_hit_rate")
+            rows.append((policy, name, _reqs(g), cells, f"{g['output_tokens_per_s']:.1f}", goodput, str(g["preemptions"]),
+                         "" if hit is None else f"{100 * hit:.1f}%"))
         left = [(name, g) for name, g, _ in groups[:-1] if g["finished"] < g["requests"]]
         if left or not summary["finished_all"]:
             rows.append(f"{policy}: NOT FINISHED: " + (", ".join(f"{name} {g['finished']} of {g['requests']}"
                                                                 for name, g in left) or "the run")
                         + " finished within the horizon (the rest are not averaged in)")
     reqs = max([5] + [len(r[2]) for r in rows if not isinstance(r, str)])
+    cached = any(r[7] for r in rows if not isinstance(r, str))  # the prefix cache's hit rate (prompt tokens)
     cell = max([9] + [len(x) for r in rows if not isinstance(r, str) for x in r[3]])
     lines = [head, f"{'policy':{pol}} {'tenant':{width}} {'reqs':>{reqs}} "
-             + " ".join(f"{label:>{cell}}" for label, _, _ in COLUMNS) + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}  (ms"
+             + " ".join(f"{label:>{cell}}" for label, _, _ in COLUMNS) + f" {'tok/s':>8} {'goodput':>8} {'preempt':>7}"
+             + (f" {'cache hit':>9}" if cached else "") + "  (ms"
              + (f"; mean +- 95% CI half width over {seeds} seeds)" if spread_of else ")")]
     for r in rows:
         if isinstance(r, str):
             lines.append(r)
             continue
-        policy, name, n, cells, tok, goodput, pre = r
+        policy, name, n, cells, tok, goodput, pre, hit = r
         lines.append(f"{policy:{pol}} {name:{width}} {n:>{reqs}} " + " ".join(f"{x:>{cell}}" for x in cells)
-                     + f" {tok:>8} {goodput:>8} {pre:>7}")
+                     + f" {tok:>8} {goodput:>8} {pre:>7}" + (f" {hit:>9}" if cached else ""))
     if report["policies"] and next(iter(report["policies"].values()))["slos_ms"]:
         slos = next(iter(report["policies"].values()))["slos_ms"]
         lines.append("goodput: requests/s meeting " + describe_slos(slos))
@@ -236,16 +241,19 @@ def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, fi
     arrival (`scheduled_us`: its first admission; empty: never)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(("policy",) + REQUEST_COLUMNS)
+    w.writerow(("policy",) + REQUEST_COLUMNS + (CACHE_COLUMNS if all("cached_tokens" in t for t in tables.values())
+                                                  else ()))
     def us(x):
         return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
 
     def stamp(x):
         return int(x) if x >= 0 else ""
 
+    cache = all("cached_tokens" in t for t in tables.values())  # a prefix cache's counts (empty: never admitted)
     for policy, t in tables.items():
         for i in np.argsort(file_row, kind="stable"):
             w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]), stamp(t["scheduled_us"][i]),
                         stamp(t["first_token_us"][i]), stamp(t["finish_us"][i]), us(t["ttft_us"][i]), us(t["tpot_us"][i]),
-                        us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i])))
+                        us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i]))
+                       + ((stamp(t["cached_tokens"][i]), int(t["recomputed_tokens"][i])) if cache else ()))
     return out.getvalue()

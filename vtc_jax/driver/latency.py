@@ -204,11 +204,23 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
                 "request_throughput": float(done.sum() / seconds),
                 "goodput": float((good & mask).sum() / seconds) if slos else None,
                 "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done),
-                "itl": _itl_stats(table, done)}
+                "itl": _itl_stats(table, done), **_cache_counts(table, mask, prompt)}
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
 
+
+
+def _cache_counts(table: dict, mask: np.ndarray, prompt: np.ndarray) -> dict:
+    """With a prefix cache (the table's cached_tokens: -1 never admitted): prompt tokens
+    served from cache at first admission, the hit rate over the admitted requests' prompt
+    tokens, tokens recomputed after preemptions; {} without one."""
+    if "cached_tokens" not in table:
+        return {}
+    admitted = mask & (table["cached_tokens"] >= 0)
+    cached, sent = int(table["cached_tokens"][admitted].sum()), int(prompt[admitted].sum())
+    return {"cached_tokens": cached, "prefix_cache_hit_rate": cached / sent if sent else None,
+            "recomputed_tokens": int(table["recomputed_tokens"][mask].sum())}
 
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")  # vllm bench serve's --percentile-metrics names
@@ -248,7 +260,8 @@ def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, sl
                "total_output_tokens": int(table["output"][done].sum()),
                "request_throughput": summary["request_throughput"], "request_goodput": summary["goodput"],
                "output_throughput": summary["output_tokens_per_s"], "total_token_throughput": summary["total_tokens_per_s"],
-               "preemptions": summary["preemptions"]}
+               "preemptions": summary["preemptions"],
+               **{k: summary[k] for k in ("cached_tokens", "prefix_cache_hit_rate", "recomputed_tokens") if k in summary}}
         for name in BENCH_METRICS:
             if name == "itl":
                 out.update(_bench_metric(name, _itl_ms(table, done), summary["itl_mean"]))

@@ -57,6 +57,9 @@ class LatencyPlan:
         return np.argsort(np.asarray(self.trace.arrival), kind="stable").astype(np.int64)
 
 
+CACHE_COUNTS = {"cached": "cached_tokens", "recomputed": "recomputed_tokens"}  # record name -> table column
+
+
 def lane_table(plan: LatencyPlan, record: dict, requests: np.ndarray, first: np.ndarray, horizon: int) -> dict:
     """One lane's latency table over the log's N requests by request number
     (driver/latency.outcome_table's columns, and tenant, prompt int64[N]).
@@ -91,6 +94,11 @@ def lane_table(plan: LatencyPlan, record: dict, requests: np.ndarray, first: np.
     if "preemptions" in record:
         preempt[num] = np.asarray(record["preemptions"], np.int64)[where]
     stamps["preemptions"] = preempt
+    for name, column in CACHE_COUNTS.items():  # a caching server's per-request counts
+        if name in record:
+            col = np.full(n, -1 if name == "cached" else 0, np.int64)
+            col[num] = np.asarray(record[name], np.int64)[where]
+            stamps[column] = col
     token = None
     at = np.asarray(record.get("token_at", ()), np.int64)
     if at.size:

@@ -24,12 +24,10 @@ arrivals to clients already backlogged), in bulk: the same integers in far fewer
 
 A run of T steps takes at most T FINISH events, one ADMIT per admitted request, one extra
 COMPLETE per request and one extra ARRIVE per `arrival_width` arrivals of a step past the
-first width: at most T + 3 * requests events. An arrival event reads W timeline entries
-(no row, unless a policy reads arriving rows), not one per client, and arrivals,
-admissions and completions update only their clients' entries
-(policies.base.put_at / add_at: scatters at many clients), so the O(K) work of an event is
-the selection and the step's charges and drift. Lanes that reach their horizon become
-no-ops (`done`).
+first width: at most T + 3 * requests events. An arrival event reads W timeline entries,
+and arrivals, admissions and completions update only their clients' entries (put_at /
+add_at), so the O(K) work of an event is the selection and the step's charges and drift.
+Lanes that reach their horizon become no-ops (`done`).
 
 Queues are pointers (DESIGN.md): client k's FIFO is rows [head_k, arrived_k) of its block
 in the workload. The policy (vtc_jax/policies) and the server (vtc_jax/servers) are
@@ -272,7 +270,9 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     client = choice.client
     row, index = view.heads[client], view.head_index[client]
     prompt, output = row[PROMPT], row[OUTPUT]
-    charged = jnp.where(params.costs.charge_cached, prompt, prompt - row[CACHED])
+    hit = servers.get(config.server).prefix_hit  # a server that caches says what it would serve from cache
+    cached = row[CACHED] if hit is None else hit(state.server, params, row, generated=jnp.zeros((), I32))
+    charged = jnp.where(params.costs.charge_cached, prompt, prompt - cached)  # sent, or computed (the default)
     prefill = params.costs.prefill * charged
     stacks, generated, first = state.stacks, jnp.zeros((), I32), mask  # first: a new request (not a preempted one)
     if stacks is not None:
@@ -308,7 +308,7 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         admitted=add_at(state.admitted, client, 1, first), last_left=jnp.where(mask, client, state.last_left),
         overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, _onehot(client, k, first), row),
         policy=_keep(state.policy, policy_states, mask),
-        measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, row[CACHED],
+        measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, cached,
                           state.horizon, view.num))
 
 

@@ -315,3 +315,6 @@ class Server:
     # batch_options(options of every distinct lane) -> the same, made to share one batch's shapes (a server whose
     # encoded settings hold per-lane tables pads them to one size); None: lanes share shapes as they are
     batch_options: Callable[[list], list] | None = None
+    # prefix_hit(state, params, row, *, generated) -> int32[]: the prompt tokens the server would serve from its
+    # cache were the request admitted now (what `computed` prefill charging leaves out); None: the row's CACHED
+    prefix_hit: Callable[..., jax.Array] | None = None

@@ -206,7 +206,10 @@ class PrefixState:
     none) int32; row int32[S, 5]. Leaving requests (finished, not yet handed back), in
     scheduling order: ndone, done_client, done_prompt, done_output, done_value. out,
     log: as vllm's (vllm_v1.Outcome, ScheduleLog); victims int32[S] the rows this step
-    preempted (-1 none); pool: the block pool (vllm_blocks.Pool)."""
+    preempted (-1 none); pool: the block pool (vllm_blocks.Pool). Per workload row,
+    int32[R]: cached, the prompt tokens served from cache at its first admission (-1: not
+    yet admitted); recomputed, the tokens it was scheduled to compute again at its
+    readmissions after preemptions (net of their cache hits)."""
 
     t: jax.Array
     nrun: jax.Array
@@ -239,6 +242,8 @@ class PrefixState:
     log: ScheduleLog
     victims: jax.Array
     pool: vb.Pool
+    cached: jax.Array
+    recomputed: jax.Array
 
 
 def init(shape: ServerShape) -> PrefixState:
@@ -261,7 +266,8 @@ def init(shape: ServerShape) -> PrefixState:
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
-        victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents))
+        victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents), cached=none_r,
+        recomputed=jnp.zeros(r, I32))
 
 
 def _per_client(values, client, mask, k):
@@ -286,7 +292,7 @@ def load(state: PrefixState) -> Load:
 def _select(mask, new: PrefixState, old: PrefixState) -> PrefixState:
     """`new` where mask, else `old`, for every field but the per-row tables (written by
     masked scatters) and the pool (changed only under the mask)."""
-    return base.select_fields(mask, new, old, skip=("out", "log", "pool"))
+    return base.select_fields(mask, new, old, skip=("out", "log", "pool", "cached", "recomputed"))
 
 
 def _victim(state: PrefixState, params, alive):
@@ -404,6 +410,13 @@ def fits(state: PrefixState, params, row, *, generated):
     return _admission(state, params.server, row, generated)[0]
 
 
+def prefix_hit(state: PrefixState, params, row, *, generated):
+    """int32[]: the tokens a hit now would serve from cache (whole blocks)."""
+    p = params.server
+    ids, off, nids = _content(p, row)
+    return vb.lookup(state.pool, row[PROMPT] + generated, ids, off, nids, p["block_size"])[0] * p["block_size"]
+
+
 def admit(state: PrefixState, params, row, client, value, step, mask, *, index, generated):
     """Seat the request where `mask`: its hits gain a holder, its first chunk's blocks are
     taken and hashed, it joins the end of the running list."""
@@ -421,6 +434,8 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
     pool = vb.hash_blocks(pool, s, jnp.where(on, hits * bs + n, 0), ids, off, nids, bs)
     put = lambda x, v: x.at[s].set(v, mode="drop")  # noqa: E731
     k, r = state.running.shape[0], state.out.scheduled.shape[0]  # scheduled: the first scheduling only
+    first = on & (state.out.scheduled[jnp.clip(index, 0, r - 1)] < 0)
+    again = jnp.where(on & ~first, index, r)
     new = dataclasses.replace(
         state, alive=put(state.alive, True), adm=put(state.adm, state.seq), seq=state.seq + 1,
         client=put(state.client, client), value=put(state.value, value), index=put(state.index, index),
@@ -428,8 +443,10 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
         computed=put(state.computed, hits * bs), generated=put(state.generated, generated), tokens=put(state.tokens, n),
         spos=put(state.spos, state.nsched), nsched=state.nsched + 1, row=state.row.at[s].set(row, mode="drop"),
         nrun=state.nrun + 1, left=state.left - n, running=state.running + (jnp.arange(k) == client).astype(I32),
+        cached=state.cached.at[jnp.where(first, index, r)].set(hits * bs, mode="drop"),
+        recomputed=state.recomputed.at[again].add(row[PROMPT] + generated - hits * bs, mode="drop"),
         pool=pool, out=dataclasses.replace(state.out, scheduled=state.out.scheduled.at[
-            jnp.where(on & (state.out.scheduled[jnp.clip(index, 0, r - 1)] < 0), index, r)].set(step, mode="drop"),
+            jnp.where(first, index, r)].set(step, mode="drop"),
             times=base.token_rows(state.out.times, index, row[OUTPUT], on)))
     return _select(on, new, state), mask & ~has_slot
 
@@ -515,12 +532,20 @@ def census(host: PrefixState, num_clients: int) -> np.ndarray:
     return out
 
 
+def prefix_record(host) -> dict:
+    """vllm's record (records.outcome_record) and, by workload row, int64[B, R]: "cached"
+    (prompt tokens served from cache at the first admission, -1 not admitted) and
+    "recomputed" (tokens computed again after preemptions)."""
+    return dict(outcome_record(host), cached=np.asarray(host.cached, np.int64),
+                recomputed=np.asarray(host.recomputed, np.int64))
+
+
 VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with prefix caching: the vllm server and "
                      "KV blocks shared by common prefixes, an LRU cache of freed blocks (docs/VLLM.md)",
                      init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
                      census=census, busy=busy, validate=validate, encode=encode, plan_slots=plan_slots, preempts=True,
                      begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
                      fuzz_options=fuzz_options, static_options=static_options, keeps_time=timed_by_options,
-                     request_record=outcome_record, record_index="row", default_memory=vllm_memory,
+                     request_record=prefix_record, record_index="row", prefix_hit=prefix_hit, default_memory=vllm_memory,
                      trace_columns=("priority", "prefix_id", "prefix_len"), step_time_model=True,
                      flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity)
