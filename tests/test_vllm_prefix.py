@@ -45,7 +45,7 @@ def _hits_matter(lane) -> bool:
 
 
 class VtcOrder(WaitingOrder):
-    """The engine's VTC (w_p = 1, w_q = 2, beta = 0) as the reference's waiting order, for
+    """The engine's VTC (w_p = 1, w_q = 2, beta = 0, --charge-prefill sent) as the reference's waiting order, for
     lanes whose requests all arrive at step 0 (so no counter is ever lifted): each client
     a FIFO (a preempted request back at its front), the head of the client with the
     smallest counter (ties: the smallest client number, by first appearance) first. A
@@ -110,7 +110,8 @@ def test_random_lanes_match_the_reference():
     want = [simulate(reqs, config) for reqs, config in lanes] + [simulate(r, c, order=VtcOrder) for r, c in vtc]
     assert sum(w["total_preemptions"] > 0 for w in want) >= 40  # self-hits after a preemption are exercised
     assert sum(w["steps"] != simulate(r, c)["steps"] for w, (r, c) in zip(want[160:], vtc)) >= 15  # VTC is not fcfs
-    got = engine_schedules(lanes + vtc, max(w["num_steps"] for w in want) + 1, policy=["fcfs"] * 160 + ["vtc"] * 60)
+    got = engine_schedules(lanes + vtc, max(w["num_steps"] for w in want) + 1, policy=["fcfs"] * 160 + ["vtc"] * 60,
+                           charge_sent=True)  # VtcOrder charges every sent prompt token
     for k, (mine, real) in enumerate(zip(got, want)):
         assert_same(mine, real, f"lane {k} ({(lanes + vtc)[k][1]})")
 

@@ -69,13 +69,16 @@ def lane_options(requests: list[TraceRequest], config: dict, rows: int) -> dict:
     return options
 
 
-def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int, policy="fcfs") -> list[dict]:
+def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: int, policy="fcfs",
+                     charge_sent: bool = False) -> list[dict]:
     """Every lane (requests, reference config) through the engine in one batch (server
     vllm, or vllm_prefix when the lanes cache prefixes), in the reference's layout:
     {"steps": [{"step", "sched" {row: tokens} in scheduling order, "preempted",
     "finished"}], "requests": {row: {"first_token_step", "finish_step", "preemptions"}}}
     with rows the trace rows (as strings where they are keys). `policy`: the engine's, one
-    for every lane or a list of one per lane (vLLM's own orders are fcfs with bands)."""
+    for every lane or a list of one per lane (vLLM's own orders are fcfs with bands);
+    `charge_sent`: a fairness policy charges every sent prompt token (--charge-prefill sent),
+    not the computed ones (the prompt less its prefix hit)."""
     policies = [policy] * len(lanes) if isinstance(policy, str) else list(policy)
     caching = {bool(config.get("prefix_caching")) for _, config in lanes}
     assert len(caching) == 1, "one batch, one server"
@@ -83,7 +86,8 @@ def engine_schedules(lanes: list[tuple[list[TraceRequest], dict]], log_steps: in
     inputs = [lane_input(reqs, config) for reqs, config in lanes]
     k = max(t.num_clients for t, _ in inputs)
     rows = max(len(reqs) for reqs, _ in lanes)
-    settings = [Settings(policy=name, kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
+    settings = [Settings(policy=name, kv_budget=1 << 29, charge_cached=charge_sent,
+                         bands=None if b is None else tuple(b + [0] * (k - len(b))),
                          server_options=tuple(lane_options(reqs, config, rows).items()))
                 for (_, b), (reqs, config), name in zip(inputs, lanes, policies)]
     res = run_traces([t for t, _ in inputs], settings, num_clients=k, server=server, log_steps=log_steps,

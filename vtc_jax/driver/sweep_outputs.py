@@ -145,8 +145,8 @@ def results_csv(result: dict) -> str:
         for name, m in entry["metrics"].items():
             if not isinstance(m, dict) or "mean" not in m:
                 continue
-            writer.writerow([json.dumps(entry["setting"].get(k), default=_json_default) if isinstance(entry["setting"].get(k), (dict, list))
-                             else entry["setting"].get(k) for k in keys] +
+            cells = [entry["setting"].get(k) for k in keys]
+            writer.writerow([json.dumps(v, default=_json_default) if isinstance(v, (dict, list)) else v for v in cells] +
                             [name, m["mean"], m["std"], m["ci95"][0], m["ci95"][1], m["min"], m["max"], m["n"]])
     return buf.getvalue()
 

@@ -35,10 +35,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.core.lanes import batch_any, batch_max
+from vtc_jax.core.lanes import batch_any
 
 I32 = jnp.int32
 LOOKUP_CHUNK = 64  # blocks a lookup checks per iteration
+TAKE_CHUNK = 64  # blocks a take or a hash handles per pass
+LRU_WINDOW = 2 * TAKE_CHUNK  # ring entries a take's pass looks at (stale ones among them are skipped)
 
 
 @jax.tree_util.register_dataclass
@@ -118,43 +120,66 @@ def _link(pool: Pool, b, k, on) -> Pool:
         cprev=pool.cprev.at[mine].set(t, mode="drop"), key=pool.key.at[mine].set(k, mode="drop"))
 
 
-def _pop(pool: Pool, num_blocks, on):
-    """(pool, b) where `on`: one free block, one without a hash first (a freed one, else a
-    never-used one), else the least recently freed cached one, whose hash is evicted."""
-    c = pool.ring.shape[0]
-    from_stack = on & (pool.nstack > 0)
-    from_fresh = on & ~from_stack & (pool.fresh < num_blocks)
-    from_lru = on & ~from_stack & ~from_fresh
+def _first_repeat(key, on):
+    """int32[]: the first position whose key an earlier position (both `on`) also has
+    (the length when none): where a batch of copy-list updates must stop, since two
+    updates of one content's list at once would race."""
+    n = key.shape[0]
+    i = jnp.arange(n, dtype=I32)
+    same = (key[:, None] == key[None, :]) & on[:, None] & on[None, :] & (i[None, :] < i[:, None])
+    return jnp.argmax(jnp.concatenate([same.any(axis=1), jnp.ones(1, bool)])).astype(I32)
 
-    def passed(q):  # a stale entry (its block was hit, or re-freed later) is skipped
-        return from_lru & (q < pool.rtail) & (pool.freed_at[pool.ring[q % c]] != q)
 
-    q = jax.lax.while_loop(passed, lambda q: q + 1, pool.rhead)  # carries q only: a batched bound is cheap
-    oldest = pool.ring[q % c]
-    b = jnp.where(from_stack, pool.stack[jnp.maximum(pool.nstack - 1, 0)], jnp.where(from_fresh, pool.fresh, oldest))
-    pool = _unlink(pool, oldest, from_lru)
-    return dataclasses.replace(pool, rhead=jnp.where(from_lru, q + 1, pool.rhead), nlru=pool.nlru - from_lru.astype(I32),
-                               nstack=pool.nstack - from_stack.astype(I32),
-                               fresh=pool.fresh + from_fresh.astype(I32)), b
+def _take_pass(pool: Pool, slot, count, num_blocks):
+    """(pool, taken int32[]): up to TAKE_CHUNK of the `count` blocks of a take, in the
+    order one at a time would pop them: freed blocks without a hash (a stack), never-used
+    ones, then the live entries of the LRU ring from its head (stale ones skipped; those
+    hashes evicted). A pass stops early at the ring's window's end or where two evicted
+    blocks carry one content (`_first_repeat`); the caller loops."""
+    c, big, s = pool.ring.shape[0], pool.ref.shape[0], pool.held.shape[0]
+    r = jnp.arange(TAKE_CHUNK, dtype=I32)
+    want = jnp.minimum(count, TAKE_CHUNK)
+    n_stack = jnp.minimum(want, pool.nstack)
+    n_fresh = jnp.minimum(want - n_stack, jnp.maximum(num_blocks - pool.fresh, 0))
+    m = want - n_stack - n_fresh  # from the LRU
+    q = pool.rhead + jnp.arange(LRU_WINDOW, dtype=I32)
+    entry = pool.ring[q % c]
+    live = (q < pool.rtail) & (pool.freed_at[entry] == q)
+    rank = jnp.cumsum(live, dtype=I32) - live
+    pick = live & (rank < m)  # the first m live entries of the window
+    order = jnp.argsort(~pick, stable=True).astype(I32)[:TAKE_CHUNK]  # their window positions, in order
+    lru_on = r < pick.sum(dtype=I32)
+    lru = entry[order]
+    stop = _first_repeat(pool.key[lru], lru_on)
+    lru_on = lru_on & (r < stop)
+    n_lru = lru_on.sum(dtype=I32)
+    last = jnp.where(n_lru > 0, order[jnp.maximum(n_lru - 1, 0)] + 1,
+                     jnp.where(m > 0, LRU_WINDOW, 0))  # past the last entry taken (or the whole window)
+    pool = _unlink(pool, jnp.where(lru_on, lru, 0), lru_on)
+    j = r - n_stack - n_fresh
+    blocks = jnp.where(r < n_stack, pool.stack[jnp.maximum(pool.nstack - 1 - r, 0)],
+                       jnp.where(r < n_stack + n_fresh, pool.fresh + r - n_stack, lru[jnp.clip(j, 0, TAKE_CHUNK - 1)]))
+    taken = n_stack + n_fresh + n_lru
+    on = r < taken
+    row = jnp.clip(slot, 0, s - 1)
+    at = jnp.where(on, pool.held[row] + r, pool.table.shape[1])
+    return dataclasses.replace(
+        pool, ref=pool.ref.at[jnp.where(on, blocks, big)].set(1, mode="drop"),
+        table=pool.table.at[row, at].set(blocks, mode="drop"), held=pool.held.at[row].add(taken),
+        nstack=pool.nstack - n_stack, fresh=pool.fresh + n_fresh, nlru=pool.nlru - n_lru,
+        rhead=jnp.where(m > 0, pool.rhead + last, pool.rhead)), taken
 
 
 def take(pool: Pool, slot, count, num_blocks) -> Pool:
     """`count` new blocks for `slot`, at its table positions [held, held + count) (the
-    caller checked they are free; count 0 changes nothing)."""
-    big, s = pool.ref.shape[0], pool.held.shape[0]
+    caller checked they are free; count 0 changes nothing): passes of `_take_pass`."""
 
     def one(carry):
-        i, pool = carry
-        on = i < count
-        pool, b = _pop(pool, num_blocks, on)
-        at = pool.held[jnp.clip(slot, 0, s - 1)]
-        row = jnp.where(on, slot, s)
-        return i + 1, dataclasses.replace(pool, ref=pool.ref.at[jnp.where(on, b, big)].set(1, mode="drop"),
-                                          table=pool.table.at[row, at].set(b, mode="drop"),
-                                          held=pool.held.at[row].set(at + 1, mode="drop"))
+        left, pool = carry
+        pool, taken = _take_pass(pool, slot, left, num_blocks)
+        return left - taken, pool
 
-    bound = batch_max(count)
-    return jax.lax.while_loop(lambda c: c[0] < bound, one, (jnp.zeros((), I32), pool))[1]
+    return jax.lax.while_loop(lambda c: batch_any(c[0] > 0), one, (jnp.maximum(count, 0), pool))[1]
 
 
 def _content(ids, off, j):
@@ -165,19 +190,22 @@ def hash_blocks(pool: Pool, slot, upto, ids, off, nids, block_size) -> Pool:
     """Hash the blocks of `slot` full with `upto` tokens that carry no hash yet, in
     position order (when allocated, so that a later admission in the same step can hit
     them): block j's hash is the content ids[off + j] (j < nids: the request's full
-    blocks in the trace; a request past the table is never hashed)."""
+    blocks in the trace; a request past the table is never hashed). A request's blocks
+    are distinct contents, so TAKE_CHUNK of them are linked at once."""
     s = pool.held.shape[0]
-    lo = pool.hashed[jnp.clip(slot, 0, s - 1)]
+    row = jnp.clip(slot, 0, s - 1)
+    lo = pool.hashed[row]
     count = jnp.maximum(jnp.minimum(upto // block_size, nids) - lo, 0)
+    r = jnp.arange(TAKE_CHUNK, dtype=I32)
 
     def one(carry):
         t, pool = carry
-        j = lo + t
-        on = t < count
-        return t + 1, _link(pool, pool.table[jnp.clip(slot, 0, s - 1), j], _content(ids, off, j), on)
+        j = lo + t + r
+        on = t + r < count
+        return t + TAKE_CHUNK, _link(pool, pool.table[row, jnp.minimum(j, pool.table.shape[1] - 1)],
+                                     _content(ids, off, j), on)
 
-    bound = batch_max(count)
-    pool = jax.lax.while_loop(lambda c: c[0] < bound, one, (jnp.zeros((), I32), pool))[1]
+    pool = jax.lax.while_loop(lambda c: batch_any(c[0] < count), one, (jnp.zeros((), I32), pool))[1]
     return dataclasses.replace(pool, hashed=pool.hashed.at[jnp.where(count > 0, slot, s)].set(lo + count, mode="drop"))
 
 
