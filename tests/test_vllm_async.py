@@ -1,7 +1,9 @@
 """vLLM's async scheduling (AsyncScheduler under EngineCore.step_with_batch_queue, the GPU
 default; docs/VLLM_ASYNC.md): the literal reference's async mode
 (vtc_jax/testing/vllm_reference.py, config `async_scheduling`) against the 69 async goldens
-of the real scheduler (tests/data/vllm_golden_async/), and by hand on RULES.md's micro trace."""
+of the real scheduler (tests/data/vllm_golden_async/), and by hand on RULES.md's micro trace;
+the `vllm` server (52 goldens without prefix caching) and the `vllm_prefix` server (the 17
+with it) through the engine against the goldens and the reference on random lanes."""
 
 from __future__ import annotations
 
@@ -221,3 +223,91 @@ def test_every_policy_drains_async_lanes_computing_each_token_once_unless_preemp
             assert rec["first_token_step"] <= rec["finish_step"] < stops[row]
             if rec["preemptions"] == 0:
                 assert tokens[str(row)] == r.prompt + r.output - 1 and stops[row] == rec["finish_step"] + 1
+
+
+# ----------------------------------------------------------------------------------------
+# The `vllm_prefix` server (servers/vllm_prefix.py with vllm_prefix_async.py) through the engine.
+
+
+def _with_prefix_caching() -> list[str]:
+    return [n for n in NAMES if load_golden(ASYNC, n)[1]["prefix_caching"]]
+
+
+@pytest.fixture(scope="module")
+def prefix_golden_runs(engine) -> dict:
+    """The 17 async goldens with prefix caching through the engine, in one batch (server
+    vllm_prefix): {name: (golden, ours)}."""
+    loaded = {n: load_golden(ASYNC, n) for n in _with_prefix_caching()}
+    got = engine.engine_schedules([v[:2] for v in loaded.values()], max(len(v[2]["steps"]) for v in loaded.values()) + 5)
+    return {n: (v[2], mine) for (n, v), mine in zip(loaded.items(), got)}
+
+
+def test_the_prefix_caching_goldens_show_rule_5():
+    """17 goldens cache prefixes. Hashing as in sync (every sampled token at once: the
+    reference with no `placeholders`) misses 7 of them (docs/VLLM_ASYNC.md: a decode's
+    block freed unhashed and recomputed); hashing only at allocation (no update's hashing,
+    `_cache_updated`) misses g027."""
+    from vtc_jax.testing import vllm_reference
+
+    def misses() -> list[str]:
+        return [n for n in names if simulate(*load_golden(ASYNC, n)[:2]) != load_golden(ASYNC, n)[2]]
+
+    names = _with_prefix_caching()
+    assert len(names) == 17
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_reference._Server, "placeholders", property(lambda self: set(), lambda self, v: None),
+                      raising=False)
+        assert misses() == ["g006", "g016", "g019", "m009", "m011", "m012", "m013"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_reference._Server, "_cache_updated", lambda self: None)
+        assert misses() == ["g027"]
+
+
+@pytest.mark.parametrize("name", _with_prefix_caching())
+def test_prefix_server_reproduces_the_async_golden(prefix_golden_runs, engine, name):
+    real, mine = prefix_golden_runs[name]
+    engine.assert_same(mine, real, name)
+
+
+def test_random_prefix_lanes_match_the_reference(engine):
+    """Random prefix lanes (tests/test_vllm_prefix.py's: shared prefixes, tight pools)
+    in which prefix caching changes the async schedule, fcfs and priority, against the
+    reference's async mode, with sync lanes of the same traces in the same batch: 90
+    lanes of each. Among them victims whose last token was in flight, and lanes whose
+    schedule a decode's block hashed one update late changes (rule 5: the reference
+    without `_cache_updated` differs)."""
+    import numpy as np
+
+    from tests.test_vllm_prefix import prefix_lane
+    from vtc_jax.testing import vllm_reference
+
+    def lane(policy):
+        while True:
+            requests, config = prefix_lane(rng, policy)
+            config = dict(config, async_scheduling=True)
+            if simulate(requests, config)["steps"] != simulate(requests, dict(config, prefix_caching=False))["steps"]:
+                return requests, config
+
+    rng = np.random.default_rng(5)
+    lanes = [lane(policy) for policy in ("fcfs", "priority") for _ in range(45)]
+    lanes += [(reqs, dict(config, async_scheduling=False)) for reqs, config in lanes]
+    want = [simulate(reqs, config) for reqs, config in lanes]
+    assert sum(_stopped_victims(w) > 0 for w in want[:90]) >= 3
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_reference._Server, "_cache_updated", lambda self: None)
+        assert sum(simulate(*lanes[k]) != want[k] for k in range(90)) >= 3
+    got = engine.engine_schedules(lanes, max(w["num_steps"] for w in want) + 1)
+    for k, (mine, real) in enumerate(zip(got, want)):
+        engine.assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
+
+
+def test_prefix_caching_keeps_the_drain_bound():
+    """vllm_prefix's drain bound is vllm's (async adds requests + 1 steps); the async
+    goldens with prefix caching fit it."""
+    from vtc_jax.servers import vllm_prefix
+    for name in _with_prefix_caching():
+        requests, config, golden = load_golden(ASYNC, name)
+        arrival, prompt, output = ([getattr(r, f) for r in requests] for f in ("arrival", "prompt", "output"))
+        bound = vllm_prefix.drain_steps({"num_gpu_blocks": config["num_blocks"], "async_scheduling": True},
+                                        arrival, prompt, output)
+        assert golden["steps"][-1]["step"] < bound, name

@@ -42,6 +42,7 @@ from vtc_jax.inputs.prefix_blocks import ContentIdentity, PrefixTable, prefix_ta
 from vtc_jax.servers import base, block_math, step_time, vllm_v1
 from vtc_jax.servers.vllm_v1 import LIMIT
 from vtc_jax.servers import vllm_blocks as vb
+from vtc_jax.servers import vllm_prefix_async as pa
 from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
 from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
@@ -69,9 +70,6 @@ def validate(options: dict) -> None:
         vllm_v1.validate(base)
     except InputError as err:
         raise InputError(str(err).replace("server vllm ", "server vllm_prefix ")) from None
-    if vllm_v1.settings(base)["async_scheduling"]:
-        raise InputError("async scheduling with prefix caching: not yet (give --no-async-scheduling, or turn "
-                         "prefix caching off)")
     victim = vllm_v1.settings(base)["victim"]
     if victim not in VICTIMS:
         raise InputError(f"victim must be one of {', '.join(VICTIMS)} with prefix caching, got {victim!r}")
@@ -119,7 +117,8 @@ def encode(options: dict) -> dict:
     return {"block_size": np.int32(s["block_size"]), "num_blocks": np.int32(s["num_gpu_blocks"]),
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
-            "victim": np.int32(VICTIMS.index(s["victim"])), "block_offsets": offsets, "block_ids": ids,
+            "victim": np.int32(VICTIMS.index(s["victim"])), "async": np.bool_(s["async_scheduling"]),
+            "block_offsets": offsets, "block_ids": ids,
             **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
 
 
@@ -159,12 +158,15 @@ def plan_slots(options: list, bound: int, requests: int) -> int:
 
 def static_options(options: list) -> tuple:
     """(("token_times", vllm's), ("pool_blocks", P), ("table_width", W), ("contents", U)):
-    the batch's largest pool, request and content count (U a power of two)."""
+    the batch's largest pool, request and content count (U a power of two); and
+    ("async_scheduling", True) when some lane schedules async (else servers/
+    vllm_prefix_async.py is left out of the program)."""
     sizes = [_static_sizes(o) for o in options]
-    times = dict(vllm_v1.static_options([_split(o)[0] for o in options]))["token_times"]
-    return (("token_times", times),
+    vllm = dict(vllm_v1.static_options([_split(o)[0] for o in options]))
+    return (("token_times", vllm["token_times"]),
             ("pool_blocks", max(vllm_v1.settings(_split(o)[0])["num_gpu_blocks"] for o in options)),
-            ("table_width", max(w for w, _ in sizes)), ("contents", _pow2(max(u for _, u in sizes))))
+            ("table_width", max(w for w, _ in sizes)), ("contents", _pow2(max(u for _, u in sizes))),
+            *((("async_scheduling", True),) if vllm["async_scheduling"] else ()))
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
@@ -209,7 +211,12 @@ class PrefixState:
     preempted (-1 none); pool: the block pool (vllm_blocks.Pool). Per workload row,
     int32[R]: cached, the prompt tokens served from cache at its first admission (-1: not
     yet admitted); recomputed, the tokens it was scheduled to compute again at its
-    readmissions after preemptions (net of their cache hits)."""
+    readmissions after preemptions (net of their cache hits).
+
+    Async scheduling (servers/vllm_prefix_async.py): stamp int32[] the last step's end
+    stamp; per slot, sampled bool[S] (it sampled in the last step: that update has not
+    run) and lastpos int32[S] (its spos in the last step); asyncs (static): some lane
+    schedules async."""
 
     t: jax.Array
     nrun: jax.Array
@@ -244,6 +251,10 @@ class PrefixState:
     pool: vb.Pool
     cached: jax.Array
     recomputed: jax.Array
+    stamp: jax.Array
+    sampled: jax.Array
+    lastpos: jax.Array
+    asyncs: bool = dataclasses.field(default=False, metadata={"static": True})
 
 
 def init(shape: ServerShape) -> PrefixState:
@@ -267,7 +278,8 @@ def init(shape: ServerShape) -> PrefixState:
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents), cached=none_r,
-        recomputed=jnp.zeros(r, I32))
+        recomputed=jnp.zeros(r, I32), stamp=zero, sampled=jnp.zeros(s, bool), lastpos=jnp.full(s, INT_MAX, I32),
+        asyncs=static.get("async_scheduling", False))
 
 
 def _per_client(values, client, mask, k):
@@ -313,7 +325,8 @@ def _grow(pool, state: PrefixState, p: dict, slot, n, on):
     need = jnp.where(on, jnp.maximum(block_math.ceil_div(c + n, bs) - pool.held[slot], 0), 0)
     pool = vb.take(pool, slot, need, p["num_blocks"])
     ids, off, nids = _content(p, state.row[slot])
-    return vb.hash_blocks(pool, slot, jnp.where(on, c + n, 0), ids, off, nids, bs)
+    upto = pa.hash_limit(state, p, slot, c + n) if state.asyncs else c + n
+    return vb.hash_blocks(pool, slot, jnp.where(on, upto, 0), ids, off, nids, bs)
 
 
 def begin_step(state: PrefixState, params, view, step, mask):
@@ -350,7 +363,7 @@ def begin_step(state: PrefixState, params, view, step, mask):
         # Preempt v (its blocks, with any tokens it got this step, come back), or schedule s:
         # the pool's updates are masked by their counts (no select over the pool).
         back = st.tokens[v]
-        grown = live & ~short
+        grown = live & ~short & (n > 0) if state.asyncs else live & ~short  # async: an in-flight last token asks 0
         pool = vb.release(st.pool, v, short)
         pool = _grow(pool, st, p, s, n, grown)
         p_f = dict(alive=st.alive.at[v].set(False), tokens=st.tokens.at[v].set(0), spos=st.spos.at[v].set(INT_MAX),
@@ -379,13 +392,17 @@ def begin_step(state: PrefixState, params, view, step, mask):
     r = state.out.preemptions.shape[0]
     victim_index = jnp.where(gone, state.index[slot], -1)
     preemptions = state.out.preemptions.at[jnp.where(mask & gone, victim_index, r)].add(1, mode="drop")
+    requeue, finish = gone, state.out.finish
+    if state.asyncs:  # victims whose last token was in flight stop in this step's update instead
+        st, finish = pa.stop_victims(state, st, mask)
+        requeue = gone & pa.requeued(finish, victim_index)
     k = state.running.shape[0]
     new = dataclasses.replace(
         st, t=step, cap=cap, nrun=st.alive.sum(dtype=I32), preempted=nvic > 0, left=jnp.where(nvic > 0, 0, budget),
-        out=dataclasses.replace(state.out, preemptions=preemptions), victims=victim_index,
-        running=state.running - _per_client(jnp.ones(slots, I32), state.client[slot], gone, k),
+        out=dataclasses.replace(state.out, preemptions=preemptions, finish=finish), victims=victim_index,
+        running=state.running - _per_client(jnp.ones(slots, I32), state.client[slot], requeue, k),
         active=(state.nrun > 0) | (waiting > 0) | state.just_finished)
-    requeue = Requeue(mask=mask & gone, client=state.client[slot], index=state.index[slot],
+    requeue = Requeue(mask=mask & requeue, client=state.client[slot], index=state.index[slot],
                       generated=state.generated[slot])
     return _select(mask, new, state), requeue
 
@@ -442,6 +459,7 @@ def admit(state: PrefixState, params, row, client, value, step, mask, *, index, 
         prompt=put(state.prompt, row[PROMPT]), output=put(state.output, row[OUTPUT]),
         computed=put(state.computed, hits * bs), generated=put(state.generated, generated), tokens=put(state.tokens, n),
         spos=put(state.spos, state.nsched), nsched=state.nsched + 1, row=state.row.at[s].set(row, mode="drop"),
+        sampled=put(state.sampled, False),
         nrun=state.nrun + 1, left=state.left - n, running=state.running + (jnp.arange(k) == client).astype(I32),
         cached=state.cached.at[jnp.where(first, index, r)].set(hits * bs, mode="drop"),
         recomputed=state.recomputed.at[again].add(row[PROMPT] + generated - hits * bs, mode="drop"),
@@ -461,7 +479,11 @@ def end_step(state: PrefixState, params, mask):
     total = state.prompt + state.generated
     samples = live & (state.tokens > 0) & (computed == total)
     generated = state.generated + samples
-    finished = samples & (generated == state.output)
+    pool = state.pool
+    if state.asyncs:  # the last step's update (it runs now), and stops one step late (servers/vllm_prefix_async.py)
+        pool = pa.cache_updated(pool, state, p, lambda row: _content(p, row), mask)
+        generated = pa.sample_counts(state, samples, p["async"])
+    finished = live & (generated == state.output) if state.asyncs else samples & (generated == state.output)
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
     decoding = live & (state.generated > 0) & (state.computed == total - 1)
     elapsed = step_time.duration(p, jnp.where(live & ~decoding, state.tokens, 0).sum(dtype=I32),
@@ -469,13 +491,18 @@ def end_step(state: PrefixState, params, mask):
     stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
-    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(stamp, mode="drop")
+    ended = jnp.where(p["async"], state.stamp, stamp) if state.asyncs else stamp  # the last token's step
+    finish = state.out.finish.at[jnp.where(mask & finished, state.index, rows)].set(ended, mode="drop")
     times = base.token_stamps(state.out.times, state.index, state.generated, stamp, mask & samples)
-    # Scheduling order: the slots by spos (scheduled ones first).
-    order = jnp.argsort(state.spos).astype(I32)
-    scheduled = state.spos[order] < INT_MAX
+    # Scheduling order: the slots by spos (scheduled ones first; async: then the stops of
+    # requests this step did not schedule). Stops come in their last token's step's order.
+    key = jnp.where(finished & (state.spos == INT_MAX), INT_MAX - 1, state.spos) if state.asyncs else state.spos
+    order = jnp.argsort(key).astype(I32)
+    scheduled = key[order] < INT_MAX
     log = _log(state.log, mask & state.active, state.t, jnp.where(scheduled, state.index[order], -1),
                jnp.where(scheduled, state.tokens[order], 0), scheduled & finished[order], state.victims)
+    if state.asyncs:
+        order = jnp.argsort(pa.stop_order(state, p["async"])).astype(I32)
     fin_sorted = finished[order]
     nfin = jnp.where(mask, finished.sum(dtype=I32), 0)
     fin_slots = jnp.where(fin_sorted, order, slots)[jnp.argsort(~fin_sorted)]  # finished slots, scheduling order
@@ -483,7 +510,7 @@ def end_step(state: PrefixState, params, mask):
     def free_one(j, pool):
         return vb.release(pool, jnp.minimum(fin_slots[j], slots - 1), j < nfin)
 
-    pool = jax.lax.fori_loop(0, batch_max(nfin), free_one, state.pool)  # one bound for the batch: core/lanes.py
+    pool = jax.lax.fori_loop(0, batch_max(nfin), free_one, pool)  # one bound for the batch: core/lanes.py
     fs = jnp.minimum(fin_slots, slots - 1)
     got = jnp.arange(slots) < finished.sum(dtype=I32)
     new = dataclasses.replace(
@@ -493,7 +520,8 @@ def end_step(state: PrefixState, params, mask):
         done_client=jnp.where(got, state.client[fs], 0), done_prompt=jnp.where(got, state.prompt[fs], 0),
         done_output=jnp.where(got, state.output[fs], 0), done_value=jnp.where(got, state.value[fs], 0),
         just_finished=finished.any(), pool=pool, log=log, preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32),
-        out=dataclasses.replace(state.out, first_token=first, finish=finish, times=times))
+        out=dataclasses.replace(state.out, first_token=first, finish=finish, times=times),
+        **({"stamp": stamp, "sampled": samples, "lastpos": state.spos} if state.asyncs else {}))
     counted = mask & samples
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(total, state.client, counted, k), elapsed=elapsed)
