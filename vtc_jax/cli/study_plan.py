@@ -170,7 +170,8 @@ def plan(args, cluster: bool = False) -> Plan:
     log = input_flags.drop_unservable(args, log, memory)  # a prompt past M: rejected and counted, the rest served
     server = prefix_caching_default(args, log)  # vLLM V1's default: on when the log carries its content
     columns = servers.trace_columns(server)
-    timed_compare.note_unused_columns(log, server, "prefix_id" in columns)
+    if model is not None:  # a vLLM engine: which of the log's content columns it does not read
+        timed_compare.note_unused_columns(log, server, "prefix_id" in columns)
     file_row = input_flags.file_rows(log)
     tenants = list(log.tenants)
     check_slo_tenants(slos, tenants)
