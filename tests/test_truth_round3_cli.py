@@ -8,6 +8,7 @@ Each test names the defect the code had."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -341,45 +342,78 @@ def test_a_huge_step_time_model_is_refused_before_the_run(tmp_path):
 # ---- 7. the run budget ----------------------------------------------------------------------------------
 
 def test_run_budget_estimate_by_hand():
-    """2 lanes of 5 rows, 4 slots, a 1000-block prefix pool, 100 events, 1 device: lane
-    bytes 2 x (44 x 5 + 160 x 4 + 1000 x (20 + 4 x 4) + 65536) = 204,792; an event
-    2e-4 + 1e-7 x 4 + 1.6e-6 x 1000 = 1.8004e-3 s, 2 lanes x 100 events: 0.36008 s.
-    Without prefix caching, on 2 devices (a lane each): 2 x (220 + 640 + 65536) = 132,792
-    bytes a lane; an event 2e-4 + 4e-7 + 1.1e-8 x 1000 = 2.114e-4 s, x 100: 0.02114 s."""
-    shape = run_budget.RunShape(lanes=2, slots=4, pool_blocks=1000, rows=5, events=100, prefix_caching=True)
+    """2 lanes of 5 rows, 4 slots, a 1000-block prefix pool (W 8, U 100, 120 content ids,
+    2 running, 50 blocks taken and hashed), 100 events, 1 device. The pool: 24 x 1000 +
+    4 x ring_size(1000, 8) = 2048 + 8 x 128 (U padded) + 4 x 128 (ids padded) + 4 x 4 x
+    (8 + 2) = 33,888 bytes; a lane 2 x (44 x 5 + 160 x 4 + 33,888 + 65,536) = 200,568. Its
+    time: 100 x (2e-4 + 1e-7 x 4) + 100 x (3e-5 + 6.6e-5 x 2) + 2e-6 x 50 + 5e-9 x 2 x 5 x 8
+    = 0.0363404 s, 2 lanes on one device: 0.0726808 s. Without prefix caching, on 2
+    devices (a lane each): 2 x (220 + 640 + 65536) = 132,792 bytes a lane; an event
+    2e-4 + 4e-7 + 1.1e-8 x 1000 = 2.114e-4 s, x 100: 0.02114 s."""
+    shape = run_budget.RunShape(lanes=2, slots=4, pool_blocks=1000, rows=5, events=100, prefix_caching=True,
+                                table_width=8, contents=100, content_ids=120, running=2, block_ops=50)
+    assert run_budget.ring_size(1000, 8) == 2048 and run_budget.pool_bytes(shape) == 33_888
     est = run_budget.estimate(shape)
-    assert est.bytes == 2 * 204_792 and est.seconds == pytest.approx(0.36008, rel=1e-12)
+    assert est.bytes == 2 * 200_568 and est.seconds == pytest.approx(0.0726808, rel=1e-12)
     plain = run_budget.estimate(run_budget.RunShape(lanes=2, slots=4, pool_blocks=1000, rows=5, events=100,
                                                     devices=2))
     assert plain.bytes == 2 * 132_792 and plain.seconds == pytest.approx(0.02114, rel=1e-12)
     with pytest.raises(ValueError, match="lanes"):
         run_budget.estimate(run_budget.RunShape(lanes=0, slots=1, pool_blocks=0, rows=1, events=1))
+    with pytest.raises(ValueError, match="table_width"):
+        run_budget.estimate(dataclasses.replace(shape, table_width=-1))
+
+
+def test_run_budget_ring_matches_the_pool():
+    """run_budget's copy of vllm_blocks.ring_size (the driver floor imports no server) is
+    the pool's, and its memory model is the pool's own arrays' bytes at a real size."""
+    from vtc_jax.servers import vllm_blocks
+
+    for p, w in [(2, 1), (1000, 8), (67_660, 56), (67_660, 7_888), (1 << 20, 3)]:
+        assert run_budget.ring_size(p, w) == vllm_blocks.ring_size(p, w)
+    import jax
+
+    pool = vllm_blocks.pool_init(67_660, 4, 56, 4096)
+    arrays = [x for x in jax.tree_util.tree_leaves(pool) if x.ndim > 0]  # the scalars aside
+    shape = run_budget.RunShape(lanes=1, slots=4, pool_blocks=67_660, rows=1, events=1, prefix_caching=True,
+                                table_width=56, contents=4096)
+    content_table = 4 * 4096  # the lane's block ids (in its settings, not the pool)
+    assert run_budget.pool_bytes(shape) - content_table == sum(x.size * x.dtype.itemsize for x in arrays)
 
 
 def test_run_budget_refuses_past_memory_and_warns_past_time():
-    """The issue's run (over 16 minutes, neither refused nor warned): 2 lanes on 2 devices,
-    a 67,660-block prefix-caching pool, 12 rows, 2 running slots; at 10,000 events an event
-    is 2e-4 + 2e-7 + 1.6e-6 x 67,660 = 0.1084562 s: 1,084.562 s, 18.1 minutes, and
-    2 x 2 x (528 + 320 + 67,660 x 28 + 65,536) = 7,843,456 bytes (0.0 GiB). 4096 lanes of
-    1000 rows and 256 slots on that pool hold 4096 x 2 x (44,000 + 40,960 + 67,660 x 1,044 +
-    65,536) bytes = 540.1 GiB."""
-    shape = run_budget.RunShape(lanes=2, slots=2, pool_blocks=67_660, rows=12, events=10_000, prefix_caching=True,
-                                devices=2)
+    """The issue's run (2 requests of 600 + 8,000 tokens sharing 512, 2 lanes on 2 devices,
+    the preset's 67,660-block pool) is quick on the new pool: 8,006 events x (2e-4 +
+    1e-7 x 2 + 3e-5 + 6.6e-5 x 2) + 2e-6 x 2,150 blocks + 5e-9 x 2 x 2 x 538 = 2.904 s, no
+    warning (the old model said 18.1 minutes; the old server ran 16). Memory: 24 x 67,660
+    + 4 x 262,144 (the ring) + 8 x 2,048 + 4 x 2,048 + 4 x 2 x 540 = 2,701,312 bytes of
+    pool; 2 x 2 x (88 + 320 + 2,701,312 + 65,536) = 11,069,024 in all. 32 lanes (16 seeds
+    x 2 policies) of Mooncake's first 1,000 s (3,035 requests, W 7,888, 150,505 events, 8
+    running, 5.3 M blocks) warn: 16 x (150,505 x (2e-4 + 1.024e-4 + 3e-5 + 5.28e-4) +
+    10.6 + 5e-9 x 2 x 3,035 x 7,888) = 2,245.3 s, 37.4 minutes. 4096 lanes of the whole
+    trace (12,031 rows, 9,044,013 content ids, 4 M contents) hold 1,040.7 GiB: refused."""
+    shape = run_budget.RunShape(lanes=2, slots=2, pool_blocks=67_660, rows=2, events=8006, prefix_caching=True,
+                                devices=2, table_width=538, contents=1042, content_ids=1074, running=2, block_ops=2150)
     warned = []
     est = run_budget.check(shape, available=64 << 30, warn=warned.append)
-    assert est.bytes == 7_843_456 and est.seconds == pytest.approx(1084.562, rel=1e-12)
-    assert warned == ["warning: this run needs about 0.0 GiB / about 18.1 minutes to run (2 lane(s) x 10,000 events "
+    assert est.bytes == 11_069_024 and est.seconds == pytest.approx(2.90408396, rel=1e-12) and warned == []
+    long = run_budget.RunShape(lanes=32, slots=1024, pool_blocks=67_660, rows=3035, events=150_505, prefix_caching=True,
+                               devices=2, table_width=7888, contents=1_500_000, content_ids=2_600_000, running=8,
+                               block_ops=5_300_000)
+    est = run_budget.check(long, available=64 << 30, warn=warned.append)
+    assert est.seconds == pytest.approx(2245.3424448, rel=1e-12)
+    assert warned == ["warning: this run needs about 4.1 GiB / about 37.4 minutes to run (32 lane(s) x 150,505 events "
                       "over a 67,660-block prefix-caching pool); for a quicker answer give fewer lanes (policies x "
                       "seeds), a smaller --num-gpu-blocks or a shorter log"]
-    quiet = run_budget.RunShape(lanes=2, slots=2, pool_blocks=1024, rows=12, events=1000, prefix_caching=True)
-    run_budget.check(quiet, available=64 << 30, warn=warned.append)
-    assert len(warned) == 1
-    big = run_budget.RunShape(lanes=4096, slots=256, pool_blocks=67_660, rows=1000, events=10, prefix_caching=True)
+    big = run_budget.RunShape(lanes=4096, slots=1024, pool_blocks=67_660, rows=12_031, events=10, prefix_caching=True,
+                              devices=2, table_width=7888, contents=4_000_000, content_ids=9_044_013, running=8,
+                              block_ops=18_000_000)
     with pytest.raises(InputError) as err:
         run_budget.check(big, available=64 << 30, warn=warned.append)
-    assert str(err.value) == ("this run needs about 540.1 GiB / about 74.1 minutes (4096 lane(s) of 1,000 rows, 256 "
-                              "slots, 67,660 pool blocks), more than the 64.0 GiB of memory free: give fewer lanes "
+    assert str(err.value) == ("this run needs about 1,040.7 GiB / about 1,261.5 minutes (4096 lane(s) of 12,031 rows, "
+                              "1,024 slots, 67,660 pool blocks), more than the 64.0 GiB of memory free: give fewer lanes "
                               "(policies x seeds), a smaller --num-gpu-blocks or a shorter log")
+    assert len(warned) == 1
 
 
 def test_compare_refuses_a_log_the_step_model_cannot_drain(tmp_path, capsys):
@@ -399,13 +433,13 @@ def test_compare_refuses_a_log_the_step_model_cannot_drain(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_compare_warns_before_a_long_prefix_caching_run(tmp_path, capsys, monkeypatch):
-    """compare --enable-prefix-caching on the preset's 67,660-block pool: a one-line
-    warning with the estimate before the run (a 2-request log ran 16 minutes unannounced).
-    Two requests of 8,000 output tokens decode together: about 8,000 steps (the busy clock,
-    8,000 x 7,077 us, over the shortest step), 8,006 events of 0.108 s each, 14.5 minutes a
-    lane (2 lanes on 2 devices), past the 10 minutes that warn. The test stops after the
-    plan."""
+def test_compare_sizes_a_prefix_caching_run_from_its_pool(tmp_path, capsys, monkeypatch):
+    """compare --enable-prefix-caching on the preset's 67,660-block pool: two requests of
+    8,000 output tokens sharing a 512-token prefix (a 2-request log the old server ran for
+    16 minutes, which the old size check then put at 14.5 minutes) run with no warning
+    (8,150 events of 0.36 ms: 3.0 s a lane, 5.9 s for 2 lanes on one device); the same log
+    under 256 seeds (512 lanes: 12.6 minutes on 2 devices, 25.2 on one) warns in one
+    line. The test stops after the plan."""
     from vtc_jax.cli import study_plan
     from vtc_jax.cli.commands import main
 
@@ -415,10 +449,14 @@ def test_compare_warns_before_a_long_prefix_caching_run(tmp_path, capsys, monkey
     monkeypatch.setattr(study_plan, "plan", _planned_then(study_plan.plan, stop))
     log = tmp_path / "l.csv"
     log.write_text("timestamp,tenant,prompt,output,prefix_id,prefix_len\n0,a,600,8000,p,512\n1,b,600,8000,p,512\n")
-    assert main(["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--enable-prefix-caching",
-                 "--policies", "fcfs,vtc", "--out", str(tmp_path / "out")]) == 130  # stopped after the plan
+    flags = ["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--enable-prefix-caching",
+             "--policies", "fcfs,vtc", "--out", str(tmp_path / "out")]
+    assert main(flags) == 130  # stopped after the plan
+    assert "warning: this run needs" not in capsys.readouterr().err
+    assert main(flags + ["--seeds", "256"]) == 130
     warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: this run needs")]
-    assert len(warned) == 1 and "over a 67,660-block prefix-caching pool" in warned[0], warned
+    assert len(warned) == 1 and "(512 lane(s) x 8,150 events over a 67,660-block prefix-caching pool)" in warned[0], \
+        warned
 
 
 def _planned_then(plan, then):

@@ -123,23 +123,38 @@ def _priority_queues(log, order: np.ndarray):
 
 def check_size(args, options: dict, log, prefix_caching: bool, model, arrival_us: np.ndarray) -> None:
     """Before a timed run: refuse (one line) what one lane per device cannot hold, warn (one
-    line) when the whole study would run for long (driver/run_budget.py; a prefix-caching
-    pool scans its blocks every event). A lane's steps: at most its output tokens (a step
-    decodes at least one), and about its busy clock (`model.drain_floor` less the first
-    arrival) over the shortest step; plus three events per request (arrival, admission,
-    completion). The sweep chunks the lanes, so only one chunk must fit."""
+    line) when the whole study would run for long (driver/run_budget.py). A lane's steps: at
+    most its output tokens (a step decodes at least one), and about its busy clock
+    (`model.drain_floor` less the first arrival) over the shortest step; plus three events
+    per request (arrival, admission, completion). With prefix caching the pool's sizes come
+    from the log: W, its longest request's blocks (ceil((prompt + output - 1) / B)); U and
+    the content table, its blocks' contents (inputs/prefix_blocks.block_ids through the
+    sequence); the requests running a step, its output tokens over its steps (each running
+    request decodes one a step); blocks taken and hashed, every request's blocks once each.
+    The sweep chunks the lanes, so only one chunk must fit."""
     import jax
 
     from vtc_jax.driver import run_budget
 
     rows = len(log)
     budget = int(options.get("max_num_batched_tokens", 2048))
-    busy = model.drain_floor(arrival_us, log.prompt, log.output, budget) - int(np.min(arrival_us))
-    steps = min(int(np.asarray(log.output, np.int64).sum()), busy // model.step_us(0, 1) + 1)
-    shape = run_budget.RunShape(lanes=len(args.policies) * args.seeds, slots=min(int(options.get("max_num_seqs", rows)),
-                                                                                    rows),
+    prompt, output = np.asarray(log.prompt, np.int64), np.asarray(log.output, np.int64)
+    busy = model.drain_floor(arrival_us, prompt, output, budget) - int(np.min(arrival_us))
+    steps = min(int(output.sum()), busy // model.step_us(0, 1) + 1)
+    slots = min(int(options.get("max_num_seqs", rows)), rows)
+    pool = {}
+    if prefix_caching:
+        from vtc_jax.inputs import prefix_blocks
+
+        bs = int(options.get("block_size", 16))
+        blocks = -(-(prompt + output - 1) // bs)
+        _, ids = prefix_blocks.block_ids(prefix_blocks.of_log(log), prompt, output, bs, through="sequence")
+        pool = dict(table_width=int(blocks.max()), contents=int(ids.max(initial=-1)) + 1, content_ids=int(ids.size),
+                    running=min(slots, max(1, -(-int(output.sum()) // max(steps, 1)))),
+                    block_ops=int(blocks.sum()) + int(ids.size))
+    shape = run_budget.RunShape(lanes=len(args.policies) * args.seeds, slots=slots,
                                 pool_blocks=int(options.get("num_gpu_blocks", 0)), rows=rows, events=steps + 3 * rows,
-                                prefix_caching=prefix_caching, devices=jax.device_count())
+                                prefix_caching=prefix_caching, devices=jax.device_count(), **pool)
     run_budget.check(dataclasses.replace(shape, lanes=shape.devices), warn_seconds=float("inf"))
     run_budget.check(shape, available=1 << 62)
 
