@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from vtc_jax.cli.commands import main
@@ -47,3 +48,67 @@ def test_hit_rates_per_tenant_by_hand(tmp_path, capsys):
     bench = json.loads((out / "bench_serve.json").read_text())
     fcfs = bench["policies"]["fcfs"] if "policies" in bench else bench["fcfs"]
     assert (fcfs["cached_tokens"], fcfs["prefix_cache_hit_rate"]) == (48, 0.375)
+
+
+def _chains_log(rng, n: int, hash_block: int):
+    """n requests, 10 s apart (each is done before the next arrives), whose hash_ids
+    branch off an earlier request's list (probability 0.7, at a random depth) or start
+    anew; prompts cover their lists partly or wholly."""
+    lists, rows = [], []
+    for i in range(n):
+        if lists and rng.random() < 0.7:
+            base = lists[int(rng.integers(len(lists)))]
+            ids = base[: int(rng.integers(0, len(base) + 1))]
+        else:
+            ids = []
+        ids = ids + [int(x) for x in rng.integers(1000 * (i + 1), 1000 * (i + 2), int(rng.integers(1, 5)))]
+        prompt = int(rng.integers(max(1, (len(ids) - 1) * hash_block + 1), len(ids) * hash_block + 1))
+        lists.append(ids)
+        rows.append((10 * i, f"t{i % 2}", prompt, int(rng.integers(1, 4)), ids))
+    return rows
+
+
+def _literal_hits(rows, hash_block: int, block_size: int) -> list[int]:
+    """Per request, the prompt tokens an unbounded prefix cache serves, from the token
+    sequences themselves: token t of a request is (hash_ids[t // H], t % H) while its list
+    covers t, else its own; the hit is the longest common prefix with any earlier request
+    in whole blocks, at most (prompt - 1) // B blocks."""
+    def tokens(i):
+        _, _, prompt, _, ids = rows[i]
+        return [(ids[t // hash_block], t % hash_block) if t // hash_block < len(ids) else ("own", i, t)
+                for t in range(prompt)]
+
+    out = []
+    for i in range(len(rows)):
+        mine, best = tokens(i), 0
+        for j in range(i):
+            theirs = tokens(j)
+            lcp = 0
+            while lcp < min(len(mine), len(theirs)) and mine[lcp] == theirs[lcp]:
+                lcp += 1
+            best = max(best, lcp // block_size)
+        out.append(block_size * min(best, (rows[i][2] - 1) // block_size))
+    return out
+
+
+def test_a_pool_that_never_evicts_serves_what_the_token_sequences_share(tmp_path):
+    """Random hash-id chains (H = 8 tokens an id, blocks of 4), requests far apart on a
+    pool that never evicts: each request's cached_tokens is what a literal comparison of
+    the token sequences gives (an independent computation), request by request."""
+    import csv
+
+    rng = np.random.default_rng(5)
+    rows = _chains_log(rng, 14, 8)
+    log = tmp_path / "chains.csv"
+    with log.open("w") as f:
+        f.write("timestamp,tenant,prompt,output,hash_ids\n")
+        for t, who, prompt, output, ids in rows:
+            f.write(f'{t},{who},{prompt},{output},"{" ".join(map(str, ids))}"\n')
+    want = _literal_hits(rows, 8, 4)
+    assert sum(w > 0 for w in want) >= 5  # the case shares
+    out, requests = tmp_path / "out", tmp_path / "requests.csv"
+    assert main(["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--block-size", "4",
+                 "--num-gpu-blocks", "4096", "--max-num-seqs", "4", "--hash-block", "8", "--policies", "fcfs",
+                 "--out", str(out), "--requests-out", str(requests), "--no-cache"]) == 0
+    got = [int(r["cached_tokens"]) for r in csv.DictReader(requests.open())]
+    assert got == want
