@@ -228,6 +228,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_vllm_async.py::test_server_reproduces_the_async_golden*", "56 s: the async goldens' batches"),
     ("test_vllm_async.py::test_random_lanes_match_the_reference", "random lanes"),
     ("test_vllm_async.py::test_every_policy_drains_async_lanes_*", "16 s"),
+    ("test_vllm_async.py::test_prefix_server_reproduces_the_async_golden*", "40-56 s: the 17 async prefix goldens' batch"),
+    ("test_vllm_async.py::test_random_prefix_lanes_match_the_reference", "30-41 s: 180 random prefix lanes"),
     ("test_prefix_charging.py::test_hit_rates_per_tenant_by_hand", "a timed compare: 40 s"),
     ("test_prefix_charging.py::test_a_pool_that_never_evicts_*", "a timed compare: 38 s"),
     ("test_vllm_prefix.py::test_slots_are_the_seats_and_lanes_of_one_batch_share_a_size", "engine runs"),

@@ -40,8 +40,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             "lower first; the --policy orders requests of equal priority)")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="vLLM's AsyncScheduler: the next step is scheduled before this one's outputs are "
-                            "processed, so a finish frees its blocks a step late (docs/VLLM_ASYNC.md; default off "
-                            "here: vLLM 0.33 turns it on on GPU, off on CPU)")
+                            "processed, so a finish frees its blocks a step late (docs/VLLM_ASYNC.md; with or without "
+                            "prefix caching; default off here: vLLM 0.33 turns it on on GPU, off on CPU)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                        help="share KV blocks of common content (the log's hash_ids, session_id or prefix_id/"
                             "prefix_len) and keep freed blocks cached: runs --server vllm as vllm_prefix (default: on "
