@@ -172,6 +172,7 @@ def profile(traces: list[Trace], server: str, events: int, top: int, steps: int 
         out["static"] = {k: v for k, v in shape.items() if k != "token_times"}
     text = runner.advance.lower(carry, batch, None, np.int32(events), program=PROGRAM, config=config).compile().as_text()
     out["big_instructions"] = big_instructions(text, sizes)
+    out["sizes"] = sizes
     out["ns_per_lane_event"] = pe.event_ns(config, batch, carry, events, 1, lanes)
     out["kernels"] = pe.kernel_times(config, batch, carry, events, top) if top else []
     return out
@@ -187,9 +188,19 @@ def print_profile(out: dict) -> None:
         print(f"  instructions over {name}-sized arrays in the compiled event loop: "
               + (", ".join(f"{op} {n}" for op, n in ops.items()) or "none"))
     if out["kernels"]:
+        by_source: collections.Counter = collections.Counter()
+        by_size: collections.Counter = collections.Counter()
+        for r in out["kernels"]:
+            by_source[r["source"].split(" ")[0] or "?"] += r["us_per_event"]
+            dims = set(re.findall(r"\d+", r["shape"].split("{")[0]))
+            by_size[next((name for name, n in out["sizes"].items() if str(n) in dims), "small")] += r["us_per_event"]
+        total = sum(by_source.values()) or 1.0
+        print(f"  kernel time of the {len(out['kernels'])} costliest kernels, {total:,.0f} us an event, by output size: "
+              + ", ".join(f"{k} {v / total:.1%}" for k, v in by_size.most_common()))
+        print("  by source line: " + ", ".join(f"{k} {v / total:.1%}" for k, v in by_source.most_common(12)))
         print("| kernel | share of kernel time | us/event | output | operation | traced at |")
         print("|---|---|---|---|---|---|")
-        for r in out["kernels"]:
+        for r in out["kernels"][:20]:
             print(f"| {r['kernel']} | {100 * r['share']:.1f}% | {r['us_per_event']:.1f} | {r['shape']} | {r['op']} | "
                   f"{r['source']} |")
 

@@ -48,15 +48,26 @@ TABLE_BYTES = 4                # per block table cell: running slots x W, and he
 EVENT_SECONDS = 2.0e-4
 SLOT_SECONDS = 1.0e-7
 POOL_SECONDS = 1.1e-8
-# vllm_prefix, measured on 2026-12-08 (d4dd4f9) with `python -m benchmarks.bench_prefix
-# --lanes 2 --steps 600 --servers vllm_prefix --rates R0 R1 --repeats 1 --no-end-to-end` (two
-# lanes on two devices, the engine alone, at 67,660 blocks, load 3-5): seconds over events at
-# three loads, fitted to PREFIX_EVENT_SECONDS + WALK_SECONDS x the requests running a step
-# (the reference's mean); see benchmarks/HISTORY.md "vllm_prefix at the real pool".
-PREFIX_EVENT_SECONDS = 3.0e-5   # per event: the prefix server's loops' passes that run every event
-WALK_SECONDS = 6.6e-5            # per event per running request (the running phase's walk: one pass each)
-BLOCK_SECONDS = 2.0e-6           # per block taken or hashed (passes of up to 64 blocks)
-RELEASE_SECONDS = 5.0e-9         # per table cell of a released or admitted request (W per request)
+# vllm_prefix, measured on 2026-12-07 (d4dd4f9, 9d1bca2) on the preset's 67,660-block pool, the
+# engine alone on 2 lanes over 2 devices (a lane each) at a load of 3-6, fitted to be high:
+#   `python -m benchmarks.bench_prefix --lanes 2 --steps 600 --servers vllm_prefix --rates R0 R1
+#   --repeats 1 --no-end-to-end` (W 56) at 3.6 / 14.8 / 160.6 requests running a step (the
+#   reference's mean): 0.223 / 1.20 / 4.36 ms an event; this model says 0.72 / 1.44 / 11.1 ms
+#   (the walk's cost per running request falls as more run: PREFIX_EVENT_SECONDS and
+#   WALK_SECONDS are the middle point's);
+#   `python -m vtc_jax compare data/mooncake_fast25/conversation_trace.jsonl --server vllm
+#   --preset qwen2.5-7b-h100 --time-window 0,1000 --tenants a:0.5,b:0.3,c:0.2 --policies
+#   fcfs,vtc` (3,035 requests, W 7,797, 5.26 M blocks, about 150,505 events, 8 running): 714 s
+#   for its 2 lanes, compile included; this model says 691 s: CHUNK_SECONDS is what that run
+#   leaves per event over the ceil(W / 64) passes a lookup of the longest request takes.
+#   BLOCK_SECONDS and RELEASE_SECONDS are not separated by these runs (set from the kernel
+#   profile of `bench_prefix --profile`: a take or hash pass of 64 blocks is about a hundred
+#   small kernels); see benchmarks/HISTORY.md "vllm_prefix at the real pool".
+PREFIX_EVENT_SECONDS = 3.0e-5  # per event: the prefix server's passes that run every event
+WALK_SECONDS = 6.6e-5          # per event per running request (the running phase's walk: one pass each)
+CHUNK_SECONDS = 3.0e-5         # per event per 64 blocks of W (a lookup's passes, to its first miss)
+BLOCK_SECONDS = 2.0e-6         # per block taken or hashed (passes of up to 64 blocks)
+RELEASE_SECONDS = 5.0e-9       # per table cell of a released or admitted request (W per request)
 
 WARN_SECONDS = 10 * 60         # past this, a one-line warning before the run
 MEMORY_SHARE = 0.8             # of the machine's free memory a run may plan to hold
@@ -128,13 +139,15 @@ def lane_bytes(shape: RunShape) -> int:
 
 def lane_seconds(shape: RunShape) -> float:
     """float: seconds one lane's run takes: its events, and with prefix caching the walk
-    over the running requests, the blocks taken and hashed, and the tables released."""
+    over the running requests, a lookup's passes over W, the blocks taken and hashed, and
+    the tables released."""
     base = shape.events * (EVENT_SECONDS + SLOT_SECONDS * shape.slots)
     if not shape.prefix_caching:
         return base + shape.events * POOL_SECONDS * shape.pool_blocks
     running = shape.running or shape.slots
-    return (base + shape.events * (PREFIX_EVENT_SECONDS + WALK_SECONDS * running) + BLOCK_SECONDS * shape.block_ops
-            + RELEASE_SECONDS * 2 * shape.rows * shape.table_width)
+    chunks = -(-shape.table_width // 64)
+    return (base + shape.events * (PREFIX_EVENT_SECONDS + WALK_SECONDS * running + CHUNK_SECONDS * chunks)
+            + BLOCK_SECONDS * shape.block_ops + RELEASE_SECONDS * 2 * shape.rows * shape.table_width)
 
 
 def estimate(shape: RunShape) -> Estimate:
