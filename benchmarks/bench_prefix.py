@@ -19,8 +19,11 @@ seconds), all measured in this one run, so a loaded machine shows in both server
                  on lane 0's requests of the first --reference-steps steps, fcfs, with
                  and without prefix caching: the plain sequential implementation.
 
-    python -m benchmarks.bench_prefix                  # 1024 lanes (CPU)
-    python -m benchmarks.bench_prefix --lanes 8192     # on a GPU
+    python -m benchmarks.bench_prefix                  # 1024 lanes x 6000 steps (the issue's row)
+    python -m benchmarks.bench_prefix --lanes 8 --steps 600 --repeats 1   # what a 2-core CPU allows
+    python -m benchmarks.bench_prefix --lanes 8 --profile 40 --kernels 400   # where an event goes
+    python -m benchmarks.bench_prefix --lanes 2 --steps 600 --servers vllm_prefix --rates 0.1 0.025 \
+        --no-end-to-end --reference-steps 600          # a calibration point of driver/run_budget.py
 """
 
 from __future__ import annotations
