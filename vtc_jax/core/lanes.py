@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import jax
 
-LANE_AXIS = "lanes"
+LANE_AXIS = "vmapped_lanes"  # not the device mesh's axis name: a bound is shared within a device, never across
 
 
 def batch_max(x):
