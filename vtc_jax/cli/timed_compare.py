@@ -74,14 +74,21 @@ def server_settings(args, model: step_time.StepTime) -> dict:
     return options
 
 
-def load_report(cap: capacity.Capacity, arrival_us: np.ndarray, cluster: dict | None = None) -> dict:
+def load_report(cap: capacity.Capacity | str, arrival_us: np.ndarray, cluster: dict | None = None) -> dict:
     """The log's offered rate (requests over the span of its arrivals) against the
     server's capacity measured on the log's own mix (driver/capacity.py). On a `cluster`
     (its "replicas" R, those of the server "server"): against R x that capacity, what
     the replicas sustain together when every one is kept busy (the figure an operator
-    sizes a fleet by; routing can only lose from it), with one replica's beside it."""
+    sizes a fleet by; routing can only lose from it), with one replica's beside it. `cap`
+    a string: why the capacity could not be measured (the line says so; no load figure)."""
     n = len(arrival_us)
     span_s = float(arrival_us.max() - arrival_us.min()) / 1e6
+    if isinstance(cap, str):
+        offered = f"offers {n / span_s:.4g} requests/s" if span_s > 0 else "arrives at once"
+        return {"requests": n, "arrival_span_s": span_s, "offered_requests_per_s": n / span_s if span_s > 0 else None,
+                "capacity": None, "offered_load": None,
+                "line": f"load: the log ({n} requests over {span_s:.4g} s) {offered}; the server's capacity on this "
+                        f"mix was not measured ({cap})"}
     whose, basis, out = "the server's", "measured capacity on this mix", {}
     if cluster is not None:
         r = int(cluster["replicas"])
