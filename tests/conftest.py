@@ -232,6 +232,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_vllm_async.py::test_random_prefix_lanes_match_the_reference", "30-41 s: 180 random prefix lanes"),
     ("test_prefix_charging.py::test_hit_rates_per_tenant_by_hand", "a timed compare: 40 s"),
     ("test_prefix_charging.py::test_a_pool_that_never_evicts_*", "a timed compare: 38 s"),
+    ("test_study.py::test_a_load_line_that_cannot_be_measured_*", "a timed compare: 47 s"),
     ("test_vllm_prefix.py::test_slots_are_the_seats_and_lanes_of_one_batch_share_a_size", "engine runs"),
     ("test_vllm_prefix.py::test_a_prefix_len_without_an_id_is_shared_within_its_client", "engine runs"),
     ("test_vllm_server.py::test_golden_step_for_step*", "the goldens' batches: 224 s (one golden stays, through the CLI)"),

@@ -294,3 +294,17 @@ def test_a_sweep_refuses_to_drop_the_priority_column(tmp_path, capsys):
                            "--scheduling-policy", "priority", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "does not order requests by the log's priority column" in err[0], err
+
+
+def test_a_load_line_that_cannot_be_measured_says_so_and_the_study_stands(tmp_path, capsys):
+    """Two requests of 600 + 8,000 tokens on the preset: the load line's saturated run (125
+    held at once, 8,000 decode steps each round) passes the int32 us clock and cannot
+    finish; the command still reports the study, exit 0, and the line says why."""
+    log = tmp_path / "long.csv"
+    log.write_text("timestamp,tenant,prompt,output\n0,a,600,8000\n1,b,600,8000\n")
+    assert main(["compare", str(log), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--policies", "fcfs",
+                 "--out", str(tmp_path / "out"), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert ("load: the log (2 requests over 1 s) offers 2 requests/s; the server's capacity on this mix was not "
+            "measured (capacity: the saturated run did not finish every request)") in out
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["latency"]["load"]["capacity"] is None
