@@ -192,12 +192,18 @@ def test_compiled_programs_do_not_depend_on_pythons_hash_seed(tmp_path):
     """A second process with another PYTHONHASHSEED compiles nothing new (the programs
     were traced in an order that followed the hash seed: every process missed the cache)."""
     cache = tmp_path / "cache"
+    log = tmp_path / "shared.csv"  # vllm_prefix needs a log's content (a sweep's generated traffic has none)
+    log.write_text("arrival,client,prompt,output,prefix_id,prefix_len\n0,a,64,4,s,48\n3,b,64,4,s,48\n5,a,40,2,,0\n")
     for server in ("vllm", "vllm_prefix"):
         argv = ["-m", "sweeps.kv_budget", "--seeds", "2", "--steps", "150", "--budgets", "2048",
                 "--no-plots", "--server", server, "--cache-dir", str(cache)]
+        if server == "vllm_prefix":
+            argv = ["-m", "vtc_jax", "replay", str(log), "--server", "vllm", "--num-gpu-blocks", "64", "--policy", "vtc",
+                    "--cache-dir", str(cache)]
         entries = []
         for seed in ("1", "2"):
-            done = python(*argv, "--out", tmp_path / f"{server}{seed}", env=dict(_env(1), PYTHONHASHSEED=seed))
+            out = ["--out", tmp_path / f"{server}{seed}"] if server == "vllm" else []
+            done = python(*argv, *out, env=dict(_env(1), PYTHONHASHSEED=seed))
             assert done.returncode == 0, done.stderr[-2000:]
             entries.append(sorted(p.name for p in cache.rglob("*") if p.is_file()))
         assert entries[1] == entries[0], server
