@@ -53,7 +53,6 @@ INT_MAX = 2**31 - 1
 PREFIX_OPTIONS = ("prefix_blocks", "prefix_capacity")
 VICTIMS = ("newest", "priority")  # vllm's victim rules offered here (its `counter` is not)
 MIN_TABLE = 64
-_NONE = PrefixTable.__new__(PrefixTable)  # a missing table passes validate (the plan refuses it: `_table`)
 
 
 def _split(options: dict) -> tuple[dict, dict]:
@@ -73,7 +72,7 @@ def validate(options: dict) -> None:
     victim = vllm_v1.settings(base)["victim"]
     if victim not in VICTIMS:
         raise InputError(f"victim must be one of {', '.join(VICTIMS)} with prefix caching, got {victim!r}")
-    if not isinstance(prefix.get("prefix_blocks", _NONE), PrefixTable):
+    if not isinstance(prefix.get("prefix_blocks"), (PrefixTable, type(None))):
         raise InputError("prefix_blocks must be a PrefixTable (vtc_jax.servers.vllm_prefix.prefix_options)")
     cap = prefix.get("prefix_capacity", (0, 0))
     if not (isinstance(cap, tuple) and len(cap) == 2 and all(type(v) is int and 0 <= v <= LIMIT for v in cap)):
