@@ -511,5 +511,37 @@ def test_llmd_loops_select_no_table_under_the_runners_vmap():
 
     assert _selecting_loops(routed(LANE_AXIS), table) == 0
     assert _selecting_loops(routed(None), table) > 0
+    # nor does XLA copy a table per block (a read of an array after a write to it, or
+    # unordered with it, makes it copy the whole array: 60x slower at 67,660 slots)
+    compiled = jax.jit(jax.vmap(picker.routed, axis_name=LANE_AXIS), donate_argnums=0).lower(state, replica, req, params)
+    copies = [line for line in compiled.compile().as_text().splitlines()
+              if " copy(" in line and ("s32[2,3,64]" in line or "s32[2,3,256]" in line)]
+    assert not copies, copies
     pick = jax.make_jaxpr(jax.vmap(picker.pick, axis_name=LANE_AXIS))(state, snap, req, keys, params).jaxpr
     assert _selecting_loops(pick, table) == 0
+
+
+def test_llmd_literal_indexer_differs_only_past_capacity():
+    """llm-d's indexer.go as written updates hashToPods after the LRU adds, so a request with
+    more blocks than the capacity leaves its evicted first blocks matchable (a ghost): the
+    section 7 case gives m = (3, 1) there, (2, 1) under the LRU-set rule we keep (the
+    contract's). With at most capacity blocks per request the two agree on every match of
+    300 random sequences; past it they differ on some."""
+    literal = ref.LlmdLiteralIndex([2, 2])
+    literal.add(0, [5, 6, 7])
+    literal.add(1, [5])
+    assert literal.match([5, 6, 7]) == [3, 1]
+    rng = np.random.default_rng(3)
+    differ = {False: 0, True: 0}
+    for past in (False, True):
+        for _ in range(300):
+            capacity = rng.integers(2, 5, 3)
+            ours, theirs = ref.PrefixIndexReference(capacity), ref.LlmdLiteralIndex(capacity)
+            for _ in range(20):
+                top = int(capacity.min()) + (3 if past else 0)
+                blocks = rng.integers(0, 8, int(rng.integers(0, top + 1))).tolist()
+                differ[past] += ours.match(blocks) != theirs.match(blocks)
+                replica = int(rng.integers(0, 3))
+                ours.add(replica, blocks)
+                theirs.add(replica, blocks)
+    assert differ[False] == 0 and differ[True] > 20, differ

@@ -78,57 +78,64 @@ def match(index: Index, blocks: jax.Array, num_blocks) -> jax.Array:
     return jax.lax.while_loop(go, step, (jnp.zeros((), I32), jnp.zeros(r, I32), jnp.ones((), bool)))[1]
 
 
-def _set(x, at, value, on):
-    """x with x[at] = value where `on` (at: a tuple of int32[] indices); nothing otherwise
-    (an index past the end is dropped: one scatter, never a select over x)."""
-    first = jnp.where(on, at[0], x.shape[0])
-    return x.at[(first,) + tuple(at[1:])].set(value, mode="drop")
+def _put(x, r, at, values, on):
+    """x with x[r, at[i]] = values[i] where on[i] (or x[r] = values[0] for a 1-d x): one
+    scatter per array and event, the masked entries dropped (an index past the end), never
+    a select over x. The active positions are distinct (`touch` shows why)."""
+    rows = jnp.where(jnp.stack(on), r, x.shape[0])
+    if x.ndim == 1:
+        return x.at[rows].set(jnp.stack(values).astype(x.dtype), mode="drop")
+    return x.at[rows, jnp.maximum(jnp.stack(at), 0)].set(jnp.stack(values).astype(x.dtype), mode="drop")
 
 
 def touch(index: Index, r, block, capacity, on) -> Index:
     """Where `on`: block id `block` becomes the most recent of replica r's set (capacity:
     int32[], r's slots in use at most). Held: it moves to the tail. New: it takes a fresh
     slot, or the head's (the least recent, evicted) when the set is full; capacity 0 holds
-    nothing."""
+    nothing.
+
+    Every value is read from the index as it was, and each array then gets one scatter of
+    its final entries (a read after a write of the same array would make XLA copy the whole
+    array, once per block). The three cases, s the slot linked at the tail:
+      move (held, not the tail): s = the held slot; sp, sn its neighbours (sn exists);
+        next[sp] = sn (or head = sn), prev[sn] = sp; t = the tail;
+      new, a free slot: s = count; t = the tail;
+      evict (new, full): s = head, hn its next; the head's id leaves `where`; head = hn
+        (prev[hn] = -1), or the set empties (t = -1);
+    then prev[s] = t, next[s] = -1, next[t] = s (or head = s), tail = s. The positions
+    written to one array are distinct: sp, s, t differ (s is next[sp]; t is the tail, s
+    not), sn != s, hn != s."""
     c, u = index.key.shape[1], index.where.shape[1]
     on = on & (block >= 0) & (block < u)
     b = jnp.clip(block, 0, u - 1)
     s0 = index.where[r, b]
     found = s0 >= 0
-    tail0 = index.tail[r]
+    head0, tail0, count0 = index.head[r], index.tail[r], index.count[r]
     move = on & found & (s0 != tail0)
     new = on & ~found & (capacity > 0)
-    full = index.count[r] >= capacity
+    full = count0 >= capacity
     evict = new & full
-    where, key, prev, nxt, head, tail, count = index
-
-    # Evict the head slot h (a new block and the set full): its id leaves; h is reused.
-    h = jnp.maximum(head[r], 0)
-    hn = nxt[r, h]
-    where = _set(where, (r, jnp.maximum(key[r, h], 0)), -1, evict)
-    head = _set(head, (r,), hn, evict)
-    prev = _set(prev, (r, jnp.maximum(hn, 0)), -1, evict & (hn >= 0))
-    tail = _set(tail, (r,), -1, evict & (hn < 0))
-
-    # Unlink a held slot s0 that is not the tail (its next exists).
-    sp, sn = prev[r, jnp.maximum(s0, 0)], nxt[r, jnp.maximum(s0, 0)]
-    nxt = _set(nxt, (r, jnp.maximum(sp, 0)), sn, move & (sp >= 0))
-    head = _set(head, (r,), sn, move & (sp < 0))
-    prev = _set(prev, (r, jnp.maximum(sn, 0)), sp, move)
-
-    # Link slot s at the tail (a moved slot or a new block's).
-    s = jnp.where(found, s0, jnp.where(full, h, jnp.minimum(count[r], c - 1)))
     link = move | new
-    t = tail[r]
-    prev = _set(prev, (r, s), t, link)
-    nxt = _set(nxt, (r, s), -1, link)
-    nxt = _set(nxt, (r, jnp.maximum(t, 0)), s, link & (t >= 0))
-    head = _set(head, (r,), s, link & (t < 0))
-    tail = _set(tail, (r,), s, link)
-    key = _set(key, (r, s), b, new)
-    where = _set(where, (r, b), s, new)
-    count = _set(count, (r,), count[r] + 1, new & ~full)
-    return Index(where, key, prev, nxt, head, tail, count)
+
+    h = jnp.maximum(head0, 0)
+    hn = index.next[r, h]
+    old = index.key[r, h]
+    sp, sn = index.prev[r, jnp.maximum(s0, 0)], index.next[r, jnp.maximum(s0, 0)]
+    s = jnp.where(found, s0, jnp.where(full, h, jnp.minimum(count0, c - 1)))
+    t = jnp.where(evict & (hn < 0), -1, tail0)
+    head = jnp.where(move, jnp.where(sp < 0, sn, head0),
+                     jnp.where(t < 0, s, jnp.where(evict, hn, head0)))
+    return Index(
+        where=_put(index.where, r, (old, b), (-1, s), (evict, new)),
+        # `old > -2` always holds; it orders the read of key before the write (else XLA copies key)
+        key=_put(index.key, r, (s,), (b,), (new & (old > -2),)),
+        prev=_put(index.prev, r, (jnp.where(move, sn, hn), s), (jnp.where(move, sp, -1), t),
+                  (move | (evict & (hn >= 0)), link)),
+        next=_put(index.next, r, (sp, s, t), (sn, -1, s), (move & (sp >= 0), link, link & (t >= 0))),
+        head=_put(index.head, r, (), (head,), (link,)),
+        tail=_put(index.tail, r, (), (s,), (link,)),
+        count=_put(index.count, r, (), (count0 + 1,), (new & ~full,)),
+    )
 
 
 def add(index: Index, r, blocks: jax.Array, num_blocks, capacity) -> Index:

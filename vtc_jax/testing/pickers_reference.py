@@ -67,6 +67,48 @@ class PrefixIndexReference:
                 s[b] = True
 
 
+class LlmdLiteralIndex:
+    """llm-d's indexer.go exactly as written (for comparison, not a picker): per pod a
+    hashicorp LRU whose eviction callback removes the pod from hashToPods[hash], and
+    hashToPods updated AFTER all of a request's LRU adds. When one request has more blocks
+    than the pod's capacity, its first blocks are evicted from the LRU during the adds and
+    then put back into hashToPods, where they stay (held for matching, absent from the LRU)
+    until the hash enters the pod's LRU again and is evicted again. With at most capacity
+    blocks per request it is `PrefixIndexReference` (tests/test_pickers.py checks both)."""
+
+    def __init__(self, capacity):
+        self.capacity = [int(c) for c in capacity]
+        self.lrus = [OrderedDict() for _ in self.capacity]
+        self.pods: dict = {}  # hashToPods
+
+    def add(self, replica: int, blocks) -> None:
+        lru, cap = self.lrus[replica], self.capacity[replica]
+        for b in blocks:
+            if b in lru:
+                lru.move_to_end(b)
+                continue
+            if len(lru) >= cap:
+                old, _ = lru.popitem(last=False)
+                holders = self.pods.get(old)
+                if holders is not None:  # makeEvictionFn
+                    holders.discard(replica)
+                    if not holders:
+                        del self.pods[old]
+            lru[b] = True
+        for b in blocks:
+            self.pods.setdefault(b, set()).add(replica)
+
+    def match(self, blocks) -> list[int]:
+        m = [0] * len(self.lrus)
+        for b in blocks:
+            holding = self.pods.get(b)
+            if not holding:
+                break
+            for r in holding:
+                m[r] += 1
+        return m
+
+
 def _blocks(request) -> list[int]:
     return [int(b) for b in list(request.blocks)[: int(request.num_blocks)]]
 
