@@ -158,7 +158,8 @@ def test_llmd_TestMaxPrefixTokensToMatch_and_both_caps_zero():
 def test_llmd_TestGetBlockSize_clamps():
     """plugin_test.go TestGetBlockSize_AutotuneClampsBelowMinimum (16 -> 64),
     _AutotuneAboveMinimumPassesThrough (128 -> 128), _ManualConfigClampedBelowMinimum
-    (32 -> 64); the tests' disableMinBlockSizeClamp is floor=1."""
+    (32 -> 64), _AutotuneFallbackClampsLowConfig (the default 16 -> 64); the tests'
+    disableMinBlockSizeClamp is floor=1."""
     assert [pk.picker_block_size(b) for b in (16, 128, 32)] == [64, 128, 64]
     assert pk.picker_block_size(1, floor=1) == 1
 

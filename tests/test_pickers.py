@@ -215,6 +215,11 @@ def test_dynamo_default_rs_test_effective_overlap_falls_back_when_tier_blocks_ar
     assert dynamo_pick(4, overlap=[4, 0], decode_blocks=[1, 0]) == 0
 
 
+def test_dynamo_default_rs_test_no_shared_cache_unchanged():
+    """default.rs test_no_shared_cache_unchanged: one worker, 64 tokens, overlap 2 -> worker0."""
+    assert dynamo_pick(4, overlap=[2]) == 0
+
+
 def test_dynamo_default_rs_test_overlap_credit_above_one_can_prefer_colocated_worker():
     """default.rs test_overlap_credit_above_one_can_prefer_colocated_worker, its credit-1.0
     half (credit 1.5 is a knob we fix at 1): 128 tokens / 16 = 8 blocks; warm: overlap 4,
