@@ -40,9 +40,9 @@ def terms(snapshot: Snapshot, matched: jax.Array, num_blocks) -> tuple[jax.Array
     docstring); W's min and max are taken over the present replicas."""
     present = snapshot.present
     w = snapshot.waiting
-    big = jnp.iinfo(I32).max
-    w_min = jnp.min(jnp.where(present, w, big))
-    w_max = jnp.max(jnp.where(present, w, -big))
+    big, some = jnp.iinfo(I32).max, present.any()
+    w_min = jnp.where(some, jnp.min(jnp.where(present, w, big)), 0)  # no candidate: no span to wrap
+    w_max = jnp.where(some, jnp.max(jnp.where(present, w, -big)), 0)
     span = jnp.maximum(w_max - w_min, 1).astype(F32)
     q = jnp.where(w_max == w_min, F32(1), (w_max - w).astype(F32) / span)
     kv = jnp.where(snapshot.kv_usable > 0, snapshot.kv_used.astype(F32) / jnp.maximum(snapshot.kv_usable, 1).astype(F32),
