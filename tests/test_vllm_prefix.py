@@ -116,6 +116,32 @@ def test_random_lanes_match_the_reference():
         assert_same(mine, real, f"lane {k} ({(lanes + vtc)[k][1]})")
 
 
+def test_the_closed_form_running_phase_is_the_walk(monkeypatch):
+    """The running phase's closed form (vllm_prefix._fast_walk: one batched take and hash)
+    on every step of every lane that preempts nothing, the walk on the others: the
+    batch-wide choice made per lane (the `cond` becomes a select), so that big batches,
+    where some lane nearly always preempts, still exercise it. 30 fcfs and 30 priority
+    lanes, 20 under VTC, and 30 of them async beside their sync twins, against the
+    reference step for step."""
+    import jax
+
+    from tests import test_vllm_server as tvs
+
+    monkeypatch.setattr(vllm_prefix, "batch_any", lambda x: x)
+    monkeypatch.setitem(tvs.OPTION_NAMES, "async_scheduling", "async_scheduling")
+    jax.clear_caches()  # programs traced with the batch-wide choice must not be reused
+    rng = np.random.default_rng(23)
+    lanes = _lanes(rng, "fcfs", 30, _hits_matter) + _lanes(rng, "priority", 30, _hits_matter)
+    lanes += [(r, dict(c, async_scheduling=flag)) for r, c in lanes[:60:4] for flag in (True, False)]
+    vtc = [_vtc_lane(rng) for _ in range(20)]
+    want = [simulate(reqs, config) for reqs, config in lanes] + [simulate(r, c, order=VtcOrder) for r, c in vtc]
+    got = engine_schedules(lanes + vtc, max(w["num_steps"] for w in want) + 1,
+                           policy=["fcfs"] * len(lanes) + ["vtc"] * len(vtc), charge_sent=True)
+    jax.clear_caches()
+    for k, (mine, real) in enumerate(zip(got, want)):
+        assert_same(mine, real, f"lane {k} ({(lanes + vtc)[k][1]})")
+
+
 def test_the_smallest_lru_ring_is_compacted_without_changing_anything(monkeypatch):
     """The LRU ring at its smallest valid size, P + W (a compacted ring's live entries plus
     one whole release), so that it is compacted whenever its stale and live entries pass

@@ -26,6 +26,12 @@ Per event the work is O(what changes): a take or a hash is O(1) per block (a loo
 the blocks), a release, a hit and a lookup are vectorized over one request's table
 (O(W), and a lookup stops at the first miss), a compaction is O(C) once per P + W appends.
 Masked-off calls change nothing (counts of 0, dropped scatter indices, `_when`).
+
+In place: XLA:CPU copies a pool-sized array that a scatter updates while a gather of it
+is not ordered before the scatter by data (twice a pass of a loop). So a scatter into an
+array the same pass reads takes its values from that read (a holder count set to the
+count read plus or minus one, not added; a dropped hash set to min(key read, -1)), and no
+`cond` carries the pool (its branches copy it in and out).
 """
 
 from __future__ import annotations
@@ -104,7 +110,8 @@ def _unlink(pool: Pool, b, on) -> Pool:
         tail=pool.tail.at[jnp.where(on & (n < 0), k, u)].set(p, mode="drop"),
         cnext=pool.cnext.at[jnp.where(on & (p >= 0), p, big)].set(n, mode="drop").at[mine].set(-1, mode="drop"),
         cprev=pool.cprev.at[jnp.where(on & (n >= 0), n, big)].set(p, mode="drop").at[mine].set(-1, mode="drop"),
-        key=pool.key.at[mine].set(-1, mode="drop"), freed_at=pool.freed_at.at[mine].set(-1, mode="drop"))
+        key=pool.key.at[mine].set(jnp.minimum(k, -1), mode="drop"),  # -1, read from key: in place (module doc)
+        freed_at=pool.freed_at.at[mine].set(-1, mode="drop"))
 
 
 def _link(pool: Pool, b, k, on) -> Pool:
@@ -130,13 +137,15 @@ def _first_repeat(key, on):
     return jnp.argmax(jnp.concatenate([same.any(axis=1), jnp.ones(1, bool)])).astype(I32)
 
 
-def _take_pass(pool: Pool, slot, count, num_blocks):
-    """(pool, taken int32[]): up to TAKE_CHUNK of the `count` blocks of a take, in the
-    order one at a time would pop them: freed blocks without a hash (a stack), never-used
-    ones, then the live entries of the LRU ring from its head (stale ones skipped; those
-    hashes evicted). A pass stops early at the ring's window's end or where two evicted
-    blocks carry one content (`_first_repeat`); the caller loops."""
-    c, big, s = pool.ring.shape[0], pool.ref.shape[0], pool.held.shape[0]
+def _pop_pass(pool: Pool, count, num_blocks):
+    """(pool, blocks int32[TAKE_CHUNK], taken int32[]): up to TAKE_CHUNK of the `count`
+    blocks of a take (each gets a holder), in the order one at a time would pop them:
+    freed blocks without a hash (a stack), never-used ones, then the live entries of the
+    LRU ring from its head (stale ones skipped; those hashes evicted); blocks[:taken] are
+    they. A pass stops early at the ring's window's end or where two evicted blocks carry
+    one content (`_first_repeat`); the caller loops. No table is written."""
+    big = pool.ref.shape[0]
+    c = pool.ring.shape[0]
     r = jnp.arange(TAKE_CHUNK, dtype=I32)
     want = jnp.minimum(count, TAKE_CHUNK)
     n_stack = jnp.minimum(want, pool.nstack)
@@ -161,13 +170,58 @@ def _take_pass(pool: Pool, slot, count, num_blocks):
                        jnp.where(r < n_stack + n_fresh, pool.fresh + r - n_stack, lru[jnp.clip(j, 0, TAKE_CHUNK - 1)]))
     taken = n_stack + n_fresh + n_lru
     on = r < taken
-    row = jnp.clip(slot, 0, s - 1)
-    at = jnp.where(on, pool.held[row] + r, pool.table.shape[1])
     return dataclasses.replace(
         pool, ref=pool.ref.at[jnp.where(on, blocks, big)].set(1, mode="drop"),
-        table=pool.table.at[row, at].set(blocks, mode="drop"), held=pool.held.at[row].add(taken),
         nstack=pool.nstack - n_stack, fresh=pool.fresh + n_fresh, nlru=pool.nlru - n_lru,
-        rhead=jnp.where(m > 0, pool.rhead + last, pool.rhead)), taken
+        rhead=jnp.where(m > 0, pool.rhead + last, pool.rhead)), blocks, taken
+
+
+def _take_pass(pool: Pool, slot, count, num_blocks):
+    """(pool, taken int32[]): a `_pop_pass` of `slot`'s take, its blocks written at the
+    slot's table positions from `held` on."""
+    s = pool.held.shape[0]
+    pool, blocks, taken = _pop_pass(pool, count, num_blocks)
+    r = jnp.arange(TAKE_CHUNK, dtype=I32)
+    row = jnp.clip(slot, 0, s - 1)
+    at = jnp.where(r < taken, pool.held[row] + r, pool.table.shape[1])
+    return dataclasses.replace(pool, table=pool.table.at[row, at].set(blocks, mode="drop"),
+                               held=pool.held.at[row].add(taken)), taken
+
+
+def _owner(ends, g):
+    """int32[G]: for flattened positions g int32[G] of a concatenation whose parts end at
+    `ends` int32[N] (inclusive prefix sums of the parts' sizes), the part holding each
+    (N past the end)."""
+    return jnp.searchsorted(ends, g, side="right", method="scan_unrolled").astype(I32)  # log2(N) gathers of G
+
+
+def take_many(pool: Pool, slots, counts, num_blocks) -> Pool:
+    """`counts[i]` new blocks for slot `slots[i]` (int32[N] each; distinct slots), at its
+    table positions [held, held + count), the takes one after another in entry order:
+    exactly `take` called for each entry in turn, since one take of their sum pops the
+    same sequence of blocks (a take changes nothing but the pops) and entry i gets its
+    slice [before_i, before_i + counts_i) of it. Passes of `_pop_pass` over the sum, so
+    a step's running requests cost a pass per TAKE_CHUNK blocks, not one per request."""
+    s, w = pool.held.shape[0], pool.table.shape[1]
+    counts = jnp.maximum(counts, 0)
+    ends = jnp.cumsum(counts, dtype=I32)
+    total = ends[-1]
+    n = counts.shape[0]
+    start = pool.held[jnp.clip(slots, 0, s - 1)]  # each slot's first new position
+    r = jnp.arange(TAKE_CHUNK, dtype=I32)
+
+    def one(carry):
+        done, pool = carry
+        pool, blocks, taken = _pop_pass(pool, total - done, num_blocks)
+        g = done + r
+        i = jnp.minimum(_owner(ends, g), n - 1)
+        on = r < taken
+        row = jnp.where(on, slots[i], s)
+        at = jnp.where(on, start[i] + g - (ends[i] - counts[i]), w)
+        return done + taken, dataclasses.replace(pool, table=pool.table.at[row, at].set(blocks, mode="drop"))
+
+    pool = jax.lax.while_loop(lambda c: batch_any(c[0] < total), one, (jnp.zeros((), I32), pool))[1]
+    return dataclasses.replace(pool, held=pool.held.at[jnp.where(counts > 0, slots, s)].add(counts, mode="drop"))
 
 
 def take(pool: Pool, slot, count, num_blocks) -> Pool:
@@ -209,6 +263,37 @@ def hash_blocks(pool: Pool, slot, upto, ids, off, nids, block_size) -> Pool:
     return dataclasses.replace(pool, hashed=pool.hashed.at[jnp.where(count > 0, slot, s)].set(lo + count, mode="drop"))
 
 
+def hash_many(pool: Pool, slots, upto, ids, offs, nids, block_size) -> Pool:
+    """`hash_blocks` for each entry i in turn (int32[N] each: slot, upto, off, nids;
+    distinct slots): the blocks to hash, concatenated in entry order, are linked
+    TAKE_CHUNK a pass, a pass stopping where two carry one content (two requests may
+    hash one content in a step, and its copies stay in hashing order: `_first_repeat`);
+    the links commute with nothing else, so the pool ends as the calls one by one leave
+    it."""
+    s, w = pool.held.shape[0], pool.table.shape[1]
+    rows = jnp.clip(slots, 0, s - 1)
+    lo = pool.hashed[rows]
+    count = jnp.maximum(jnp.minimum(upto // block_size, nids) - lo, 0)
+    ends = jnp.cumsum(count, dtype=I32)
+    total = ends[-1]
+    n = count.shape[0]
+    r = jnp.arange(TAKE_CHUNK, dtype=I32)
+
+    def one(carry):
+        done, pool = carry
+        g = done + r
+        i = jnp.minimum(_owner(ends, g), n - 1)
+        on = g < total
+        j = lo[i] + g - (ends[i] - count[i])
+        k = _content(ids, offs[i], j)
+        on = on & (r < _first_repeat(k, on))
+        b = pool.table[rows[i], jnp.clip(j, 0, w - 1)]
+        return done + on.sum(dtype=I32), _link(pool, b, k, on)
+
+    pool = jax.lax.while_loop(lambda c: batch_any(c[0] < total), one, (jnp.zeros((), I32), pool))[1]
+    return dataclasses.replace(pool, hashed=pool.hashed.at[jnp.where(count > 0, slots, s)].set(lo + count, mode="drop"))
+
+
 def _compact(pool: Pool, on) -> Pool:
     """Where `on`: the ring's live entries, in order, re-stamped from rtail on (O(C))."""
     c, big = pool.ring.shape[0], pool.ref.shape[0]
@@ -229,7 +314,8 @@ def _release(pool: Pool, slot, on) -> Pool:
     j = jnp.arange(w, dtype=I32)
     blocks = pool.table[row]
     mine = on & (j < pool.held[row])
-    freed = mine & (pool.ref[blocks] == 1)
+    held = pool.ref[blocks]  # a request's blocks are distinct: the scatter below sets each once
+    freed = mine & (held == 1)
     cached = freed & (pool.key[blocks] >= 0)
     plain = freed & (pool.key[blocks] < 0)
     later = jnp.cumsum(cached[::-1], dtype=I32)[::-1] - cached  # cached blocks after this one: last block first
@@ -238,7 +324,7 @@ def _release(pool: Pool, slot, on) -> Pool:
     below = jnp.cumsum(plain, dtype=I32) - plain
     gone = jnp.where(on, slot, s)
     return dataclasses.replace(
-        pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].add(-1, mode="drop"),
+        pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].set(held - 1, mode="drop"),
         ring=pool.ring.at[jnp.where(cached, stamp % c, c)].set(blocks, mode="drop"),
         freed_at=pool.freed_at.at[jnp.where(cached, blocks, big)].set(stamp, mode="drop"),
         rtail=pool.rtail + ncached, nlru=pool.nlru + ncached,
@@ -281,10 +367,11 @@ def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
     j = jnp.arange(w, dtype=I32)
     mine = on & (j < hits)
     copy = pool.head[_content(ids, off, j)]
-    was_free = mine & (pool.ref[jnp.maximum(copy, 0)] == 0)
+    holders = pool.ref[jnp.maximum(copy, 0)]  # distinct blocks (distinct contents' first copies)
+    was_free = mine & (holders == 0)
     row = jnp.where(on, slot, s)
     return dataclasses.replace(
-        pool, ref=pool.ref.at[jnp.where(mine, copy, big)].add(1, mode="drop"),
+        pool, ref=pool.ref.at[jnp.where(mine, copy, big)].set(holders + 1, mode="drop"),
         freed_at=pool.freed_at.at[jnp.where(was_free, copy, big)].set(-1, mode="drop"),
         nlru=pool.nlru - was_free.sum(dtype=I32), table=pool.table.at[row].set(jnp.where(mine, copy, 0), mode="drop"),
         held=pool.held.at[row].set(hits, mode="drop"), hashed=pool.hashed.at[row].set(hits, mode="drop"))

@@ -6,10 +6,12 @@ block pool with prefix caching (servers/vllm_blocks.py): a full block is hashed 
 is allocated, a waiting request's longest run of cached leading blocks (at most P + g - 1
 tokens) is a hit that costs no budget and no new block, a free hit block counts as needed
 at admission, freed blocks keep their hash in an LRU free queue until reused. Everything
-runs as vLLM's loops, literally (correctness first): the running phase walks the running
-list (one `lax.while_loop`, one victim or one scheduled request per iteration),
-admissions are the engine's, one per event, finished requests release their blocks in
-scheduling order, each its last block first. Per request it keeps vllm's record (`Outcome`,
+runs as vLLM's loops, literally (correctness first), but for the running phase of a step
+in which no request is short of blocks (the common case), in closed form as vllm's
+(prefix sums over the running list, one batched take and one batched hash); otherwise it
+walks the running list (one `lax.while_loop`, one victim or one scheduled request per
+iteration); admissions are the engine's, one per event, finished requests release their
+blocks in scheduling order, each its last block first. Per request it keeps vllm's record (`Outcome`,
 each token's time too given `token_times`).
 
 Which blocks are shared comes from the trace's content (inputs/prefix_blocks.py): the
@@ -53,6 +55,7 @@ INT_MAX = 2**31 - 1
 PREFIX_OPTIONS = ("prefix_blocks", "prefix_capacity")
 VICTIMS = ("newest", "priority")  # vllm's victim rules offered here (its `counter` is not)
 MIN_TABLE = 64
+WALKED = ("alive", "tokens", "spos", "computed", "nsched", "pool")  # what the running walk changes
 
 
 def _split(options: dict) -> tuple[dict, dict]:
@@ -328,23 +331,19 @@ def _grow(pool, state: PrefixState, p: dict, slot, n, on):
     return vb.hash_blocks(pool, slot, jnp.where(on, upto, 0), ids, off, nids, bs)
 
 
-def begin_step(state: PrefixState, params, view, step, mask):
-    """The running phase (vLLM's walk, literally) where `mask`; returns (state, Requeue):
-    the victims in preemption order."""
+def _slow_walk(state: PrefixState, params, cap, walk, start, budget, mask):
+    """vLLM's walk of the running list, literally (one `lax.while_loop`, one victim or one
+    scheduled request a pass), from `start` (the state with the step's schedule cleared)
+    and `budget`. Returns (the fields it changes, budget left, victims int32[S] in
+    preemption order, their count)."""
     p = params.server
     slots = state.alive.shape[0]
-    pos = jnp.arange(slots, dtype=I32)
     bs = p["block_size"]
-    waiting = over_clients.total(view.waiting)
-    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
-    walk = jnp.argsort(jnp.where(state.alive, state.adm, INT_MAX)).astype(I32)  # the running list's slots
     nlist = state.nrun
 
     def ask(st, i, budget):
         s = walk[jnp.minimum(i, slots - 1)]
         return jnp.minimum(jnp.minimum(st.prompt[s] + st.generated[s] - st.computed[s], cap), budget)
-
-    walked = ("alive", "tokens", "spos", "computed", "nsched", "pool")  # what the walk changes
 
     def going(carry):
         _, i, _, budget, _, _ = carry
@@ -379,12 +378,83 @@ def begin_step(state: PrefixState, params, view, step, mask):
         vic2 = jnp.where(short, vic.at[nvic].set(v), vic)
         return f2, i2, n2, budget2, vic2, nvic + short.astype(I32)
 
+    carry = ({name: getattr(start, name) for name in WALKED}, jnp.zeros((), I32), ask(start, 0, budget), budget,
+             jnp.zeros(slots, I32), jnp.zeros((), I32))
+    f, _, _, budget, vic, nvic = jax.lax.while_loop(lambda c: batch_any(going(c)), body, carry)
+    return f, budget, vic, nvic
+
+
+def _fast_plan(state: PrefixState, p: dict, cap, walk, budget, mask):
+    """The walk in closed form, as vllm's (servers/vllm_v1.py `_newest`), for a step in
+    which no running request is short of blocks: over the running list (walk position i,
+    slot walk[i]), n_i = its ask within the budget its predecessors left, and the walk's
+    takes, one after another, leave free - (blocks taken before i) for slot i. Returns
+    (n int32[S], grown bool[S]: scheduled, need int32[S]: new blocks, short bool[]: some
+    walked request's blocks do not fit: the walk would preempt), by walk position."""
+    slots = state.alive.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    bs = p["block_size"]
+    listed = pos < state.nrun
+    computed, held = state.computed[walk], state.pool.held[walk]
+    # Asks above budget + 1 act like budget + 1 (never fully served): keeps sums in int32.
+    ask = jnp.where(listed, jnp.minimum(jnp.minimum(state.prompt[walk] + state.generated[walk] - computed, cap),
+                                        budget + 1), 0)
+    before = budget - (base.prefix_sum(ask) - ask)  # budget left at each position
+    n = jnp.clip(before, 0, ask)
+    walked = mask & listed & (before > 0)  # a masked-off lane walks nothing
+    grown = walked & (n > 0) if state.asyncs else walked  # async: an in-flight last token asks 0
+    blocks = block_math.ceil_div(computed + n, bs) - held
+    need = jnp.where(grown, jnp.maximum(blocks, 0), 0)
+    taken_before = base.prefix_sum(need) - need
+    short = (walked & (blocks > vb.num_free(state.pool, p["num_blocks"]) - taken_before)).any()
+    return n, grown, need, short
+
+
+def _fast_walk(state: PrefixState, p: dict, walk, start, budget, plan, on):
+    """The walk's result where it preempts nothing (`_fast_plan`): tokens and scheduling
+    order by position, one batched take of every scheduled request's new blocks and one
+    batched hash, in walk order (vllm_blocks.take_many, hash_many: exactly the walk's
+    takes and hashes one by one). Returns `_slow_walk`'s (fields, budget, victims, 0)."""
+    slots = state.alive.shape[0]
+    n, grown, need, short = plan
+    off = short | ~on  # (a lane short of blocks is walked instead)
+    grown, need = grown & ~off, jnp.where(off, 0, need)
+    at = jnp.where(grown, walk, slots)
+    spos = base.prefix_sum(grown.astype(I32)) - grown
+    pool = vb.take_many(start.pool, walk, need, p["num_blocks"])
+    c = state.computed[walk]
+    upto = pa.hash_limit(state, p, walk, c + n) if state.asyncs else c + n
+    ids, offs, nids = jax.vmap(lambda row: _content(p, row), out_axes=(None, 0, 0))(state.row[walk])
+    pool = vb.hash_many(pool, walk, jnp.where(grown, upto, 0), ids, offs, nids, p["block_size"])
+    f = dict(alive=start.alive, computed=start.computed, pool=pool,
+             tokens=start.tokens.at[at].set(n, mode="drop"), spos=start.spos.at[at].set(spos, mode="drop"),
+             nsched=grown.sum(dtype=I32))
+    return f, budget - jnp.where(grown, n, 0).sum(dtype=I32), jnp.zeros(slots, I32), jnp.zeros((), I32)
+
+
+def begin_step(state: PrefixState, params, view, step, mask):
+    """The running phase where `mask`; returns (state, Requeue): the victims in preemption
+    order. In closed form (`_fast_walk`) when no lane of the batch would preempt, else
+    vLLM's walk literally (`_slow_walk`): the choice is batch-wide (core/lanes.py), so
+    the other one's loops take no pass."""
+    p = params.server
+    slots = state.alive.shape[0]
+    pos = jnp.arange(slots, dtype=I32)
+    waiting = over_clients.total(view.waiting)
+    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    walk = jnp.argsort(jnp.where(state.alive, state.adm, INT_MAX)).astype(I32)  # the running list's slots
     start = dataclasses.replace(state, tokens=jnp.zeros(slots, I32), spos=jnp.full(slots, INT_MAX, I32),
                                 nsched=jnp.zeros((), I32))
     budget = p["budget"].astype(I32)
-    carry = ({name: getattr(start, name) for name in walked}, jnp.zeros((), I32), ask(start, 0, budget), budget,
-             jnp.zeros(slots, I32), jnp.zeros((), I32))
-    f, _, _, budget, vic, nvic = jax.lax.while_loop(lambda c: batch_any(going(c)), body, carry)
+    plan = _fast_plan(state, p, cap, walk, budget, mask)
+    # Both run, one of them masked off entirely (no pass of its loops): a `cond` would copy
+    # the pool in and out of its branches (XLA:CPU), twice an event.
+    slow = batch_any(plan[3])
+    ff, fbudget, _, _ = _fast_walk(state, p, walk, start, budget, plan, ~slow)
+    f, budget, vic, nvic = _slow_walk(state, params, cap, walk, dataclasses.replace(start, pool=ff.pop("pool")), budget,
+                                      mask & slow)
+    f = {name: f[name] if name == "pool" else jnp.where(slow, f[name], ff[name]) for name in f}
+    budget = jnp.where(slow, budget, fbudget)
     st = dataclasses.replace(state, **f)
     gone = pos < nvic
     slot = jnp.where(gone, vic, 0)
