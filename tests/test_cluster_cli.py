@@ -128,8 +128,6 @@ BAD = [
     (["compare", str(LOG), "--routers", "2", "--skew", "2"], "--skew must be in [0, 1]"),
     (["compare", str(LOG), "--skew", "0.5"], "--skew applies to a cluster"),
     (["compare", str(LOG), "--gateway-policy", "vtc"], "--gateway-policy applies to a cluster"),
-    (["compare", str(LOG), "--routers", "2", "--server", "vllm", "--num-gpu-blocks", "64"],
-     "cannot run a server that preempts"),
     (["compare", str(LOG), "--routers", "2", "--delay", "5"], "--delay applies to --counter delayed"),
     (["compare", str(LOG), "--routers", "2", "--no-holdback"], "--no-holdback applies to --counter shared"),
     (["compare", str(LOG), "--routers", "2", "--queue-limit", "4"], "--queue-limit applies to --saturation queue"),

@@ -11,9 +11,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "vtc_jax"
 # Top to bottom. `testing` (the literal references and lane builders) sits beside the CLI:
 # it may use everything and nothing in the package uses it.
-FLOORS = ("cli", "testing", "driver", "engines", "servers", "policies", "measures", "inputs", "core")
-RANK = {"cli": 0, "testing": 0, "driver": 1, "engines": 2, "servers": 3, "policies": 4, "measures": 5, "inputs": 6,
-        "core": 7}
+FLOORS = ("cli", "testing", "driver", "engines", "pickers", "servers", "policies", "measures", "inputs", "core")
+RANK = {"cli": 0, "testing": 0, "driver": 1, "engines": 2, "pickers": 2.5, "servers": 3, "policies": 4, "measures": 5,
+        "inputs": 6, "core": 7}
 MAX_LINES = 600
 
 

@@ -20,16 +20,21 @@ from vtc_jax.engines.cluster_settings import (
     MAX_ROUTERS,
     SATURATION,
     ClusterSettings,
+    Gateway,
     gateway_problem,
 )
 from vtc_jax.engines.settings import Settings, to_fraction
+from vtc_jax.pickers import registry as pickers
 from vtc_jax.policies import registry
 
 DEFAULTS = {"gateway_policy": "fcfs", "counter": "per_router", "delay": 10, "choice": "least_kv",
             "saturation": "kv", "kv_threshold": "1", "queue_limit": 8}
 # flags that shape the cluster beyond its size (None: not given)
 SHAPING = ("ingress", "skew", "counter", "delay", "no_holdback", "gateway_policy", "choice", "saturation",
-           "kv_threshold", "queue_limit")
+           "kv_threshold", "queue_limit", "picker", "flow_control", "scrape_interval", "queue_depth_threshold",
+           "kv_cache_util_threshold")
+LEGACY = ("ingress", "skew", "counter", "delay", "no_holdback", "choice", "saturation", "kv_threshold", "queue_limit")
+FLEET_DEFAULTS = {"scrape_interval": "0.05", "queue_depth_threshold": 5, "kv_cache_util_threshold": "0.8"}
 # engine Settings fields a gateway policy may read where the engine policy does not
 SHARED_FIELDS = ("weights", "estimator", "estimate_guess", "estimate_error", "lift_last_left")
 REPLAY_OMITS = ("on a cluster, --json omits counters, max_drift, max_drift_step, bound_2u, max_drift_over_2u, "
@@ -73,6 +78,22 @@ def add_cluster_flags(parser: argparse.ArgumentParser, *, replay: bool = False) 
                    help="--saturation kv: X in (0, 64] (default 1)")
     g.add_argument("--queue-limit", type=int_arg(1, 1 << 16), default=None, metavar="Q",
                    help=f"--saturation queue: Q (default {DEFAULTS['queue_limit']})")
+    f = parser.add_argument_group("fleet gateway (docs/FLEET.md): an endpoint picker and llm-d's flow control "
+                                  "in front of --replicas R")
+    f.add_argument("--picker", choices=pickers.names(), default=None,
+                   help="the gateway's endpoint picker: llm-d (its default scorer: queue 2, KV 2, prefix 3), dynamo "
+                        "(Dynamo's KV router cost), round-robin, least-loaded; replaces --choice and --saturation")
+    f.add_argument("--flow-control", action="store_true", default=None,
+                   help="llm-d's flow control: requests wait in per-tenant queues at the gateway and --policies "
+                        "are the gateway's fairness policies (each replica runs vLLM's own fcfs order); without "
+                        "it every request is routed at its arrival and --policies run at the replicas")
+    f.add_argument("--scrape-interval", type=number_text, default=None, metavar="S",
+                   help="seconds between the replicas' metrics scrapes (W, KV) the picker and the saturation "
+                        f"detector read (default {FLEET_DEFAULTS['scrape_interval']}; 0: live)")
+    f.add_argument("--queue-depth-threshold", type=int_arg(1, 256), default=None, metavar="Q",
+                   help="--flow-control: llm-d's saturation detector queueDepthThreshold (default 5)")
+    f.add_argument("--kv-cache-util-threshold", type=number_text, default=None, metavar="X",
+                   help="--flow-control: llm-d's saturation detector kvCacheUtilThreshold in (0, 1] (default 0.8)")
 
 
 def given(args) -> bool:
@@ -118,6 +139,24 @@ def check_flags(args) -> None:
         raise InputError(f"--kv-threshold applies to --saturation kv (the run uses --saturation {saturation})")
     if args.queue_limit is not None and saturation != "queue":
         raise InputError(f"--queue-limit applies to --saturation queue (the run uses --saturation {saturation})")
+    if args.picker is None:
+        for dest in ("flow_control", "scrape_interval"):
+            if getattr(args, dest) is not None:
+                raise InputError(f"{_flag(dest)} applies to a fleet gateway: give --picker")
+    else:
+        for dest in LEGACY:
+            if getattr(args, dest) is not None:
+                raise InputError(f"{_flag(dest)} is a rule of the routers' cluster; with --picker the gateway "
+                                 "routes with the picker (and --flow-control)")
+        if (args.routers or 1) != 1:
+            raise InputError(f"--picker runs at one gateway: leave out --routers (got {args.routers})")
+    if not args.flow_control:
+        for dest in ("queue_depth_threshold", "kv_cache_util_threshold"):
+            if getattr(args, dest) is not None:
+                raise InputError(f"{_flag(dest)} applies to --flow-control (the saturation detector)")
+        if args.gateway_policy is not None and args.picker is not None:
+            raise InputError("--gateway-policy: without --flow-control the gateway routes every request at its "
+                             "arrival; with it, --policies are the gateway's")
     if getattr(args, "estimate_seed", None) is not None:
         raise InputError("--estimate-seed: on a cluster each lane's estimate noise is seeded from its sweep seed "
                          "(docs/CLUSTER.md); leave it out")
@@ -155,9 +194,36 @@ def merged_engine(engine: Settings, gateway: Settings) -> Settings:
     return dataclasses.replace(engine, **taken) if taken else engine
 
 
-def cluster_settings(args, engine: Settings, gateway: Settings, names: list[str]) -> ClusterSettings:
+def gateway_rules(args, per_second: int) -> Gateway | None:
+    """The fleet gateway of --picker (None without), its times on the clock of `per_second`
+    ticks a second (the replicas': us on a timed server)."""
+    if args.picker is None:
+        return None
+    scrape = to_fraction(args.scrape_interval or FLEET_DEFAULTS["scrape_interval"], "--scrape-interval")
+    if not 0 <= scrape <= 60:
+        raise InputError(f"--scrape-interval must be in [0, 60] seconds, got {args.scrape_interval}")
+    return Gateway(picker=args.picker, flow_control=bool(args.flow_control), scrape_us=round(scrape * per_second),
+                   tick_us=max(1, per_second // 1000),
+                   queue_depth=args.queue_depth_threshold or FLEET_DEFAULTS["queue_depth_threshold"],
+                   kv_threshold=to_fraction(args.kv_cache_util_threshold or FLEET_DEFAULTS["kv_cache_util_threshold"],
+                                            "--kv-cache-util-threshold"))
+
+
+def cluster_settings(args, engine: Settings, gateway: Settings, names: list[str],
+                     per_second: int = 1_000_000) -> ClusterSettings:
     """One row's ClusterSettings: `engine` (the replicas' policy and prices, from the
-    scheduler flags) and `gateway` (the same flags read for the gateway policy)."""
+    scheduler flags) and `gateway` (the same flags read for the gateway policy). With
+    --picker: the fleet gateway; under --flow-control the row's policy is the gateway's and
+    the replicas run fcfs (vLLM's own order)."""
+    rules = gateway_rules(args, per_second)
+    if rules is not None:
+        if rules.flow_control:
+            problem = gateway_problem(engine.policy)
+            if problem:
+                raise InputError(f"--flow-control: {problem}")
+            gateway, engine = engine, dataclasses.replace(engine, policy="fcfs", options=())
+        return ClusterSettings(engine=merged_engine(engine, gateway), gateway_policy=gateway.policy,
+                               gateway_options=gateway.options, replicas=args.replicas or 1, gateway_rules=rules)
     g = args.routers or 1
     skew = to_fraction(args.skew or "0", "--skew")
     if not 0 <= skew <= 1:
@@ -175,6 +241,12 @@ def cluster_settings(args, engine: Settings, gateway: Settings, names: list[str]
 
 def describe(args, gateway: str) -> dict:
     """The cluster's settings for results.json "config" (what every row shares)."""
+    if args.picker is not None:
+        return {"routers": 1, "replicas": args.replicas or 1, "picker": args.picker,
+                "flow_control": bool(args.flow_control),
+                "gateway_policy": "the row's policy" if args.flow_control else "none (routed at arrival)",
+                "scrape_interval_s": str(args.scrape_interval or FLEET_DEFAULTS["scrape_interval"]),
+                "counters": "per_router"}
     counter = _value(args, "counter")
     out = {"routers": args.routers or 1, "replicas": args.replicas or 1, "gateway_policy": gateway,
            "counters": counter, "choice": _value(args, "choice"), "saturation": _value(args, "saturation")}

@@ -174,8 +174,8 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     from vtc_jax.driver.cluster_sweep import ClusterEngine, tenant_metrics
 
     extra = {} if args.ingress is None else {"ingress": args.ingress}
-    rows = [sweep_mod.Row(cluster_flags.cluster_settings(args, s, gateway, names), source, s.policy, extra,
-                          server=args.server) for s in settings]
+    rows = [sweep_mod.Row(cluster_flags.cluster_settings(args, s, gateway, names, per_second), source, s.policy,
+                          extra, server=args.server) for s in settings]
     enable_compilation_cache(None if args.no_cache else args.cache_dir)
     plots = (sweep_mod.Plot("metric", "all_backlogged_drift.png", "cluster: drift while every tenant is backlogged, "
                             "per engine policy", "engine_policy", "all_backlogged_drift"),)
@@ -191,17 +191,26 @@ def cluster_compare(args, settings, source, names: list[str], per_second: int, c
     input_flags.announce(args)
     result = sweep_mod.run_sweep(sweep, args.seeds)
     c = config["cluster"]
-    print(f"cluster: {c['routers']} router(s) running {c['gateway_policy']} ({c['counters']} counters) in front of "
-          f"{c['replicas']} replica(s) of --server {args.server} with M = {args.kv_budget} each; rows: the replicas' "
-          "policy")
+    if "picker" in c:
+        print(f"fleet: a gateway with the {c['picker']} picker"
+              + (" and flow control" if c["flow_control"] else " routing every request at its arrival")
+              + f" in front of {c['replicas']} replica(s) of --server {args.server}; rows: the "
+              + ("gateway's fairness policy (replicas: fcfs)" if c["flow_control"] else "replicas' policy"))
+    else:
+        print(f"cluster: {c['routers']} router(s) running {c['gateway_policy']} ({c['counters']} counters) in front "
+              f"of {c['replicas']} replica(s) of --server {args.server} with M = {args.kv_budget} each; rows: the "
+              "replicas' policy")
     print(sweep_outputs.format_table(sweep, result))
     print(sweep_outputs.format_load(result))
     seconds = args.step_seconds if per_second > 1 else None
     print("per tenant (means over seeds; waits from router arrival to admission, in steps"
           + (f" and seconds at {seconds} s per step" if seconds else "") + "):")
     print(format_tenants(result, names, seconds))
-    extra = slora_compare.report(args, recorder, rows, trace, names, plan.file_row, plan.slos, settings[0], c,
-                                 result) if latency else []
+    extra = []
+    if latency:
+        measured = study_plan.capacity_of(plan, settings[0])
+        extra = slora_compare.report(args, recorder, rows, trace, names, plan.file_row, plan.slos, settings[0],
+                                     measured, c, result, (plan.model or "the server's own clock", plan.shown_options))
     result["latency"] = result.get("latency")
     return _write(args, sweep, result, names, extra)
 

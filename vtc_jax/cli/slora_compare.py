@@ -17,7 +17,6 @@ server or a cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -25,13 +24,12 @@ import numpy as np
 
 from vtc_jax.driver.latency import bench_serve, summarize
 from vtc_jax.servers import registry as servers
-from vtc_jax.servers import slora
 
 OUTPUTS = ["bench_serve.json"]  # written in --out beside compare's files (the latency: results.json's "latency")
 
 
-def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, slos: dict, settings,
-           cluster: dict | None = None, result: dict | None = None) -> list:
+def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, slos: dict, settings, measured,
+           cluster: dict | None = None, result: dict | None = None, shown: tuple | None = None) -> list:
     """Print the latency table and the load line of each row's lane of seed 0 (kept by
     `recorder`, a server_latency.RecordingEngine, or on a cluster a
     cluster_latency.ClusterRecordingEngine) and return the (path, writer) pairs of
@@ -40,17 +38,17 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
     (replicas') Settings (the capacity run's M and server options; its per-token record is
     not the capacity run's); `cluster`: cluster_flags.describe's dict, None on one server
     (the load line then reads R x one server's capacity: timed_compare.load_report);
-    `result`: the sweep's, which gets the report as "latency"."""
+    `result`: the sweep's, which gets the report as "latency"; `measured`: one server's
+    capacity on the log's mix (study_plan.capacity_of); `shown`: (the step-time model, the
+    settings a report prints) of a server without a clock of its own (vLLM's)."""
     from vtc_jax.cli import timed_compare
-    from vtc_jax.driver.server_latency import measure_capacity, record_table
+    from vtc_jax.driver.server_latency import record_table
 
     k = len(names)
     arrival_us = np.asarray(trace.arrival, np.int64)
     tenant, prompt = np.asarray(trace.client, np.int64), np.asarray(trace.prompt, np.int64)
-    settings = dataclasses.replace(settings, server_options=tuple(
-        (key, value) for key, value in settings.server_options if key not in slora.STATIC))
-    measured = measure_capacity(trace.prompt, trace.output, settings, args.server, slora.request_record)
-    clock, options = servers.get(args.server).own_clock(dict(settings.server_options))  # what its reports print
+    own = servers.get(args.server).own_clock
+    clock, options = own(dict(settings.server_options)) if own is not None else shown  # what its reports print
     where = None if cluster is None else dict(cluster, server=args.server)
     out = {"log": str(args.log), "server": args.server, "step_time": clock, "settings": options,
            "tenants": names, **({} if cluster is None else {"cluster": cluster}),

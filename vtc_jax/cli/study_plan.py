@@ -272,7 +272,7 @@ def study_engine(plan: Plan):
     return StudyEngine(LatencyPlan(record, index, plan.trace, plan.offset, plan.tenant_of, plan.tenants, plan.slos))
 
 
-def _capacity(plan: Plan, settings):
+def capacity_of(plan: Plan, settings):
     """The server's capacity on the log's mix (the load line), in a run of its own
     without the per-token record; with prefix caching, of the same engine without it (the
     saturated mix is not the log's order, so its content does not apply: a floor)."""
@@ -296,7 +296,7 @@ def report(args, plan: Plan, engine, rows, settings, result: dict) -> list:
 
     arrival_us = np.asarray(plan.trace.arrival, np.int64) - plan.offset
     try:
-        measured = _capacity(plan, settings)
+        measured = capacity_of(plan, settings)
     except InputError as err:  # the load line's own run (a saturated mix) failed: the study's numbers stand
         measured = str(err)
     out = {"log": str(args.log), "server": plan.server, "step_time": plan.model or "the server's own clock",

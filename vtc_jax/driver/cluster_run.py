@@ -20,7 +20,9 @@ from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import histogram_quantile
 from vtc_jax.driver.run import calendar_rows, check_exact_limits, lane_keys, reject_at_arrival, validate_fits
+from vtc_jax.driver.cluster_gateway import encode_gateway, gateway_config
 from vtc_jax.engines.cluster import PROGRAM, layout_lanes
+from vtc_jax.engines.cluster_replica import table_rows
 from vtc_jax.engines.cluster_router import leaf_kinds
 from vtc_jax.engines.cluster_settings import (
     CHOICES,
@@ -91,7 +93,8 @@ def encode(clusters: Sequence[ClusterSettings], cfg: ClusterConfig, horizons: Se
         thresholds=jnp.asarray(np.asarray(thresholds, np.int32)),
         measure_from=arr(lambda c: c.measure_from), horizon=jnp.asarray(np.asarray(horizons, np.int32)),
         replicas=arr(lambda c: c.replicas), routers=arr(lambda c: c.routers),
-        tenants=jnp.asarray(np.asarray(tenants, np.int32)))
+        tenants=jnp.asarray(np.asarray(tenants, np.int32)),
+        fleet=None if cfg.picker is None else encode_gateway(clusters, cfg.picker_shape, cfg.server))
 
 
 def _padded(thresholds, routers: int):
@@ -103,15 +106,10 @@ def _pow2(x: int) -> int:
 
 
 def check_server(name: str):
-    """The replicas' server (servers.registry), refused when the cluster cannot run it: a
-    replica has no requeue, so a server that preempts (vllm) does not run on the cluster yet.
-    A timed server (slora) runs with a clock per replica (docs/CLUSTER.md)."""
-    chosen = servers.get(name)
-    if chosen.preempts:
-        raise InputError(f"--server {name}: the cluster's replicas cannot run a server that preempts requests yet "
-                         "(a replica has no requeue, and sizes its slots and saturation rule from M = --kv-budget); "
-                         "use --server ideal")
-    return chosen
+    """The replicas' server (servers.registry): any registered server; a timed one (slora,
+    vllm) runs with a clock per replica, one that preempts (vllm) with a requeue per
+    replica (docs/CLUSTER.md)."""
+    return servers.get(name)
 
 
 def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows: int, min_prompt: int,
@@ -165,7 +163,8 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
         arrival_width=arrival_width, record=record, server=server,
         rpm=any(c.engine.rpm_delays for c in clusters), kv_cap=any(c.engine.kv_cap is not None for c in clusters),
         bands=any(c.engine.bands is not None for c in clusters),
-        server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
+        server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else (),
+        **gateway_config(clusters, max(c.replicas for c in clusters), server))
 
 
 def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons: Sequence[int], cfg: ClusterConfig,
@@ -228,7 +227,7 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
     workload = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_lane)
     most = max(len(t) for t in traces)
     return run_lanes(workload, clusters, [steps] * len(clusters), cfg, shared=False,
-                     event_budget=steps + 4 * most + 2, chunk=chunk, tenants=tenants)
+                     event_budget=event_budget(cfg, steps, most), chunk=chunk, tenants=tenants)
 
 
 def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4,
@@ -266,8 +265,14 @@ def simulate_sources(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
                                       num_clients=cfg.num_clients, exact=sources.replays_exactly(seeds))
     expected = expected_events(uniq, horizon)
     return run_lanes(workload, clusters, [horizon] * len(clusters), cfg, shared=False,
-                     event_budget=horizon + 4 * cfg.tenant_rows + 2, expected_events=expected, chunk=chunk, mesh=mesh,
+                     event_budget=event_budget(cfg, horizon, cfg.tenant_rows), expected_events=expected, chunk=chunk, mesh=mesh,
                      progress=progress)
+
+
+def event_budget(cfg: ClusterConfig, horizon: int, requests: int) -> int:
+    """Events that suffice for a lane to reach `horizon`: the server's events per step (a
+    BEGIN on a server that preempts) and four per request."""
+    return servers.get(cfg.server).events_per_step * horizon + 4 * requests + 2
 
 
 def expected_events(uniq, horizon: int) -> int:
@@ -285,7 +290,7 @@ def lane_bytes(cfg: ClusterConfig) -> int:
     words = ROW_FIELDS * rows + (4 * rows if cfg.record else 0) + 11 * cfg.tenant_rows  # + the generator's
     tables = 4 * rows if any(registry.get(p).arrival_rows for p in cfg.gateway_policies) else 0
     replica = r * ((POOL_FIELDS + 3) * cfg.wait_slots + cfg.calendar_rows + 6 * cfg.slots + 20 * k
-                   + (4 * cfg.wait_slots if any(registry.get(p).arrival_rows for p in cfg.engine_policies) else 0))
+                   + (4 * table_rows(cfg) if any(registry.get(p).arrival_rows for p in cfg.engine_policies) else 0))
     other = k * LATENCY_BINS + 3 * g * r * k + 4 * r * k + cfg.ring * g * k * 3
     tokens = r * int(dict(cfg.server_static).get("token_times", 0))  # each replica's per-token record (TokenTimes)
     return 2 * 4 * (words + tables + replica + other + tokens) + 4096
@@ -309,12 +314,24 @@ def _request_times(host: ClusterState, cfg: ClusterConfig, horizon) -> dict:
     """first_token, finish per cluster row (-1: not yet, or in a step still running at the
     lane's horizon), from the replicas' servers' own record (keyed by dispatch sequence,
     written when a step starts) and the dispatch records; None without them."""
-    times = servers.get(cfg.server).request_times
+    times = _server_times(servers.get(cfg.server))
     if host.rec is None or times is None:
         return {"first_token": None, "finish": None}
     rec = np.asarray(host.rec, np.int64)
     return {name: _reached(_by_row(per_seq, rec), horizon)
             for name, per_seq in zip(("first_token", "finish"), times(host.reps.server))}
+
+
+def _server_times(chosen) -> Callable | None:
+    """The server's host-side (first token, finish) by request: its `request_times`, or
+    read from its `request_record` (vLLM's outcome record); None if it keeps neither."""
+    if chosen.request_times is not None or chosen.request_record is None:
+        return chosen.request_times
+
+    def times(host):
+        got = chosen.request_record(host)
+        return got["first"], got["finish"]
+    return times
 
 
 def _reached(times: np.ndarray, horizon) -> np.ndarray:

@@ -22,6 +22,7 @@ from vtc_jax.core.errors import InputError
 from vtc_jax.driver.cluster_run import (
     ClusterResults,
     encode,
+    event_budget,
     expected_events,
     lane_bytes,
     run_lanes,
@@ -114,7 +115,7 @@ def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
     if drain:
         workload = jax.tree_util.tree_map(lambda x: jnp.concatenate([x, x]), workload)
     expected = expected_events(uniq, horizon)
-    res = run_lanes(workload, lanes, horizons, cfg, shared=False, event_budget=horizon + 4 * cfg.tenant_rows + 2,
+    res = run_lanes(workload, lanes, horizons, cfg, shared=False, event_budget=event_budget(cfg, horizon, cfg.tenant_rows),
                     expected_events=expected, mesh=mesh, progress=progress, server_record=server_record)
     main = _lanes(res, slice(0, b))
     ends = _lanes(res, slice(b, 2 * b)) if drain else main

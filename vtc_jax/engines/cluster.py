@@ -50,6 +50,7 @@ import numpy as np
 
 from vtc_jax.core.rows import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT
 from vtc_jax.core.wide import WIDE
+from vtc_jax.engines import cluster_fleet as fleet_mod
 from vtc_jax.engines import cluster_replica as replica
 from vtc_jax.engines.cluster_router import (
     Offer,
@@ -69,6 +70,7 @@ from vtc_jax.engines.cluster_router import (
 from vtc_jax.engines.cluster_settings import DELAYED, INGRESS_SALT, PER_ROUTER, ROUND_ROBIN, SHARED, ClusterConfig, ClusterParams
 from vtc_jax.engines.cluster_state import (
     EST,
+    POOL_FIELDS,
     REC_ADMIT,
     ROW_FIELDS,
     TIMELINE_PAD,
@@ -138,8 +140,16 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         if ring_d is not None:
             cost = offer.states["drr"]["chosen_cost"]
             ring_d = ring_d.at[slot, j, c].add(jnp.where(mask, cost, 0))
-    target = choose_replica(state, params, cfg, room, load, queued, j, c)
-    record = jnp.concatenate([jnp.stack([t, state.dseq]), row[PROMPT:ROW_FIELDS], jnp.stack([row[ARRIVAL], index])])
+    fleet = state.fleet
+    if fleet is None:
+        target = choose_replica(state, params, cfg, room, load, queued, j, c)
+    else:  # the endpoint picker (ENGINE_FLEET.md section 4); a cycle spent (flow control)
+        live = fleet_mod.live_stats(state.reps, params.engine, cfg)
+        present = jnp.arange(r) < params.replicas
+        target, picked, _ = fleet_mod.choose(state, fleet, state.reps, row, live, present, params, cfg)
+        fleet = fleet_mod.routed(fleet, picked, target, row[PROMPT], mask, params.fleet)
+    record = jnp.concatenate([jnp.stack([t, state.dseq]), row[PROMPT:ROW_FIELDS],
+                              jnp.stack([row[ARRIVAL], index, row[ORDER]])])
     into = mask & (jnp.arange(r) == target)
     reps = jax.vmap(functools.partial(replica.rep_receive, cfg=cfg), in_axes=(0, 0, None, None, None, 0, None))(
         state.reps, rheads, t, record.astype(I32), c, into, params.engine)
@@ -154,6 +164,9 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         rows = rec.shape[0]
         rec = rec.at[jnp.where(mask, index, rows)].set(
             jnp.stack([t, target, state.dseq, jnp.asarray(-1, I32)]), mode="drop")
+    sent = state.sent
+    if sent is not None:  # a preempted request's record is read again from here
+        sent = sent.at[jnp.where(mask, state.dseq, sent.shape[0])].set(record.astype(I32), mode="drop")
     m = mask.astype(I32)
     return dataclasses.replace(
         state, rhead=state.rhead.at[j, c].add(m), rcounter=rcounter,
@@ -162,20 +175,33 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         rr=state.rr.at[j].set(jnp.where(mask & (params.choice == ROUND_ROBIN), (target + 1) % params.replicas,
                                         state.rr[j])),
         dseq=state.dseq + m, ring_c=ring_c, ring_d=ring_d, reps=reps, boundary=boundary, asleep=asleep,
-        dispatched=state.dispatched.at[j, target, c].add(m), rec=rec)
+        dispatched=state.dispatched.at[j, target, c].add(m), rec=rec, sent=sent, fleet=fleet)
 
 
 def _admit(state: ClusterState, rheads, clients, rstates, admitting, params: ClusterParams,
            cfg: ClusterConfig) -> ClusterState:
     """Every replica where `admitting` admits its candidate."""
     t = state.step
-    reps, (orig, rowid) = jax.vmap(functools.partial(replica.rep_admit, cfg=cfg), in_axes=(0, 0, 0, 0, 0, None, None))(
+    reps, (orig, rowid), first = jax.vmap(functools.partial(replica.rep_admit, cfg=cfg),
+                                          in_axes=(0, 0, 0, 0, 0, None, None))(
         state.reps, rheads, clients, rstates, admitting, t, params.engine)
-    hist = state.wait_hist.at[clients, latency_bin(t - orig)].add(admitting.astype(I32))
+    # a preempted request's admission again is not a wait (its first admission was)
+    hist = state.wait_hist.at[clients, latency_bin(t - orig)].add(first.astype(I32))
+    fleet = state.fleet
+    if fleet is not None:
+        prompts = jnp.take_along_axis(rheads[:, :, PROMPT], clients[:, None], axis=1)[:, 0]
+        fleet = fleet_mod.started(fleet, prompts, first, params.fleet)
     rec = state.rec
     if rec is not None:
-        rec = rec.at[jnp.where(admitting, rowid, rec.shape[0]), REC_ADMIT].set(t, mode="drop")
-    return dataclasses.replace(state, reps=reps, wait_hist=hist, rec=rec)
+        rec = rec.at[jnp.where(first, rowid, rec.shape[0]), REC_ADMIT].set(t, mode="drop")
+    return dataclasses.replace(state, reps=reps, wait_hist=hist, rec=rec, fleet=fleet)
+
+
+def _begin(state: ClusterState, rheads, params: ClusterParams, cfg: ClusterConfig, mask) -> ClusterState:
+    """Every replica where `mask` (bool[R]) runs its step's BEGIN (a server that preempts)."""
+    reps = jax.vmap(functools.partial(replica.rep_begin, cfg=cfg), in_axes=(0, 0, None, 0, None, None))(
+        state.reps, rheads, state.step, mask, state.sent, params.engine)
+    return dataclasses.replace(state, reps=reps)
 
 
 def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, params: ClusterParams,
@@ -201,12 +227,22 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     ahead = boundary > t
     soonest = jnp.minimum(jnp.where(ahead, boundary, INT32_MAX).min(), jnp.minimum(next_arrival.min(), horizon))
     routed = (state.rarrived - state.rhead).sum() > 0
-    next_t = jnp.where(mask, jnp.where(~ahead.any() & routed, t + 1, jnp.maximum(t + 1, soonest)), t)
+    waits_for_tick = jnp.zeros((), bool)
+    if state.fleet is not None:  # under flow control a waiting request goes at a tick (at the latest)
+        soonest = jnp.minimum(soonest, fleet_mod.next_event(t, routed, params.fleet))
+        waits_for_tick = params.fleet.flow
+    next_t = jnp.where(mask, jnp.where(~ahead.any() & routed & ~waits_for_tick, t + 1, jnp.maximum(t + 1, soonest)), t)
     elapsed = next_t - t
     reps = jax.vmap(functools.partial(replica.rep_finish, cfg=cfg),
                     in_axes=(0, 0, None, None, 0, None, 0, 0, 0, None))(
         state.reps, rheads, t, next_t, mask & bound, mask, server, work,
         jnp.where(stepped, work.elapsed, elapsed), params.engine)
+    fleet = state.fleet
+    if fleet is not None:  # the metrics each stepping replica's step will end with; the clock's cycles
+        live = fleet_mod.live_stats(reps, params.engine, cfg)
+        stats, stats_at = fleet_mod.step_stats(reps.stats, reps.stats_at, live, stepped, boundary)
+        reps = dataclasses.replace(reps, stats=stats, stats_at=stats_at)
+        fleet = fleet_mod.new_time(fleet, t, next_t, params.fleet)
     # measures over steps in which every tenant is backlogged (after the admissions)
     tenant = jnp.arange(cfg.num_clients) < params.tenants
     flag = mask & ((waiting > 0) | ~tenant).all() & (t >= params.measure_from)
@@ -272,15 +308,18 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     return dataclasses.replace(
         state, step=next_t, reps=reps, bs=bs, bsw=bsw, drift=drift, snap=snap, wsnap=wsnap,
         bsteps=state.bsteps + flag.astype(I32), rpolicy=rpolicy, rcounter=rcounter, ring_c=ring_c, ring_d=ring_d,
-        stamp=stamp, dispatched_all=state.dispatched_all & ~mask, boundary=boundary, asleep=asleep)
+        stamp=stamp, dispatched_all=state.dispatched_all & ~mask, boundary=boundary, asleep=asleep, fleet=fleet)
 
 
 def _complete(state: ClusterState, params: ClusterParams, cfg: ClusterConfig, mask) -> ClusterState:
     t = state.step
-    heads = jax.vmap(replica.rep_heads)(state.reps)
-    reps = jax.vmap(functools.partial(replica.rep_complete, cfg=cfg), in_axes=(0, 0, 0, None, None))(
+    heads = jax.vmap(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
+    reps, prompts = jax.vmap(functools.partial(replica.rep_complete, cfg=cfg), in_axes=(0, 0, 0, None, None))(
         state.reps, heads, mask, t, params.engine)
-    return dataclasses.replace(state, reps=reps)
+    fleet = state.fleet
+    if fleet is not None:
+        fleet = fleet_mod.finished(fleet, prompts, mask, params.fleet)
+    return dataclasses.replace(state, reps=reps, fleet=fleet)
 
 
 def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params: ClusterParams, cfg: ClusterConfig,
@@ -295,15 +334,18 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
     gp = params.gateway
     union = params.mode != PER_ROUTER
     arrival_rows = any(registry.get(n).arrival_rows for n in cfg.gateway_policies)
+    # under flow control one arrival per event: each enqueue runs its dispatch cycle before the next
+    one = jnp.zeros((), bool) if state.fleet is None else params.fleet.flow
+    width = jnp.where(one, 1, w)
 
     def body(j, carry):
         rarrived, rnext, rcounter, rpolicy, prior = carry
         ent, wa = entries[j], warr[j]
         pending = wa[0] <= t
         go = mask & pending & prior
-        rest = wa[w] <= t
+        rest = jnp.where(one, wa[1], wa[w]) <= t
         prior = prior & (~pending | (go & ~rest))
-        joins = go & (wa[:w] <= t)  # in arrival order: a prefix of the window
+        joins = go & (wa[:w] <= t) & (jnp.arange(w) < width)  # in arrival order: a prefix of the window
         index, client = ent[:w, 0], ent[:w, 1]
         mine = (client[:, None] == jnp.arange(k)[None, :]) & joins[:, None]  # [W, K]
         joining = mine.sum(axis=0, dtype=I32)
@@ -334,7 +376,11 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
     carry = (state.rarrived, state.rnext, state.rcounter, dict(state.rpolicy), jnp.asarray(True))
     carry = body(0, carry) if g == 1 else jax.lax.fori_loop(0, g, body, carry)
     rarrived, rnext, rcounter, rpolicy, _ = carry
-    return dataclasses.replace(state, rarrived=rarrived, rnext=rnext, rcounter=rcounter, rpolicy=rpolicy)
+    fleet = state.fleet
+    if fleet is not None:  # each enqueue brings a dispatch cycle
+        fleet = dict(fleet, cycles=fleet["cycles"] + jnp.where(one, (rnext - state.rnext).sum(dtype=I32), 0))
+    return dataclasses.replace(state, rarrived=rarrived, rnext=rnext, rcounter=rcounter, rpolicy=rpolicy,
+                               fleet=fleet)
 
 
 def _flags(params: ClusterParams, cfg: ClusterConfig) -> dict:
@@ -355,10 +401,20 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     active = ~state.done
     in_horizon = t < params.horizon
     # replicas
-    rheads = jax.vmap(replica.rep_heads)(state.reps)
+    rheads = jax.vmap(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
     due = _due(state, cfg)
     room, load, queued = jax.vmap(functools.partial(replica.rep_room, cfg=cfg), in_axes=(0, 0, None))(
         state.reps, jnp.arange(r, dtype=I32), params)
+    cycles = flow = None
+    if state.fleet is not None:  # the gateway: a scrape due by now; room = a cycle and no saturation (flow control)
+        fp = params.fleet
+        fleet = fleet_mod.scrape(state.fleet, state.reps.stats, state.reps.stats_at, t, fp)
+        state = dataclasses.replace(state, fleet=fleet)
+        live = fleet_mod.live_stats(state.reps, params.engine, cfg)
+        present = jnp.arange(r) < params.replicas
+        flow = fp.flow
+        held = flow & fleet_mod.saturated(fleet, live, present, fp)
+        room = present & ~held
     # routers
     at = state.rnext[:, None] + jnp.arange(w + 1, dtype=I32)[None, :]  # [G, W + 1]
     entries = jnp.take_along_axis(wl.timeline, at[:, :, None], axis=1)  # [G, W + 1, 2]
@@ -370,23 +426,39 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     routers = router_arrays(state, heads, head_index, params, cfg)
     offer = router_offer(state, routers, params, cfg, flags)
     ready = active & in_horizon & ~due.any() & ~pending
-    dispatching = ready & ~state.dispatched_all & room.any() & offer.has
+    gate = ready
+    if flow is not None:  # under flow control a dispatch needs a cycle (an enqueue's, or the tick's once arrivals are in)
+        cycles = fleet_mod.cycles_now(state.fleet, pending)
+        gate = jnp.where(flow, active & in_horizon & ~due.any() & (cycles > 0), ready)
+    dispatching = gate & ~state.dispatched_all & room.any() & offer.has
     clients, has, rstates = jax.vmap(functools.partial(replica.rep_select, cfg=cfg), in_axes=(0, 0, None, None))(
         state.reps, rheads, t, params.engine)
     fits = jax.vmap(functools.partial(replica.rep_fits, cfg=cfg), in_axes=(0, 0, 0, None))(
         state.reps, rheads, clients, params.engine)
     settled = ready & ~dispatching
-    admitting = settled & has & fits & (state.boundary <= t) & ~state.asleep
+    at_bound = (state.boundary <= t) & ~state.asleep
+    admitting = settled & has & fits & at_bound
+    beginning = None
+    if state.reps.begun is not None:  # a replica's BEGIN is an event of its own, before its admissions
+        beginning = settled & at_bound & ~state.reps.begun
+        admitting = admitting & ~beginning.any() & state.reps.begun
+        settled = settled & ~beginning.any()
     finishing = settled & ~admitting.any()
 
     state = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued, dispatching)
-    state = dataclasses.replace(state, dispatched_all=state.dispatched_all | settled)
+    state = dataclasses.replace(state, dispatched_all=state.dispatched_all | ready & ~dispatching)
+    if flow is not None:  # a cycle dispatches one request; one that finds none to send (saturated, empty) is spent
+        state = dataclasses.replace(state, fleet=fleet_mod.spend(state.fleet, pending, flow & gate, dispatching))
+    if beginning is not None:
+        state = _begin(state, rheads, params, cfg, beginning)
     state = _admit(state, rheads, clients, rstates, admitting, params, cfg)
     state = _finish(state, wl, rheads, routers, params, cfg, flags, finishing, next_arrival)
     completing = active & _due(state, cfg)
     state = _complete(state, params, cfg, completing)
     settled_now = ~_due(state, cfg).any()
     arriving = active & (state.step < params.horizon) & settled_now & (next_arrival <= state.step).any()
+    if flow is not None:  # the last enqueue's cycle first
+        arriving = arriving & (~flow | (state.fleet["cycles"] <= 0))
     state = _arrive(state, wl, heads, head_index, params, cfg, flags, arriving, entries, warr)
     finished = (state.step >= params.horizon) & settled_now
     return dataclasses.replace(state, done=state.done | (active & finished),
@@ -411,6 +483,7 @@ def init_state(cfg: ClusterConfig, params: ClusterParams, wl: ClusterWorkload) -
         stamp = jnp.full(cfg.ring, -1, I32).at[0].set(0)
     zgk = jnp.zeros((g, k), I32)
     rec = jnp.full((cfg.num_rows, 4), -1, I32) if cfg.record else None
+    sent = jnp.zeros((cfg.num_rows, POOL_FIELDS), I32) if servers.get(cfg.server).preempts else None
     return ClusterState(
         step=jnp.zeros((), I32), done=params.horizon <= 0, iterations=jnp.zeros((), I32), rhead=zgk, rarrived=zgk,
         rnext=jnp.zeros(g, I32),
@@ -420,7 +493,8 @@ def init_state(cfg: ClusterConfig, params: ClusterParams, wl: ClusterWorkload) -
         boundary=jnp.zeros(r, I32), asleep=jnp.zeros(r, bool),
         dispatched=jnp.zeros((g, r, k), I32), snap=WIDE.zeros((r, k)), wsnap=WIDE.zeros((r, k)),
         bs=WIDE.zeros((k,)), bsw=WIDE.zeros((k,)), drift=WIDE.zeros(), bsteps=jnp.zeros((), I32),
-        wait_hist=jnp.zeros((k, LATENCY_BINS), I32), rec=rec)
+        wait_hist=jnp.zeros((k, LATENCY_BINS), I32), rec=rec, sent=sent,
+        fleet=None if cfg.picker is None else fleet_mod.init(cfg, params))
 
 
 def _program_init(cfg: ClusterConfig, batched: ClusterBatch, shared) -> ClusterState:

@@ -3,7 +3,11 @@ cluster's events (cluster.py): a per-tenant FIFO of dispatched requests in a slo
 the replica's engine policy, and in front of it any registered server (servers/base.py),
 reached only through its component functions (the cluster knows no server by name), and
 its admission limits (engines/limits.py, as on one server). The replica charges the
-server's `Work` with the lane's costs, as engine.py does."""
+server's `Work` with the lane's costs, as engine.py does. A server that preempts (vLLM's
+recompute) keeps its own requeue here, as on one server (engines/requeue.py): at its
+step's BEGIN the server hands back its victims, each goes onto its tenant's stack, and a
+tenant's head is its stack's top (its pool record, read from the cluster's `sent`) before
+its FIFO's."""
 
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from vtc_jax.core.rows import ARRIVAL, CACHED, NUM_FIELDS, PROMPT
+from vtc_jax.core.rows import ARRIVAL, CACHED, NUM_FIELDS, ORDER, PROMPT
 from vtc_jax.core.wide import WIDE
-from vtc_jax.engines import limits
+from vtc_jax.engines import limits, requeue
 from vtc_jax.engines.cluster_settings import KV, ClusterConfig, ClusterParams
-from vtc_jax.engines.cluster_state import EST, ORIG, POOL_FIELDS, ROW_FIELDS, ROWID, Replica, keep, pick
+from vtc_jax.engines.cluster_state import EST, NUMBER, ORIG, POOL_FIELDS, ROW_FIELDS, ROWID, Replica, keep, pick
 from vtc_jax.engines.settings import Params
 from vtc_jax.policies import registry
 from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, onehot
@@ -24,9 +28,35 @@ from vtc_jax.servers import registry as servers
 I32 = jnp.int32
 
 
-def rep_heads(rep: Replica):
-    """int32[K, POOL_FIELDS]: each tenant's FIFO head record (meaningful where waiting)."""
-    return rep.pool[jnp.maximum(rep.fh, 0)]
+def rep_heads(rep: Replica, sent=None):
+    """int32[K, POOL_FIELDS]: each tenant's head record (meaningful where waiting): its
+    stack's top where it holds preempted requests (`sent`: int32[N, POOL_FIELDS] the record
+    of each dispatch sequence), else its FIFO's head."""
+    fifo = rep.pool[jnp.maximum(rep.fh, 0)]
+    if rep.stacks is None:
+        return fifo
+    top, _ = requeue.tops(rep.stacks)
+    return jnp.where((rep.stacks.depth > 0)[:, None], sent[jnp.maximum(top, 0)], fifo)
+
+
+def server_row(record, cfg: ClusterConfig):
+    """int32[NUM_FIELDS]: a pool record as the server sees it. A server that keys its
+    record by the index it is given (record_index "row": vLLM) sees the request's number as
+    its ORDER, as on one server (a prefix cache finds its content by it); one that keys its
+    record by ORDER (slora) sees the dispatch sequence there."""
+    if servers.get(cfg.server).record_index != "row":
+        return record[:NUM_FIELDS]
+    return record[:NUM_FIELDS].at[ORDER].set(record[NUMBER])
+
+
+def _in_fifo(rep: Replica):
+    """int32[K]: each tenant's requests in its FIFO (its waiting ones less its stacked ones)."""
+    return rep.nw if rep.stacks is None else rep.nw - rep.stacks.depth
+
+
+def _generated(rep: Replica, client):
+    """int32[]: tokens `client`'s head had generated (a preempted request: recomputed), 0 for a new one."""
+    return jnp.zeros((), I32) if rep.stacks is None else requeue.tops(rep.stacks)[1][client]
 
 
 def rep_load(rep: Replica, cfg: ClusterConfig):
@@ -34,9 +64,22 @@ def rep_load(rep: Replica, cfg: ClusterConfig):
     return servers.get(cfg.server).load(rep.server)
 
 
+def keyed_by_sequence(cfg: ClusterConfig) -> bool:
+    """The replica's policies key their per-request tables by dispatch sequence (< num_rows),
+    not by waiting slot, when the server preempts: a preempted request comes back after its
+    slot was freed and taken again, and its tags (wfq, sfq, drr) must still be there."""
+    return servers.get(cfg.server).preempts
+
+
+def table_rows(cfg: ClusterConfig) -> int:
+    """Rows of a replica policy's per-request tables (policies.base.Shape.num_rows)."""
+    return cfg.num_rows if keyed_by_sequence(cfg) else cfg.wait_slots
+
+
 def _view(rep: Replica, heads, step, costs, cfg: ClusterConfig) -> View:
     load = rep_load(rep, cfg)
-    return View(num=WIDE, step=step, backlogged=rep.nw > 0, heads=heads, head_index=jnp.maximum(rep.fh, 0),
+    index = heads[:, ORDER] if keyed_by_sequence(cfg) else jnp.maximum(rep.fh, 0)
+    return View(num=WIDE, step=step, backlogged=rep.nw > 0, heads=heads, head_index=index,
                 waiting=rep.nw, counter=rep.counter, running=load.running, context=load.context,
                 last_left=rep.last_left, costs=costs, estimates=heads[:, EST])
 
@@ -58,7 +101,7 @@ def rep_fits(rep: Replica, heads, client, eparams: Params, cfg: ClusterConfig):
     """bool[]: the server's memory admits `client`'s FIFO head now (its `fits`)."""
     server = servers.get(cfg.server)
     extra = {"client": client} if server.fits_client else {}
-    return server.fits(rep.server, eparams, heads[client, :NUM_FIELDS], **extra)
+    return server.fits(rep.server, eparams, server_row(heads[client], cfg), generated=_generated(rep, client), **extra)
 
 
 def rep_room(rep: Replica, index, params: ClusterParams, cfg: ClusterConfig):
@@ -84,13 +127,15 @@ def rep_receive(rep: Replica, heads, step, record, client, mask, eparams: Params
     after = ok & (heads[0, ARRIVAL] >= -1)
     pool = rep.pool.at[jnp.where(after, slot, s)].set(record, mode="drop")
     tail = rep.ft[client]
-    link = ok & (rep.nw[client] > 0)
+    queued = _in_fifo(rep)[client]
+    link = ok & (queued > 0)
     nxt = rep.nxt.at[jnp.stack([jnp.where(ok, slot, s), jnp.where(link, tail, s)])].set(
         jnp.stack([jnp.asarray(-1, I32), slot]), mode="drop")
-    fh = rep.fh.at[client].set(jnp.where(ok & (rep.nw[client] == 0), slot, rep.fh[client]))
+    fh = rep.fh.at[client].set(jnp.where(ok & (queued == 0), slot, rep.fh[client]))
     ft = rep.ft.at[client].set(jnp.where(ok, slot, tail))
     joining = onehot(client, k, ok)
-    arrivals = Arrivals(joins=ok[None], client=client.astype(I32)[None], index=slot[None],
+    key = record[ORDER] if keyed_by_sequence(cfg) else slot
+    arrivals = Arrivals(joins=ok[None], client=client.astype(I32)[None], index=key[None],
                         rows=record[None, :ROW_FIELDS], estimates=record[EST][None], joining=joining,
                         newcomer=~view.backlogged & (joining > 0), first=client.astype(I32))
     states, counters = {}, []
@@ -104,38 +149,65 @@ def rep_receive(rep: Replica, heads, step, record, client, mask, eparams: Params
 
 
 def rep_admit(rep: Replica, heads, client, states, mask, step, eparams: Params, cfg: ClusterConfig):
-    """Admit the candidate (its FIFO head) where `mask` (MODEL.md phase 2, one request): it
-    leaves the FIFO and the server starts it. Returns (replica, (router arrival, cluster
-    row) of the request)."""
+    """Admit the candidate (its head) where `mask` (MODEL.md phase 2, one request): it
+    leaves its stack (a preempted request, recomputed and not charged again) or its FIFO,
+    and the server starts it. Returns (replica, (router arrival, cluster row) of the
+    request, first bool[]: a new request, not a preempted one)."""
     view = _view(rep, heads, step, eparams.costs, cfg)
     k, s = cfg.num_clients, cfg.wait_slots
     row = view.heads[client]
-    slot = view.head_index[client]
-    take = onehot(client, k, mask)
+    slot = jnp.maximum(rep.fh[client], 0)  # the FIFO head's waiting slot (freed if it is the one admitted)
+    stacks, again, generated = rep.stacks, jnp.zeros((), bool), _generated(rep, client)
+    if stacks is not None:
+        again = stacks.depth[client] > 0
+        stacks = requeue.pop(stacks, onehot(client, k, mask & again))
+    first = mask & ~again
+    take, fresh = onehot(client, k, mask), onehot(client, k, first)
     prompt = row[PROMPT]
     costs = eparams.costs
-    prefill = costs.prefill * jnp.where(costs.charge_cached, prompt, prompt - row[CACHED])
-    admission = Admission(client=client, row=row[:ROW_FIELDS], index=slot, estimate=row[EST], prefill=prefill)
+    server = servers.get(cfg.server)
+    cached = row[CACHED] if server.prefix_hit is None else server.prefix_hit(rep.server, eparams, server_row(row, cfg),
+                                                                             generated=generated)
+    prefill = jnp.where(again, 0, costs.prefill * jnp.where(costs.charge_cached, prompt, prompt - cached))
+    admission = Admission(client=client, row=row[:ROW_FIELDS], index=view.head_index[client], estimate=row[EST],
+                          prefill=prefill)
     new_states, values = {}, []
     for n in cfg.engine_policies:
         new_states[n], v = registry.get(n).admit(states[n], view, admission, eparams.policy[n])
         values.append(v)
     value = pick(eparams.policy_id, values)
-    server, overflow = servers.get(cfg.server).admit(rep.server, eparams, row[:NUM_FIELDS], client, value, step, mask)
-    last = rep.nw[client] == 1
-    fh = rep.fh.at[client].set(jnp.where(mask, jnp.where(last, -1, rep.nxt[slot]), rep.fh[client]))
-    ft = rep.ft.at[client].set(jnp.where(mask & last, -1, rep.ft[client]))
-    free = rep.free.at[jnp.where(mask, rep.top, s)].set(slot, mode="drop")
+    # the server numbers the replica's requests by dispatch sequence (the record's ORDER)
+    started, overflow = server.admit(rep.server, eparams, server_row(row, cfg), client, value, step, mask,
+                                     index=row[ORDER], generated=generated)
+    last = _in_fifo(rep)[client] == 1
+    fh = rep.fh.at[client].set(jnp.where(first, jnp.where(last, -1, rep.nxt[slot]), rep.fh[client]))
+    ft = rep.ft.at[client].set(jnp.where(first & last, -1, rep.ft[client]))
+    free = rep.free.at[jnp.where(first, rep.top, s)].set(slot, mode="drop")
     charge = take * prefill
     weighted = charge * costs.counter_mult
     rep = dataclasses.replace(
-        rep, fh=fh, ft=ft, free=free, top=rep.top + mask.astype(I32), nw=rep.nw - take,
-        waitp=rep.waitp - mask.astype(I32) * prompt, server=server,
+        rep, fh=fh, ft=ft, free=free, top=rep.top + first.astype(I32), nw=rep.nw - take,
+        waitp=rep.waitp - mask.astype(I32) * prompt, server=started, stacks=stacks,
         service=WIDE.add(rep.service, charge), counter=WIDE.add(rep.counter, weighted),
-        wsvc=WIDE.add(rep.wsvc, weighted), admitted=rep.admitted + take,
-        last_left=jnp.where(mask, client, rep.last_left), limits=limits.on_admit(rep.limits, take, row),
+        wsvc=WIDE.add(rep.wsvc, weighted), admitted=rep.admitted + fresh,
+        last_left=jnp.where(mask, client, rep.last_left), limits=limits.on_admit(rep.limits, fresh, row),
         overflow=rep.overflow | overflow, policy=keep(rep.policy, new_states, mask))
-    return rep, (row[ORIG], row[ROWID])
+    return rep, (row[ORIG], row[ROWID]), first
+
+
+def rep_begin(rep: Replica, heads, step, mask, sent, eparams: Params, cfg: ClusterConfig) -> Replica:
+    """The replica's step BEGIN where `mask` (a server that preempts): the server schedules
+    its running requests and hands back its victims, which go onto their tenants' stacks
+    (in the server's order: the last one is served first again) and count as waiting."""
+    view = _view(rep, heads, step, eparams.costs, cfg)
+    server, out = servers.get(cfg.server).begin_step(rep.server, eparams, view, step, mask)
+    pushing = out.mask & mask
+    stacks, overflow = requeue.push(rep.stacks, pushing, out.client, out.index, out.generated)
+    mine = (out.client[None, :] == jnp.arange(cfg.num_clients)[:, None]) & pushing[None, :]  # [K, S]
+    prompts = jnp.where(pushing, sent[jnp.clip(out.index, 0, sent.shape[0] - 1), PROMPT], 0)
+    return dataclasses.replace(rep, server=server, stacks=stacks, begun=rep.begun | mask,
+                               nw=rep.nw + mine.sum(axis=1, dtype=I32), waitp=rep.waitp + prompts.sum(dtype=I32),
+                               overflow=rep.overflow | (mask & overflow))
 
 
 def rep_end_step(rep: Replica, mask, eparams: Params, cfg: ClusterConfig):
@@ -154,8 +226,9 @@ def rep_finish(rep: Replica, heads, step, next_step, mask, moving, server, work,
     weighted = decode * costs.counter_mult
     step_end = StepEnd(decode=decode, elapsed=elapsed, detail=work.detail)
     states = {n: registry.get(n).step(rep.policy[n], view, step_end, eparams.policy[n]) for n in cfg.engine_policies}
+    begun = None if rep.begun is None else rep.begun & ~mask  # the next step begins again
     return dataclasses.replace(rep, service=WIDE.add(rep.service, decode), counter=WIDE.add(rep.counter, weighted),
-                               wsvc=WIDE.add(rep.wsvc, weighted), server=server,
+                               wsvc=WIDE.add(rep.wsvc, weighted), server=server, begun=begun,
                                limits=limits.on_step(rep.limits, step, next_step, moving, eparams),
                                policy=keep(rep.policy, states, mask))
 
@@ -165,8 +238,9 @@ def rep_due(rep: Replica, step, cfg: ClusterConfig):
     return servers.get(cfg.server).due(rep.server, step)
 
 
-def rep_complete(rep: Replica, heads, mask, step, eparams: Params, cfg: ClusterConfig) -> Replica:
-    """MODEL.md phase 4 for one request (the server's next to leave) where `mask`."""
+def rep_complete(rep: Replica, heads, mask, step, eparams: Params, cfg: ClusterConfig):
+    """MODEL.md phase 4 for one request (the server's next to leave) where `mask`. Returns
+    (replica, the request's prompt tokens)."""
     view = _view(rep, heads, step, eparams.costs, cfg)
     server, done = servers.get(cfg.server).complete(rep.server, step, mask)
     take = onehot(done.client, cfg.num_clients, mask)
@@ -175,12 +249,12 @@ def rep_complete(rep: Replica, heads, mask, step, eparams: Params, cfg: ClusterC
               for n in cfg.engine_policies}
     return dataclasses.replace(rep, server=server, completed=rep.completed + take,
                                limits=limits.on_complete(rep.limits, take, done.prompt, done.output),
-                               policy=keep(rep.policy, states, mask))
+                               policy=keep(rep.policy, states, mask)), done.prompt
 
 
 def rep_init(cfg: ClusterConfig, eparams: Params) -> Replica:
     k, s = cfg.num_clients, cfg.wait_slots
-    shape = Shape(num_clients=k, num_rows=s, num=WIDE)
+    shape = Shape(num_clients=k, num_rows=table_rows(cfg), num=WIDE)
     zk = jnp.zeros(k, I32)
     return Replica(pool=jnp.zeros((s, POOL_FIELDS), I32), nxt=jnp.full(s, -1, I32),
                    free=jnp.arange(s - 1, -1, -1, dtype=I32), top=jnp.asarray(s, I32), fh=jnp.full(k, -1, I32),
@@ -189,4 +263,18 @@ def rep_init(cfg: ClusterConfig, eparams: Params) -> Replica:
                    server=servers.get(cfg.server).init(cfg.server_shape),
                    last_left=jnp.asarray(-1, I32), admitted=zk, completed=zk,
                    policy={n: registry.get(n).init(eparams.policy[n], shape) for n in cfg.engine_policies},
-                   limits=limits.init(k, cfg.rpm, cfg.kv_cap), overflow=jnp.zeros((), bool))
+                   limits=limits.init(k, cfg.rpm, cfg.kv_cap), overflow=jnp.zeros((), bool),
+                   **_preemption_state(cfg), **_metrics_state(cfg))
+
+
+def _metrics_state(cfg: ClusterConfig) -> dict:
+    """Behind an endpoint picker: the metrics the replica's steps end with (cluster_fleet.py)."""
+    if cfg.picker is None:
+        return {}
+    return {"stats": jnp.zeros((2, 2), I32), "stats_at": jnp.zeros((), I32)}
+
+
+def _preemption_state(cfg: ClusterConfig) -> dict:
+    if not servers.get(cfg.server).preempts:
+        return {}
+    return {"stacks": requeue.init(cfg.num_clients, cfg.requeue_depth), "begun": jnp.zeros((), bool)}

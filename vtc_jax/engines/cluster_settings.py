@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 from fractions import Fraction
 
 import jax
@@ -28,9 +29,57 @@ ROUND_ROBIN, LEAST_KV, LEAST_QUEUED, P2C, AFFINITY = range(5)
 INGRESS_BITS = 24
 INGRESS_SALT, P2C_SALT, AFFINITY_SALT = 0x632BE5AB, 0x2545F491, 0x5BD1E995
 MAX_REPLICAS, MAX_ROUTERS, MAX_DELAY = 64, 16, 64
+MAX_GATEWAY_US = 1 << 30  # the gateway's intervals (scrape, tick, TTL): a timed clock's range
 
 
 # ---- settings (host) ----------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Gateway:
+    """The fleet's gateway (ENGINE_FLEET.md): an endpoint picker in front of the replicas
+    and, optionally, llm-d's flow control. Times are in the replicas' clock unit (us on a
+    timed server).
+
+    Attributes:
+      picker: an endpoint picker (vtc_jax/pickers registry: "llm-d", "dynamo",
+        "round-robin", "least-loaded"); it replaces ClusterSettings.choice.
+      flow_control: False (llm-d's default): every request is routed at its arrival. True:
+        requests wait in the gateway's per-tenant queues; a dispatch cycle runs at each
+        enqueue and each tick, dispatches at most one request, and none while the pool is
+        saturated (llm-d's utilization detector on the scraped W and KV).
+      scrape_us: the metrics scrape interval (W, KV: 50 ms; 0: the picker and the detector
+        read the replicas live, BLIS's oracle).
+      tick_us: the flow-control tick (1 ms).
+      queue_depth, kv_threshold: the saturation detector's thresholds (5, 4/5).
+      ties: "random" (seeded from the lane's seed and the request) or "lowest" (tests).
+    """
+
+    picker: str = "llm-d"
+    flow_control: bool = False
+    scrape_us: int = 50_000
+    tick_us: int = 1000
+    queue_depth: int = 5
+    kv_threshold: Fraction = Fraction(4, 5)
+    ties: str = "random"
+
+    def __post_init__(self):
+        from vtc_jax.engines import flow_control
+        from vtc_jax.pickers import registry as pickers
+
+        if self.picker not in pickers.names():
+            raise InputError(f"picker must be one of {', '.join(pickers.names())}, got {self.picker!r}")
+        if not isinstance(self.flow_control, (bool, np.bool_)):
+            raise InputError(f"flow_control must be True or False, got {self.flow_control!r}")
+        _int_in(self.scrape_us, "scrape interval", 0, MAX_GATEWAY_US)
+        _int_in(self.tick_us, "flow-control tick", 1, MAX_GATEWAY_US)
+        flow_control.saturation_params(self.queue_depth, self.kv_threshold)  # validates
+        object.__setattr__(self, "kv_threshold", to_fraction(self.kv_threshold, "KV threshold"))
+        if self.ties not in ("random", "lowest"):
+            raise InputError(f"picker ties must be random or lowest, got {self.ties!r}")
+
+    def setting_keys(self) -> dict:
+        return {"picker": self.picker, "flow_control": bool(self.flow_control), "scrape_us": self.scrape_us}
+
 
 def _int_in(value, name: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -77,8 +126,10 @@ class ClusterSettings:
       choice: "round_robin" (per router), "least_kv", "least_queued", "p2c" (power of two
         choices, seeded) or "affinity" (the tenant's home replica, a hash of the tenant and
         the seed, else the next one with room).
-      seed: the lane's seed for ingress draws, p2c and affinity.
+      seed: the lane's seed for ingress draws, p2c and affinity (and a picker's ties).
       measure_from: first step of the measures taken while every tenant is backlogged.
+      gateway_rules: a Gateway (an endpoint picker, flow control) or None (the choice and
+        saturation rules above); one router only.
     """
 
     engine: Settings = Settings("fcfs")
@@ -97,6 +148,7 @@ class ClusterSettings:
     choice: str = "least_kv"
     seed: int = 0
     measure_from: int = 0
+    gateway_rules: Gateway | None = None
     gateway: Settings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -142,6 +194,11 @@ class ClusterSettings:
         set_("measure_from", _int_in(self.measure_from, "measure_from", 0, INT32_MAX // 2))
         if self.kv_limit > INT32_MAX // 4:
             raise InputError(f"kv threshold x M = {self.kv_limit} is past the int32 limit")
+        if self.gateway_rules is not None:
+            if not isinstance(self.gateway_rules, Gateway):
+                raise InputError("gateway_rules must be a Gateway")
+            if self.routers != 1:
+                raise InputError(f"an endpoint picker runs at one gateway, got {self.routers} routers")
 
     @property
     def kv_limit(self) -> int:
@@ -178,6 +235,8 @@ class ClusterSettings:
                "estimate_error": _num(e.estimate_error), "gateway_policy": self.gateway_policy,
                "engine_policy": e.policy, "kv_budget": e.kv_budget, "saturation": self.saturation,
                "choice": self.choice, "holdback": bool(self.holdback)}
+        if self.gateway_rules is not None:
+            out.update(self.gateway_rules.setting_keys())
         if self.counters == "delayed":
             out["delay"] = self.delay
         if self.saturation == "kv":
@@ -213,6 +272,11 @@ class ClusterConfig:
       rpm, kv_cap, bands: some lane has an rpm limit that delays admissions, KV caps, bands
         at its replicas (engines/limits.py).
       server_static: the server's static options (ServerShape.static).
+      requeue_depth: preempted requests a tenant's stack holds at a replica (servers that
+        preempt; engines/requeue.py).
+      picker: the lanes' endpoint picker (Gateway.picker; None: the choice rules);
+        flow_control: some lane runs llm-d's flow control; picker_shape: the picker's
+        static sizes (pickers.base.Shape fields: replicas, blocks, index capacity, ids).
     """
 
     num_clients: int
@@ -233,6 +297,10 @@ class ClusterConfig:
     kv_cap: bool = False
     bands: bool = False
     server_static: tuple = ()
+    requeue_depth: int = 16
+    picker: str | None = None
+    flow_control: bool = False
+    picker_shape: tuple = ()
 
     @property
     def num_rows(self) -> int:
@@ -272,3 +340,27 @@ class ClusterParams:
     replicas: jax.Array
     routers: jax.Array
     tenants: jax.Array
+    fleet: "FleetParams | None" = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FleetParams:
+    """A lane's gateway rules as arrays (Gateway; a batch adds a lane axis). picker: the
+    picker's Params (pickers/base.py); saturation: flow_control.SaturationParams; flow:
+    bool[] flow control on; scrape_us, tick_us: int32[]; usable: int32[] a
+    replica's usable KV (blocks on vLLM: num_gpu_blocks - 1; tokens elsewhere: M); block:
+    int32[] the engine's KV block size in tokens (Dynamo's request blocks); blocks, offsets:
+    the requests' picker block ids end to end by request number (ORDER): request n's are
+    blocks[offsets[n]:offsets[n + 1]] (int32[total + T_MAX], int32[N + 1];
+    inputs/picker_blocks.py; none without content)."""
+
+    picker: Any
+    saturation: Any
+    flow: jax.Array
+    scrape_us: jax.Array
+    tick_us: jax.Array
+    usable: jax.Array
+    block: jax.Array
+    blocks: jax.Array
+    offsets: jax.Array

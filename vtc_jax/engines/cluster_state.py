@@ -16,8 +16,9 @@ from vtc_jax.engines.cluster_settings import ClusterParams
 
 EST = NUM_FIELDS  # a request's output estimate (precomputed per request)
 ROW_FIELDS = NUM_FIELDS + 1
-ORIG, ROWID = ROW_FIELDS, ROW_FIELDS + 1  # a waiting replica request: its router arrival, its row
-POOL_FIELDS = ROW_FIELDS + 2
+# a waiting replica request: its router arrival, its cluster row, its request number (trace order)
+ORIG, ROWID, NUMBER = ROW_FIELDS, ROW_FIELDS + 1, ROW_FIELDS + 2
+POOL_FIELDS = ROW_FIELDS + 3
 REC_DISPATCH, REC_REPLICA, REC_SEQ, REC_ADMIT = range(4)  # per-row records (ClusterConfig.record)
 TIMELINE_PAD = 64  # entries past the end of a router's timeline: the widest arrival window
 
@@ -45,7 +46,9 @@ class Replica:
     """One replica (the cluster state holds these with a leading replica axis R).
 
     pool: int32[S, POOL_FIELDS] waiting requests (row fields with ARRIVAL = dispatch step
-    and ORDER = dispatch sequence, then the router arrival and the cluster row); nxt:
+    and ORDER = dispatch sequence, then the router arrival, the cluster row and the request
+    number: the server sees the request by its number, as on one server, and keys its
+    record by the dispatch sequence); nxt:
     int32[S] next slot of the same tenant (FIFO lists); free: int32[S] stack of free slots
     (first `top`); fh, ft: int32[K] head and tail slot per tenant (-1: empty); nw: int32[K]
     waiting requests; waitp: int32[] their prompt tokens; counter, service, wsvc:
@@ -53,7 +56,13 @@ class Replica:
     replica's server state (servers/base.py: what runs, its memory, its completions);
     admitted, completed: int32[K]; last_left: int32[]; policy; limits: the replica's
     admission limits (engines/limits.py LimitState); overflow: bool[] (a waiting pool or the
-    server was full: the lane is not finished)."""
+    server was full: the lane is not finished). A server that preempts: stacks (the
+    replica's requeue, engines/requeue.py: per tenant the preempted requests' dispatch
+    sequences, served again before its FIFO, as on one server) and begun bool[] (the
+    replica's step has run its BEGIN); None otherwise. `nw` and `waitp` count the stacked
+    requests too (vLLM's waiting queue holds its preempted requests). Behind an endpoint
+    picker (cluster_fleet.py): stats int32[2, 2] the (W, KV used) its previous step ended
+    with and the ones its current step ends with, at stats_at int32[]; None otherwise."""
 
     pool: jax.Array
     nxt: jax.Array
@@ -73,6 +82,10 @@ class Replica:
     policy: dict
     limits: Any
     overflow: jax.Array
+    stacks: Any = None
+    begun: Any = None
+    stats: Any = None
+    stats_at: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -97,7 +110,10 @@ class ClusterState:
     int32[G, R, K]; snap, wsnap: int32[R, K, 2] service at the last step end; bs, bsw:
     int32[K, 2] service (and x counter_mult) in steps where every tenant is backlogged;
     drift: int32[2] max over those steps of max_k bsw - min_k bsw; bsteps: int32[];
-    wait_hist: int32[K, LATENCY_BINS]; rec: int32[G * N, 4] or None."""
+    wait_hist: int32[K, LATENCY_BINS]; rec: int32[G * N, 4] or None. sent: int32[G * N,
+    POOL_FIELDS] the pool record of each dispatch sequence (where a preempted request's
+    record is read again), None unless the server preempts. fleet: the gateway's picker,
+    metrics and flow-control state (cluster_fleet.init), None without a picker."""
 
     step: jax.Array
     done: jax.Array
@@ -127,6 +143,8 @@ class ClusterState:
     bsteps: jax.Array
     wait_hist: jax.Array
     rec: jax.Array | None
+    sent: jax.Array | None = None
+    fleet: dict | None = None
 
 
 @jax.tree_util.register_dataclass

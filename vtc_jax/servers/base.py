@@ -318,3 +318,7 @@ class Server:
     # prefix_hit(state, params, row, *, generated) -> int32[]: the prompt tokens the server would serve from its
     # cache were the request admitted now (what `computed` prefill charging leaves out); None: the row's CACHED
     prefix_hit: Callable[..., jax.Array] | None = None
+    # kv_blocks(state, params) -> (used, usable) int32[]: its KV pool's blocks in use (cached-but-free ones count
+    # as free) and usable (vLLM's `kv_cache_usage_perc` = used / usable: what a fleet's picker scrapes); None:
+    # the context its running requests hold, in tokens
+    kv_blocks: Callable[..., tuple] | None = None

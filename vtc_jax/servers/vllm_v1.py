@@ -463,6 +463,14 @@ def busy(state: VllmState) -> jax.Array:
     return state.nrun > 0
 
 
+def kv_blocks(state: VllmState, params):
+    """(used, usable) int32[]: blocks in use and the pool's usable blocks (num_gpu_blocks - 1:
+    the null block holds none); before the first step every usable block is free."""
+    usable = params.server["num_blocks"] - 1
+    free = jnp.where(state.free == INT_MAX, usable, state.free)
+    return usable - free, usable
+
+
 VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats, KV blocks, chunked prefill, "
               "preemption by recompute (docs/VLLM.md)",
               init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
@@ -470,4 +478,4 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
               fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options, keeps_time=timed_by_options,
               request_record=outcome_record, record_index="row", default_memory=vllm_memory,
-              trace_columns=("priority",), step_time_model=True, flags=tuple(VLLM_FLAGS.items()))
+              trace_columns=("priority",), step_time_model=True, flags=tuple(VLLM_FLAGS.items()), kv_blocks=kv_blocks)

@@ -1,0 +1,139 @@
+"""The fleet: vLLM replicas (a server that preempts, with its own requeue and clock) behind
+the cluster's gateway (vtc_jax/engines/cluster.py), against the one-server engine, which
+the vLLM goldens and the literal reference pin (tests/test_vllm_server.py).
+
+- One replica behind one router with room for everything is one vllm server, request
+  for request: per tenant W, c, admissions, completions; per request its first token,
+  finish and preemptions; every engine policy, fcfs and priority victims, random pools
+  tight enough to preempt.
+- R replicas behind round robin, routed at arrival: the fleet decomposes. Each replica is
+  one vllm server on the requests routed to it (its sub-trace, in dispatch order), exact.
+Every lane of a test runs in one batch (one compile)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.test_vllm_server import lane_input, random_lane, server_options
+from vtc_jax import MeasureConfig, Settings, Trace, run_traces
+from vtc_jax.core.rows import ORDER
+from vtc_jax.driver.cluster_run import simulate_traces
+from vtc_jax.engines.cluster_settings import ClusterSettings
+from vtc_jax.inputs.workload import layout_trace
+
+POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las")
+LANES = 28
+
+
+def _ints(a) -> list[int]:
+    """Per tenant exact ints (a wide array's trailing (high, low) pair joined)."""
+    a = np.asarray(a)
+    if a.dtype != object and a.ndim == 2 and a.shape[-1] == 2:
+        return [int(h) * (1 << 24) + int(lo) for h, lo in a]
+    return [int(x) for x in a.ravel()]
+
+
+def _one_server(traces, settings, k):
+    """Per lane: (service, counters, admitted, completed) per tenant, and per request (by
+    trace order: rank in (arrival, row) order) its first token, finish and preemptions."""
+    res = run_traces(traces, settings, num_clients=k, server="vllm", measures=MeasureConfig())
+    assert res.finished.all()
+    out = res.server_state.out
+    first, finish, pre = (np.asarray(a) for a in (out.first_token, out.finish, out.preemptions))
+    lanes = []
+    for i, trace in enumerate(traces):
+        order = layout_trace(trace, k, 5)[:, ORDER]
+        real = order < len(trace)
+        per = {int(o): (int(first[i, w]), int(finish[i, w]), int(pre[i, w])) for w, o in zip(np.flatnonzero(real), order[real])}
+        lanes.append(((_ints(res.service_units[i]), _ints(res.counter_units[i]), _ints(res.admitted[i]),
+                       _ints(res.completed[i])), per))
+    return lanes
+
+
+def _fleet_requests(cl, lane: int, n: int) -> dict:
+    """{trace order: (first token, finish, replica, dispatch sequence)} of a fleet lane."""
+    rows = cl.rows[lane]
+    rec = cl.records[lane]
+    got = {}
+    for row in np.flatnonzero(rows[:, ORDER] < n):
+        got[int(rows[row, ORDER])] = (int(cl.first_token[lane, row]), int(cl.finish[lane, row]), int(rec[row, 1]),
+                                      int(rec[row, 2]))
+    return got
+
+
+def _random_lanes(seed: int, count: int):
+    rng = np.random.default_rng(seed)
+    lanes = []
+    for i in range(count):
+        reqs, config = random_lane(rng, "fcfs", victim=str(rng.choice(["newest", "policy"])))
+        trace, _ = lane_input(reqs, config)
+        s = Settings(policy=POLICIES[i % len(POLICIES)], kv_budget=1 << 20,
+                     server_options=tuple(server_options(config).items()))
+        lanes.append((trace, s))
+    return lanes
+
+
+def test_one_vllm_replica_is_one_vllm_server():
+    """One router (fcfs, room for everything) in front of one vllm replica gives, per
+    tenant and per request, exactly what one vllm server gives on the same trace."""
+    lanes = _random_lanes(11, LANES)
+    traces, settings = [t for t, _ in lanes], [s for _, s in lanes]
+    k = max(t.num_clients for t in traces)
+    want = _one_server(traces, settings, k)
+    horizon = 400  # past every lane's drain (the lanes' steps are 1 each, no step-time model)
+    clusters = [ClusterSettings(engine=s, gateway_policy="fcfs", kv_threshold=64) for s in settings]
+    cl = simulate_traces(traces, clusters, num_clients=k, steps=horizon, record=True, server="vllm")
+    assert cl.finished.all()
+    preempted = 0
+    for i, trace in enumerate(traces):
+        totals, per = want[i]
+        got_totals = (_ints(cl.service_units[i, 0]), _ints(cl.counter_units[i, 0]), _ints(cl.admitted[i, 0]),
+                      _ints(cl.completed[i, 0]))
+        assert got_totals == totals, f"lane {i} ({settings[i].policy})"
+        fleet = _fleet_requests(cl, i, len(trace))
+        assert {o: v[:2] for o, v in fleet.items()} == {o: v[:2] for o, v in per.items()}, f"lane {i}"
+        preempted += sum(v[2] for v in per.values())
+    assert preempted > 0  # the pools were tight enough to preempt
+
+
+def _sub_trace(trace: Trace, orders: list[int]) -> Trace:
+    """The requests of `trace` with trace order in `orders` (dispatch order), as a trace of
+    their own in that order (same arrival: the dispatch order breaks ties)."""
+    rank = np.lexsort((np.arange(len(trace)), trace.arrival))  # trace order -> trace row
+    rows = [rank[o] for o in orders]
+    return Trace.from_rows([(int(trace.arrival[r]), int(trace.client[r]), int(trace.prompt[r]), int(trace.output[r]))
+                            for r in rows])
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_round_robin_fleet_is_independent_vllm_servers(replicas):
+    """R vllm replicas behind round robin, every request routed at its arrival (room for
+    everything): replica r is one vllm server on the requests the fleet sent it, request for
+    request (first token, finish) and tenant for tenant (W, admissions, completions)."""
+    lanes = _random_lanes(20 + replicas, 16)
+    traces, settings = [t for t, _ in lanes], [s for _, s in lanes]
+    k = max(t.num_clients for t in traces)
+    clusters = [ClusterSettings(engine=s, gateway_policy="fcfs", kv_threshold=64, replicas=replicas,
+                                choice="round_robin") for s in settings]
+    cl = simulate_traces(traces, clusters, num_clients=k, steps=400, record=True, server="vllm")
+    assert cl.finished.all()
+    subs, sub_settings, where = [], [], []
+    for i, trace in enumerate(traces):
+        fleet = _fleet_requests(cl, i, len(trace))
+        for r in range(replicas):
+            mine = sorted((v[3], o) for o, v in fleet.items() if v[2] == r)
+            if mine:
+                subs.append(_sub_trace(trace, [o for _, o in mine]))
+                sub_settings.append(settings[i])
+                where.append((i, r, [o for _, o in mine]))
+    want = _one_server(subs, sub_settings, k)
+    used = set()
+    for (i, r, orders), (totals, per) in zip(where, want):
+        fleet = _fleet_requests(cl, i, len(traces[i]))
+        assert _ints(cl.service_units[i, r]) == totals[0], f"lane {i} replica {r}"
+        assert (_ints(cl.admitted[i, r]), _ints(cl.completed[i, r])) == (totals[2], totals[3]), f"lane {i} replica {r}"
+        assert {o: fleet[o][:2] for o in orders} == {orders[j]: per[j][:2] for j in range(len(orders))}, \
+            f"lane {i} replica {r}"
+        used.add(r)
+    assert used == set(range(replicas))
