@@ -25,7 +25,7 @@ MY_POLICY = ROOT / "examples" / "my_policy.py"
 
 def test_registry_is_the_only_list_of_names(capsys):
     names = registry.names()
-    assert {"fcfs", "lcf", "vtc", "rpm", "drr", "wfq", "sfq", "las", "vtc_predict", "vtc_gateway"} <= set(names)
+    assert {"fcfs", "lcf", "vtc", "rpm", "drr", "wfq", "sfq", "las", "vtc_predict", "vtc_gateway", "rr"} <= set(names)
     parser = cli.build_parser()
     replay_parser = parser._subparsers._group_actions[0].choices["replay"]
     policy_action = next(a for a in replay_parser._actions if a.dest == "policy")

@@ -14,11 +14,12 @@ from vtc_jax.policies.fair_queueing import SFQ, WFQ
 from vtc_jax.policies.fcfs import FCFS, RPM
 from vtc_jax.policies.gateway import VTC_GATEWAY
 from vtc_jax.policies.las import LAS
+from vtc_jax.policies.round_robin import RR
 from vtc_jax.policies.vtc import LCF, VTC
 from vtc_jax.policies.vtc_artifact import VTC_ARTIFACT
 from vtc_jax.policies.vtc_predict import VTC_PREDICT
 
-for _policy in (FCFS, LCF, VTC, RPM, DRR, WFQ, SFQ, LAS, VTC_PREDICT, VTC_GATEWAY, VTC_ARTIFACT):
+for _policy in (FCFS, LCF, VTC, RPM, DRR, WFQ, SFQ, LAS, VTC_PREDICT, VTC_GATEWAY, VTC_ARTIFACT, RR):
     registry.register(_policy, source="a built-in policy")
 
 names = registry.names
