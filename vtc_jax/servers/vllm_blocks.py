@@ -122,7 +122,8 @@ def _link(pool: Pool, b, k, on) -> Pool:
     t = jnp.where(on, t, -1)
     mine = jnp.where(on, b, big)
     return dataclasses.replace(
-        pool, head=pool.head.at[jnp.where(t < 0, k, u)].set(b, mode="drop"), tail=pool.tail.at[k].set(b, mode="drop"),
+        pool, head=pool.head.at[jnp.where(t < 0, k, u)].set(b, mode="drop"),
+        tail=pool.tail.at[jnp.where(t < -1, u, k)].set(b, mode="drop"),  # at k, an index read from tail: in place
         cnext=pool.cnext.at[jnp.where(t >= 0, t, big)].set(b, mode="drop").at[mine].set(-1, mode="drop"),
         cprev=pool.cprev.at[mine].set(t, mode="drop"), key=pool.key.at[mine].set(k, mode="drop"))
 
@@ -344,22 +345,29 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
     blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
     (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
-    needed). A loop of LOOKUP_CHUNK blocks per pass, to the first miss."""
+    needed). LOOKUP_CHUNK blocks at once, then, only where some lane of the batch hit them
+    all, a loop of LOOKUP_CHUNK blocks a pass to the first miss, under a `cond`: a loop
+    reading the content table would copy it (contents-sized) on every call, since the
+    table is updated in place later in the event (module doc)."""
     limit = jnp.minimum((tokens - 1) // block_size, nids)
     k = jnp.arange(LOOKUP_CHUNK, dtype=I32)
 
-    def chunk(carry):
-        j0, hits, evictable, _ = carry
+    def chunk(j0):
         j = j0 + k
         copy = pool.head[_content(ids, off, j)]
         ok = (j < limit) & (copy >= 0)
         run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
-        free = ((k < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
+        return run, ((k < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
+
+    def more(carry):
+        j0, hits, evictable, _ = carry
+        run, free = chunk(j0)
         return j0 + LOOKUP_CHUNK, hits + run, evictable + free, run == LOOKUP_CHUNK
 
-    zero = jnp.zeros((), I32)
-    _, hits, evictable, _ = jax.lax.while_loop(lambda c: c[3], chunk, (zero, zero, zero, limit > 0))
-    return hits, evictable
+    run, free = chunk(jnp.zeros((), I32))
+    start = (jnp.asarray(LOOKUP_CHUNK, I32), run, free, run == LOOKUP_CHUNK)
+    rest = lambda: jax.lax.while_loop(lambda c: c[3], more, start)[1:3]  # noqa: E731
+    return jax.lax.cond(batch_any(start[3]), rest, lambda: (run, free))
 
 
 def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
