@@ -405,7 +405,13 @@ def _replica_settings(rng: random.Random, policy: str, k: int, m: int, server: s
     if s.bands is None and rng.random() < 0.2:
         extra["bands"] = tuple(rng.choice([0, 0, 1]) for _ in range(k))
     if rng.random() < 0.2:
-        extra["kv_cap"] = tuple(rng.randint(m // 2, 2 * m) for _ in range(k)) if rng.random() < 0.5 else rng.randint(m, 3 * m)
+        # a cap at least each tenant's largest request: a request over its cap would never run, and the literal
+        # references that drain (literal_slora) would wait for it forever
+        most = [max([r.prompt + r.output for r in reqs if r.client == c], default=1) for c in range(k)]
+        if rng.random() < 0.5:
+            extra["kv_cap"] = tuple(max(rng.randint(m // 2, 2 * m), most[c]) for c in range(k))
+        else:
+            extra["kv_cap"] = max(rng.randint(m, 3 * m), *most)
     if server == "slora":
         extra["rpm_window"] = rng.randint(1, 80)
         extra["server_options"] = tuple(sorted(slora.fuzz_options(rng, [r.prompt for r in reqs],

@@ -19,7 +19,7 @@ from tests.test_vllm_server import lane_input, random_lane, server_options
 from vtc_jax import MeasureConfig, Settings, Trace, run_traces
 from vtc_jax.core.rows import ORDER
 from vtc_jax.driver.cluster_run import simulate_traces
-from vtc_jax.engines.cluster_settings import ClusterSettings
+from vtc_jax.engines.cluster_settings import ClusterSettings, Gateway
 from vtc_jax.inputs.workload import layout_trace
 
 POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las")
@@ -137,3 +137,59 @@ def test_round_robin_fleet_is_independent_vllm_servers(replicas):
             f"lane {i} replica {r}"
         used.add(r)
     assert used == set(range(replicas))
+
+
+def test_one_replica_behind_the_round_robin_picker_is_one_vllm_server():
+    """The fleet's gateway (the round-robin picker, no flow control: every request routed
+    at its arrival) in front of one vllm replica: one vllm server, request for request."""
+    lanes = _random_lanes(41, 12)
+    traces, settings = [t for t, _ in lanes], [s for _, s in lanes]
+    k = max(t.num_clients for t in traces)
+    want = _one_server(traces, settings, k)
+    rules = Gateway(picker="round-robin", ties="lowest")
+    clusters = [ClusterSettings(engine=s, gateway_policy="fcfs", gateway_rules=rules) for s in settings]
+    cl = simulate_traces(traces, clusters, num_clients=k, steps=400, record=True, server="vllm")
+    assert cl.finished.all()
+    for i, trace in enumerate(traces):
+        totals, per = want[i]
+        assert (_ints(cl.service_units[i, 0]), _ints(cl.admitted[i, 0])) == (totals[0], totals[2]), f"lane {i}"
+        fleet = _fleet_requests(cl, i, len(trace))
+        assert {o: v[:2] for o, v in fleet.items()} == {o: v[:2] for o, v in per.items()}, f"lane {i}"
+
+
+def _burst(heavy: int, light: int, light_at: int) -> Trace:
+    """Tenant 0 sends `heavy` requests at 0, tenant 1 `light` requests at `light_at`
+    (prompt 16, output 4 each)."""
+    rows = [(0, 0, 16, 4)] * heavy + [(light_at, 1, 16, 4)] * light
+    return Trace.from_rows(rows)
+
+
+def _one_seat(policy: str) -> Settings:
+    """One vllm seat (max_num_seqs 1), a pool for it: requests run one at a time, 5 steps each."""
+    options = {"num_gpu_blocks": 9, "block_size": 4, "max_num_batched_tokens": 64, "max_num_seqs": 1}
+    return Settings(policy=policy, kv_budget=1 << 20, server_options=tuple(options.items()))
+
+
+def test_flow_control_holds_requests_at_the_gateway_and_vtc_there_serves_the_light_tenant():
+    """Hand-worked (ENGINE_FLEET.md section 3): one replica that runs one request at a
+    time, flow control with queueDepthThreshold 1 and live metrics: the pool is saturated
+    while a request waits at the replica, so the gateway sends one request when the replica
+    has none waiting (a request admitted, its W back to 0) and holds the rest in its
+    queues. Tenant 0 sends 8 requests at 0, tenant 1 one at 3: global-strict (fcfs) serves
+    tenant 1 after tenant 0's eight (it arrived last); VTC at the gateway (charged at
+    dispatch) serves it next: tenant 1's first token comes much sooner. Without flow
+    control every request goes to the replica at its arrival and its own fcfs order rules:
+    the gateway's policy changes nothing."""
+    trace = _burst(8, 1, 3)
+
+    def light_first_token(gateway_policy: str, flow: bool) -> int:
+        rules = Gateway(picker="round-robin", flow_control=flow, scrape_us=0, tick_us=1, queue_depth=1, ties="lowest")
+        cs = ClusterSettings(engine=_one_seat("fcfs"), gateway_policy=gateway_policy, gateway_rules=rules)
+        cl = simulate_traces([trace], [cs], num_clients=2, steps=300, record=True, server="vllm")
+        assert cl.finished.all() and _ints(cl.completed[0, 0]) == [8, 1]
+        fleet = _fleet_requests(cl, 0, len(trace))
+        return fleet[8][0]  # the light tenant's request is the last in trace order
+
+    strict, vtc = light_first_token("fcfs", True), light_first_token("vtc_gateway", True)
+    assert vtc < strict
+    assert light_first_token("fcfs", False) == light_first_token("vtc_gateway", False)

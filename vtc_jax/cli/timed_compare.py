@@ -29,6 +29,7 @@ H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
 CACHE_COLUMNS = ("cached_tokens", "recomputed_tokens")  # with prefix caching (vLLM's name: cached_tokens)
+FLEET_COLUMNS = ("replica", "gateway_queue_us")  # on a cluster: where it ran, how long it waited at the gateway
 
 
 def read_timed_log(args):
@@ -248,19 +249,20 @@ def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, fi
     arrival (`scheduled_us`: its first admission; empty: never)."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(("policy",) + REQUEST_COLUMNS + (CACHE_COLUMNS if all("cached_tokens" in t for t in tables.values())
-                                                  else ()))
+    cache = all("cached_tokens" in t for t in tables.values())  # a prefix cache's counts (empty: never admitted)
+    fleet = all("replica" in t for t in tables.values())  # a fleet's replica and gateway queue time
+    w.writerow(("policy",) + REQUEST_COLUMNS + (CACHE_COLUMNS if cache else ()) + (FLEET_COLUMNS if fleet else ()))
     def us(x):
         return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
 
     def stamp(x):
         return int(x) if x >= 0 else ""
 
-    cache = all("cached_tokens" in t for t in tables.values())  # a prefix cache's counts (empty: never admitted)
     for policy, t in tables.items():
         for i in np.argsort(file_row, kind="stable"):
             w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]), stamp(t["scheduled_us"][i]),
                         stamp(t["first_token_us"][i]), stamp(t["finish_us"][i]), us(t["ttft_us"][i]), us(t["tpot_us"][i]),
                         us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i]))
-                       + ((stamp(t["cached_tokens"][i]), int(t["recomputed_tokens"][i])) if cache else ()))
+                       + ((stamp(t["cached_tokens"][i]), int(t["recomputed_tokens"][i])) if cache else ())
+                       + ((stamp(t["replica"][i]), us(t["gateway_queue_us"][i])) if fleet else ()))
     return out.getvalue()

@@ -26,6 +26,7 @@ from vtc_jax.driver.server_latency import RecordingEngine
 from vtc_jax.inputs.workload import INT32_MAX
 
 RECORD_TIMES = ("scheduled", "first", "finish", "token_offset")  # per request; "token_at" is per token
+RECORD_EXTRAS = ("preemptions", "cached", "recomputed", "replica", "dispatched")  # per request, where kept
 
 
 def lane_request_record(results: ClusterResults, lane: int) -> dict:
@@ -42,7 +43,7 @@ def lane_request_record(results: ClusterResults, lane: int) -> dict:
     real = rows[:, ARRIVAL] < INT32_MAX  # layout padding never arrives (ORDER INT32_MAX too)
     number = rows[real, ORDER]
     out = {}
-    for name in RECORD_TIMES:
+    for name in RECORD_TIMES + tuple(n for n in RECORD_EXTRAS if n in record):
         col = np.full(len(rows), -1, np.int64)  # G * N rows hold every request: its numbers are below that
         col[number] = np.asarray(record[name][lane], np.int64)[real]
         out[name] = col

@@ -35,6 +35,7 @@ from vtc_jax.engines.cluster_settings import (
 )
 from vtc_jax.engines.cluster_state import (
     POOL_FIELDS,
+    REC_DISPATCH,
     REC_REPLICA,
     REC_SEQ,
     ROW_FIELDS,
@@ -340,13 +341,18 @@ def _reached(times: np.ndarray, horizon) -> np.ndarray:
     return np.where(times <= np.asarray(horizon, np.int64)[:, None], times, -1)
 
 
+PER_REQUEST_COUNTS = ("preemptions", "cached", "recomputed")  # a server record's counts, kept per cluster row
+
+
 def _request_record(host: ClusterState, horizon, rows, server_record: Callable | None) -> dict | None:
     """The replicas' servers' per-request record per cluster row, or None without the
     dispatch records or a `server_record` (host server state -> {"scheduled", "first",
     "finish": int64[B, R, S] by dispatch sequence, "token_at": int64[B, R, T],
     "token_offset": int64[B, R, S or 0]}: servers/slora.py request_record). Returns
     scheduled, first, finish int64[B, rows] (-1: never dispatched, not yet, or in a step
-    still running at the lane's horizon, as `_request_times`); token_at int64[B, R * T]:
+    still running at the lane's horizon, as `_request_times`); the server's counts
+    (PER_REQUEST_COUNTS, where it keeps them) and the dispatch (replica, dispatched: its
+    replica and the time it left the gateway, -1: never) int64[B, rows]; token_at int64[B, R * T]:
     the replicas' per-token records end to end; token_offset int64[B, rows]: where each
     row's tokens start in it (-1: no whole record: one that ran past its replica's T
     entries must not read the next replica's)."""
@@ -355,6 +361,10 @@ def _request_record(host: ClusterState, horizon, rows, server_record: Callable |
     rec = np.asarray(host.rec, np.int64)
     got = server_record(host.reps.server)
     out = {name: _reached(_by_row(got[name], rec), horizon) for name in ("scheduled", "first", "finish")}
+    out.update({name: _by_row(got[name], rec) for name in PER_REQUEST_COUNTS if name in got})
+    dispatched = rec[..., REC_SEQ] >= 0
+    out["replica"] = np.where(dispatched, rec[..., REC_REPLICA], -1)
+    out["dispatched"] = np.where(dispatched, rec[..., REC_DISPATCH], -1)
     at = np.asarray(got["token_at"], np.int64)
     b, r, t = at.shape
     out["token_at"] = at.reshape(b, r * t)

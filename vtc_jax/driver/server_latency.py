@@ -24,6 +24,8 @@ from vtc_jax.engines.settings import Settings
 from vtc_jax.inputs.workload import Trace, layout_trace
 from vtc_jax.measures.online import MeasureConfig
 
+# a record's per-request counts as request_table columns (a prefix cache's, a fleet's replica)
+RECORD_COLUMNS = {"cached": "cached_tokens", "recomputed": "recomputed_tokens", "replica": "replica"}
 Record = Callable[[object], dict]  # host server state -> {"scheduled", "first", "finish", "token_offset"}: int64[B, R]
 #                                    by ORDER, "token_at": int64[B, T] (servers.slora.request_record)
 
@@ -31,9 +33,10 @@ Record = Callable[[object], dict]  # host server state -> {"scheduled", "first",
 def record_outcome(record: dict, trace: Trace, num_clients: int, pad: int):
     """One lane's record ({"scheduled", "first", "finish"}: int64[R'] by request number,
     R' >= len(trace); "token_at" int64[T], "token_offset" int64[R']: the per-token record,
-    absent or empty without one) as the vLLM servers' Outcome of `layout_trace(trace, num_clients,
-    pad)`: first_token, finish, scheduled, preemptions int64[1, rows] by workload row (-1
-    on padding rows; preemptions 0: the server never preempts); times (TokenTimes' at
+    absent or empty without one; "preemptions" where the server keeps them) as the vLLM
+    servers' Outcome of `layout_trace(trace, num_clients, pad)`: first_token, finish,
+    scheduled, preemptions int64[1, rows] by workload row (-1 on padding rows; preemptions
+    0 where the record has none: the server never preempts); times (TokenTimes' at
     int64[1, T] as kept, offset int64[1, rows] by workload row) or None without one."""
     rank = layout_trace(trace, num_clients, pad)[:, ORDER].astype(np.int64)
     real = rank < len(trace)
@@ -45,19 +48,31 @@ def record_outcome(record: dict, trace: Trace, num_clients: int, pad: int):
 
     at = np.asarray(record.get("token_at", ()), np.int64)
     times = types.SimpleNamespace(at=at[None], offset=by_row(record["token_offset"])) if at.size else None
+    preemptions = np.maximum(by_row(record["preemptions"]), 0) if "preemptions" in record else \
+        np.zeros((1, len(rank)), np.int64)
     return types.SimpleNamespace(first_token=by_row(record["first"]), finish=by_row(record["finish"]),
-                                 scheduled=by_row(record["scheduled"]), preemptions=np.zeros((1, len(rank)), np.int64),
-                                 times=times)
+                                 scheduled=by_row(record["scheduled"]), preemptions=preemptions, times=times)
 
 
 def record_table(record: dict, trace: Trace, num_clients: int, arrival_us: np.ndarray) -> dict:
-    """latency.request_table of one lane's record (`record_outcome`); `arrival_us`:
-    int64[N] each trace row's arrival on the lane's clock (us)."""
+    """latency.request_table of one lane's record (`record_outcome`), with its counts
+    (RECORD_COLUMNS) and, on a fleet, the gateway's queue time where the record has them;
+    `arrival_us`: int64[N] each trace row's arrival on the lane's clock (us)."""
     from vtc_jax.driver.run import workload_pad
 
     pad = workload_pad()
     view = types.SimpleNamespace(server_state=types.SimpleNamespace(out=record_outcome(record, trace, num_clients, pad)))
-    return request_table(view, trace, num_clients, pad, arrival_us, 0)
+    table = request_table(view, trace, num_clients, pad, arrival_us, 0)
+    number = np.empty(len(trace), np.int64)  # each trace row's request number (rank in (arrival, row) order)
+    number[np.lexsort((np.arange(len(trace)), np.asarray(trace.arrival)))] = np.arange(len(trace))
+    for name, column in RECORD_COLUMNS.items():
+        if name in record:
+            table[column] = np.asarray(record[name], np.int64)[number]
+    if "dispatched" in record:  # a fleet's gateway: the time a request waited there (NaN: never dispatched)
+        sent = np.asarray(record["dispatched"], np.int64)[number]
+        table["gateway_queue_us"] = np.where(sent >= 0, (sent - np.asarray(arrival_us, np.int64)).astype(np.float64),
+                                             np.nan)
+    return table
 
 
 def lane_record(record: Record, host_state, lane: int) -> dict:
