@@ -8,8 +8,8 @@ Default: replicas 4, routers 1,2,4, skew 0,0.5,1, counters per_router,shared,del
 estimate error 0, 1000 steps, 32 seeds (a few minutes on 2 CPU cores);
 --full runs the whole grid (replicas 1,2,4,8,16, estimate error 0,0.5).
 
---server names the replicas' server: a server that preempts (vllm) is refused, as a
-replica has no requeue and sizes its slots and saturation rule from M = --kv-budget."""
+--server names the replicas' server (vllm keeps a requeue per replica; the fleet gateway's
+pickers and flow control are sweeps.fleet's)."""
 
 from __future__ import annotations
 

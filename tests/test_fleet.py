@@ -20,7 +20,9 @@ from vtc_jax import MeasureConfig, Settings, Trace, run_traces
 from vtc_jax.core.rows import ORDER
 from vtc_jax.driver.cluster_run import simulate_traces
 from vtc_jax.engines.cluster_settings import ClusterSettings, Gateway
+from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.workload import layout_trace
+from vtc_jax.servers import vllm_prefix
 
 POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las")
 LANES = 28
@@ -193,3 +195,43 @@ def test_flow_control_holds_requests_at_the_gateway_and_vtc_there_serves_the_lig
     strict, vtc = light_first_token("fcfs", True), light_first_token("vtc_gateway", True)
     assert vtc < strict
     assert light_first_token("fcfs", False) == light_first_token("vtc_gateway", False)
+
+
+def _shared_prefix_log():
+    """60 requests over 400 steps: tenant 1 (about 70%) shares a 384-token system prompt
+    (prefix group 1), tenant 0's prompts are its own; (trace, vllm_prefix settings)."""
+    rng = np.random.default_rng(0)
+    n = 60
+    arrival = np.sort(rng.integers(0, 400, n))
+    client = (rng.random(n) < 0.7).astype(int)
+    prompt = np.where(client == 1, 400 + rng.integers(0, 64, n), rng.integers(32, 200, n))
+    output = rng.integers(4, 24, n)
+    trace = Trace.from_rows([(int(a), int(c), int(p), int(o)) for a, c, p, o in zip(arrival, client, prompt, output)])
+    ident = prefix_blocks.groups(np.where(client == 1, 1, -1), np.where(client == 1, 384, 0), client)
+    options = {"num_gpu_blocks": 200, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}
+    options.update(vllm_prefix.prefix_options(arrival, prompt, output, ident))
+    return trace, Settings(policy="fcfs", kv_budget=1 << 20, server_options=tuple(options.items()))
+
+
+def test_llmd_prefix_affinity_serves_more_prompt_tokens_from_cache_than_round_robin():
+    """4 vllm replicas with prefix caching, the heavy tenant sharing a long prefix
+    (ENGINE_FLEET.md section 7, BLIS prefix_routing_test, directional): llm-d's picker
+    (prefix 3 over 64-token blocks) sends the shared prefix where its blocks are and serves
+    more prompt tokens from cache than round-robin, concentrating the heavy tenant on fewer
+    replicas; every request finishes either way."""
+    trace, settings = _shared_prefix_log()
+    lanes = [ClusterSettings(engine=settings, gateway_policy="fcfs", replicas=4,
+                             gateway_rules=Gateway(picker=p, scrape_us=0)) for p in ("llm-d", "round-robin")]
+    cached, spread = {}, {}
+    for name, cs in zip(("llm-d", "round-robin"), lanes):
+        cl = simulate_traces([trace], [cs], num_clients=2, steps=3000, record=True, server="vllm_prefix",
+                             server_record=True)
+        assert cl.finished.all()
+        got = cl.request_record["cached"][0]
+        real = cl.records[0][:, 2] >= 0  # dispatched rows
+        assert (got[real] >= 0).all()
+        cached[name] = int(got[real].sum())
+        heavy = cl.dispatched[0, 0, :, 1]
+        spread[name] = int((heavy > 0).sum()), int(heavy.max())
+    assert cached["llm-d"] > cached["round-robin"] > 0
+    assert spread["llm-d"][1] > spread["round-robin"][1]  # the heavy tenant piles up where its prefix is

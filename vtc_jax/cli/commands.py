@@ -206,5 +206,11 @@ def _main(argv) -> int:
     return commands[args.command](args)
 
 
+def run(argv) -> int:
+    """A command's body without main's guard (a caller that guards itself: the sweeps that
+    run studies); bad input raises InputError."""
+    return _main(argv)
+
+
 def main(argv=None) -> int:
     return guarded(PROG, lambda: _main(argv))

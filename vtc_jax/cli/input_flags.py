@@ -42,6 +42,9 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
                    help="timed input: only the requests that arrive in [START, START + SECONDS) s after its first "
                         "(re-based to 0); a ServeGen directory: the span of its traffic to generate (default its "
                         "first 600 s)")
+    g.add_argument("--load-scale", type=float_arg(1e-3, 1e6), default=None, metavar="X",
+                   help="offer X times the log's load: every arrival's time since the first divided by X (1.5: "
+                        "half as much again; after --time-window)")
     g.add_argument("--hash-block", type=int_arg(1, 1 << 20), default=request_log.rf.BLOCK_TOKENS, metavar="TOKENS",
                    help="tokens per id of the input's hash_ids (Mooncake's JSONL or a CSV's hash_ids column; "
                         f"default {request_log.rf.BLOCK_TOKENS}, Mooncake's)")
@@ -54,7 +57,7 @@ def add(parser: argparse.ArgumentParser, *, step_seconds: bool = True) -> None:
 
 # `add`'s flags as the reader's defaults, for callers without a command line
 DEFAULTS = {"format": None, "time_unit": None, "tenant_from": None, "tenant_split": None, "split_seed": 0,
-            "time_window": None, "hash_block": request_log.rf.BLOCK_TOKENS}
+            "time_window": None, "hash_block": request_log.rf.BLOCK_TOKENS, "load_scale": None}
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -82,6 +85,8 @@ def read_input(args, name: str = "log") -> request_log.RequestLog:
                                     hash_block=getattr(args, "hash_block", request_log.rf.BLOCK_TOKENS))
     if args.time_window is not None and log.format != "servegen":
         log = request_log.windowed(log, *args.time_window)
+    if getattr(args, "load_scale", None) is not None:
+        log = request_log.load_scaled(log, args.load_scale)
     args.input_log = log  # announced when the run starts (`announce`), after every flag is checked
     return log
 

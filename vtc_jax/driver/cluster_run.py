@@ -192,12 +192,13 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
 
 def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings], *, num_clients, steps: int,
                     record: bool = False, chunk: int | None = None, arrival_width: int = 4,
-                    server: str = servers.DEFAULT_SERVER) -> "ClusterResults":
+                    server: str = servers.DEFAULT_SERVER, server_record: bool = False) -> "ClusterResults":
     """Run lane i = trace i under clusters[i] for `steps` steps, all lanes in one compiled
     batch. `num_clients`: K, or one tenant count per lane (lanes of different K, R and G
     share the batch). Every request must fit M (prompt <= M); requests with arrival >=
     steps never arrive. `record`: keep each request's dispatch and admission. `server`:
-    the replicas' server (`check_server`)."""
+    the replicas' server (`check_server`); `server_record` (with `record`): keep the
+    replicas' servers' per-request record (ClusterResults.request_record)."""
     if len(traces) != len(clusters) or not traces:
         raise InputError(f"{len(traces)} traces for {len(clusters)} cluster settings")
     tenants = _tenants(num_clients, len(traces))
@@ -227,8 +228,9 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
         per_lane.append(jax.tree_util.tree_map(np.asarray, make_workload(t, k, pad, steps, sizes)))
     workload = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_lane)
     most = max(len(t) for t in traces)
+    keep = servers.request_record(server)[0] if record and server_record and servers.request_record(server) else None
     return run_lanes(workload, clusters, [steps] * len(clusters), cfg, shared=False,
-                     event_budget=event_budget(cfg, steps, most), chunk=chunk, tenants=tenants)
+                     event_budget=event_budget(cfg, steps, most), chunk=chunk, tenants=tenants, server_record=keep)
 
 
 def source_config(srcs, clusters: Sequence[ClusterSettings], arrival_width: int = 4,

@@ -576,6 +576,16 @@ def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
     return _subset(log, keep, arrival=log.arrival[keep] - log.arrival[keep].min(), window=(start_s, seconds))
 
 
+def load_scaled(log: RequestLog, factor: float) -> RequestLog:
+    """A timed log offering `factor` times its load: every arrival's time since the first
+    divided by `factor` (to the ns; same requests, same order, same content)."""
+    if not log.timed:
+        raise InputError(f"{log._name()}: --load-scale needs arrival times (a trace is in steps)")
+    keep = np.arange(len(log.arrival))
+    first = log.arrival.min()
+    return _subset(log, keep, arrival=first + np.round((log.arrival - first) / float(factor)).astype(np.int64))
+
+
 def servable(log: RequestLog, max_prompt: int) -> tuple[RequestLog, int]:
     """(the log without its requests whose prompt exceeds `max_prompt` tokens, how many were
     dropped): what a server's API does with a request that can never fit its memory (it
