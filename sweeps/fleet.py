@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vtc_jax.cli.common import float_arg, guarded, int_arg, list_arg
+from vtc_jax.cli.common import Parser, float_arg, guarded, int_arg, list_arg
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.pickers import registry as pickers
@@ -59,7 +59,7 @@ def _slo(text: str) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m sweeps.{NAME}", description=__doc__.split("\n\n")[0],
+    p = Parser(prog=f"python -m sweeps.{NAME}", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log", type=Path, default=DEFAULT_LOG, help="the log (default examples/tenant_log.csv)")
     p.add_argument("--time-window", default="0,60", metavar="START,SECONDS",

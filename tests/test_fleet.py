@@ -12,6 +12,9 @@ Every lane of a test runs in one batch (one compile)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -24,6 +27,7 @@ from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.workload import layout_trace
 from vtc_jax.servers import vllm_prefix
 
+ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fcfs", "vtc", "lcf", "drr", "wfq", "sfq", "las")
 LANES = 28
 
@@ -235,3 +239,32 @@ def test_llmd_prefix_affinity_serves_more_prompt_tokens_from_cache_than_round_ro
         spread[name] = int((heavy > 0).sum()), int(heavy.max())
     assert cached["llm-d"] > cached["round-robin"] > 0
     assert spread["llm-d"][1] > spread["round-robin"][1]  # the heavy tenant piles up where its prefix is
+
+
+def test_load_scale_divides_the_time_since_the_first_arrival():
+    """--load-scale X: the same requests, each arriving X times sooner after the first (ns)."""
+    from vtc_jax.inputs import request_log
+
+    log = request_log.read_requests([str(ROOT / "examples" / "tenant_log.csv")])
+    scaled = request_log.load_scaled(log, 4.0)
+    first = log.arrival.min()
+    assert len(scaled.arrival) == len(log.arrival) and (scaled.prompt == log.prompt).all()
+    assert (scaled.arrival - first == np.round((log.arrival - first) / 4.0)).all()
+
+
+def test_sweeps_fleet_writes_its_table(tmp_path, capsys):
+    """sweeps.fleet on 10 s of the example log, one point: a study per point, the fewest
+    replicas per policy, results.json/csv and the plot written as one set; bad input is
+    one line, exit 2."""
+    from sweeps import fleet
+
+    out = tmp_path / "fleet"
+    argv = ["--loads", "1", "--replicas", "1", "--pickers", "round-robin", "--time-window", "0,10",
+            "--no-flow-control", "--policies", "fcfs", "--out", str(out)]
+    assert fleet.main(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["fewest_replicas"] == [{"load": 1.0, "picker": "round-robin", "policy": "fcfs", "fewest_replicas": 1}]
+    assert result["points"][0]["meets_slo"] and result["points"][0]["ttft_p99_ms"]
+    assert (out / "replicas_needed.png").stat().st_size > 1000 and "fewest replicas" in capsys.readouterr().out
+    assert fleet.main(argv[:-2] + ["--slo", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x" / "results.json").exists()
