@@ -23,8 +23,9 @@ kept exactly:
     int32[S] (blocks held; leading ones of them hashed). W bounds any request's blocks.
 
 Per event the work is O(what changes): a take or a hash is O(1) per block (a loop over
-the blocks), a release, a hit and a lookup are vectorized over one request's table
-(O(W), and a lookup stops at the first miss), a compaction is O(C) once per P + W appends.
+the blocks, TAKE_CHUNK a pass, a step's running requests together), a release, a hit and
+a lookup are vectorized over one request's table (O(W)), a compaction is O(C) once per
+P + W appends.
 Masked-off calls change nothing (counts of 0, dropped scatter indices, `_when`).
 
 In place: XLA:CPU copies a pool-sized array that a scatter updates while a gather of it
@@ -44,7 +45,6 @@ import jax.numpy as jnp
 from vtc_jax.core.lanes import batch_any
 
 I32 = jnp.int32
-LOOKUP_CHUNK = 64  # blocks a lookup checks per iteration
 TAKE_CHUNK = 64  # blocks a take or a hash handles per pass
 LRU_WINDOW = 2 * TAKE_CHUNK  # ring entries a take's pass looks at (stale ones among them are skipped)
 
@@ -345,29 +345,18 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
     blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
     (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
-    needed). LOOKUP_CHUNK blocks at once, then, only where some lane of the batch hit them
-    all, a loop of LOOKUP_CHUNK blocks a pass to the first miss, under a `cond`: a loop
-    reading the content table would copy it (contents-sized) on every call, since the
-    table is updated in place later in the event (module doc)."""
-    limit = jnp.minimum((tokens - 1) // block_size, nids)
-    k = jnp.arange(LOOKUP_CHUNK, dtype=I32)
-
-    def chunk(j0):
-        j = j0 + k
-        copy = pool.head[_content(ids, off, j)]
-        ok = (j < limit) & (copy >= 0)
-        run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
-        return run, ((k < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
-
-    def more(carry):
-        j0, hits, evictable, _ = carry
-        run, free = chunk(j0)
-        return j0 + LOOKUP_CHUNK, hits + run, evictable + free, run == LOOKUP_CHUNK
-
-    run, free = chunk(jnp.zeros((), I32))
-    start = (jnp.asarray(LOOKUP_CHUNK, I32), run, free, run == LOOKUP_CHUNK)
-    rest = lambda: jax.lax.while_loop(lambda c: c[3], more, start)[1:3]  # noqa: E731
-    return jax.lax.cond(batch_any(start[3]), rest, lambda: (run, free))
+    needed). All W positions at once, no loop: the gathers do not depend on `tokens`, so
+    every lookup of one request in an event (the engine's `prefix_hit`, the admission's,
+    `touch`'s) is one computation after XLA's CSE, ordered before the pool's in-place
+    updates; a read of the content table in a loop or apart from them made XLA:CPU copy
+    the table (U entries) twice an event."""
+    w = pool.table.shape[1]
+    limit = jnp.minimum((tokens - 1) // block_size, nids)  # <= W: a request's blocks
+    j = jnp.arange(w, dtype=I32)
+    copy = pool.head[_content(ids, off, j)]
+    ok = (j < limit) & (copy >= 0)
+    run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+    return run, ((j < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
 
 
 def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
