@@ -21,7 +21,11 @@ seconds), all measured in this one run, so a loaded machine shows in both server
 
     python -m benchmarks.bench_prefix                  # 1024 lanes x 6000 steps (the issue's row)
     python -m benchmarks.bench_prefix --lanes 8 --steps 600 --repeats 1   # what a 2-core CPU allows
+    python -m benchmarks.bench_prefix --lanes 4 --repeats 1 --no-end-to-end   # the full horizon on a CPU (minutes)
     python -m benchmarks.bench_prefix --lanes 8 --profile 40 --kernels 400   # where an event goes
+    JAX_NUM_CPU_DEVICES=1 python -m benchmarks.bench_prefix --lanes 16 --steps 600 --profile 20 --kernels 80
+        # the same on one CPU device: over several, the profile's program is partitioned op by op
+        # (not the runner's shard_map) and every batch bound shows as a cross-device all-reduce
     python -m benchmarks.bench_prefix --lanes 2 --steps 600 --servers vllm_prefix --rates 0.1 0.025 \
         --no-end-to-end --reference-steps 600          # a calibration point of driver/run_budget.py
 """

@@ -390,7 +390,8 @@ def _fast_plan(state: PrefixState, p: dict, cap, walk, budget, mask):
     slot walk[i]), n_i = its ask within the budget its predecessors left, and the walk's
     takes, one after another, leave free - (blocks taken before i) for slot i. Returns
     (n int32[S], grown bool[S]: scheduled, need int32[S]: new blocks, short bool[]: some
-    walked request's blocks do not fit: the walk would preempt), by walk position."""
+    walked request's blocks do not fit: the walk would preempt, spos int32[S]: a scheduled
+    one's place in the step's scheduling order), by walk position."""
     slots = state.alive.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     bs = p["block_size"]
@@ -405,9 +406,10 @@ def _fast_plan(state: PrefixState, p: dict, cap, walk, budget, mask):
     grown = walked & (n > 0) if state.asyncs else walked  # async: an in-flight last token asks 0
     blocks = block_math.ceil_div(computed + n, bs) - held
     need = jnp.where(grown, jnp.maximum(blocks, 0), 0)
-    taken_before = base.prefix_sum(need) - need
+    sums = base.prefix_sum(jnp.stack([need, grown.astype(I32)]))  # both scans in one
+    taken_before, spos = sums[0] - need, sums[1] - grown  # spos: the scheduling order
     short = (walked & (blocks > vb.num_free(state.pool, p["num_blocks"]) - taken_before)).any()
-    return n, grown, need, short
+    return n, grown, need, short, spos
 
 
 def _fast_walk(state: PrefixState, p: dict, walk, start, budget, plan, on):
@@ -416,11 +418,10 @@ def _fast_walk(state: PrefixState, p: dict, walk, start, budget, plan, on):
     batched hash, in walk order (vllm_blocks.take_many, hash_many: exactly the walk's
     takes and hashes one by one). Returns `_slow_walk`'s (fields, budget, victims, 0)."""
     slots = state.alive.shape[0]
-    n, grown, need, short = plan
+    n, grown, need, short, spos = plan
     off = short | ~on  # (a lane short of blocks is walked instead)
     grown, need = grown & ~off, jnp.where(off, 0, need)
     at = jnp.where(grown, walk, slots)
-    spos = base.prefix_sum(grown.astype(I32)) - grown
     pool = vb.take_many(start.pool, walk, need, p["num_blocks"])
     c = state.computed[walk]
     upto = pa.hash_limit(state, p, walk, c + n) if state.asyncs else c + n
