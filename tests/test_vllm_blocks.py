@@ -76,3 +76,54 @@ def test_a_lookup_returns_the_first_copy_and_the_next_after_it_is_evicted():
     pool = jax.jit(lambda p: vb.release(p, 0, jnp.bool_(True)))(pool)
     pool = jax.jit(lambda p: vb.take(p, 0, 1, 3))(pool)  # the only free block: the first copy, evicted
     assert int(pool.head[0]) == int(pool.tail[0]) != first and int(pool.nlru) == 0
+
+
+def test_a_batched_take_and_hash_are_the_calls_one_by_one():
+    """take_many then hash_many over a step's requests (in walk order) leave the pool as
+    take then hash_blocks for each request in turn: random pools of 40 blocks whose LRU
+    holds copies of shared contents (evictions of two copies of one content, requests
+    hashing one content in one step), 30 draws."""
+    blocks, slots, width = 40, 4, 12
+    ids = jnp.arange(64, dtype=jnp.int32) % 16  # a request's 12 at most distinct, shared with the others'
+
+    def one_by_one(pool, order, counts, upto, offs, nids):
+        for i in range(slots):
+            pool = vb.take(pool, order[i], counts[i], blocks)
+            pool = vb.hash_blocks(pool, order[i], upto[i], ids, offs[i], nids[i], 2)
+        return pool
+
+    def batched(pool, order, counts, upto, offs, nids):
+        pool = vb.take_many(pool, order, counts, blocks)
+        return vb.hash_many(pool, order, upto, ids, offs, nids, 2)
+
+    one_by_one, batched = jax.jit(one_by_one), jax.jit(batched)
+    rng = np.random.default_rng(8)
+    compared = 0
+    for _ in range(30):
+        pool = vb.pool_init(blocks, slots, width, 16)
+        offs = jnp.asarray(rng.integers(0, 48, slots), jnp.int32)
+        nids = jnp.asarray(rng.integers(4, width + 1, slots), jnp.int32)
+        for _ in range(3):  # fill and free: cached copies in the LRU, freed blocks without a hash
+            held = np.asarray(pool.held)
+            counts = jnp.asarray(np.minimum(rng.integers(0, 5, slots), width - held), jnp.int32)
+            if int(counts.sum()) > int(vb.num_free(pool, blocks)):
+                break
+            pool = one_by_one(pool, jnp.arange(slots, dtype=jnp.int32), counts, 2 * (pool.held + counts), offs, nids)
+            for s in rng.permutation(slots)[: rng.integers(0, 3)]:
+                pool = _release_any(pool, int(s))
+        held = np.asarray(pool.held)
+        counts = np.minimum(rng.integers(0, 7, slots), width - held)
+        if counts.sum() > int(vb.num_free(pool, blocks)):
+            continue
+        order = jnp.asarray(rng.permutation(slots), jnp.int32)
+        counts = jnp.asarray(counts, jnp.int32)[order]
+        upto = (2 * (pool.held[order] + counts) - jnp.asarray(rng.integers(0, 2, slots), jnp.int32)).clip(0)
+        args = (order, counts, upto, offs[order], nids[order])
+        want, got = one_by_one(pool, *args), batched(pool, *args)
+        for name, a, b in zip(vb.Pool.__dataclass_fields__, jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+            assert np.array_equal(a, b), name
+        compared += 1
+    assert compared >= 20
+
+
+_release_any = jax.jit(lambda pool, slot: vb.release(pool, slot, jnp.bool_(True)))
