@@ -28,7 +28,6 @@ import types
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.core.lanes import batch_max
 from vtc_jax.servers import vllm_v1_async
 from vtc_jax.servers import vllm_blocks as vb
 
@@ -84,20 +83,15 @@ def cache_updated(pool, state, p: dict, content, mask):
     """The last step's update, run after this step's schedule: each alive slot that
     sampled in the last step hashes the full blocks of what it had computed by this step's
     start, in running-list (admission) order (`content(row)`: its content table, as
-    vllm_prefix._content). A loop of one slot a pass, bounded by the batch's count."""
+    vllm_prefix._content): one batched hash of them all (vllm_blocks.hash_many)."""
     bs = p["block_size"]
     nids = jax.vmap(lambda row: content(row)[2])(state.row)
     todo = (mask & p["async"] & state.alive & state.sampled
             & (jnp.minimum(state.computed // bs, nids) > pool.hashed))
     walk = jnp.argsort(jnp.where(todo, state.adm, INT_MAX)).astype(I32)
-    count = todo.sum(dtype=I32)
-
-    def one(j, pool):
-        s = walk[j]
-        ids, off, n = content(state.row[s])
-        return vb.hash_blocks(pool, s, jnp.where(j < count, state.computed[s], 0), ids, off, n, bs)
-
-    return jax.lax.fori_loop(0, batch_max(count), one, pool)
+    listed = jnp.arange(walk.shape[0]) < todo.sum(dtype=I32)
+    ids, offs, n = jax.vmap(content, out_axes=(None, 0, 0))(state.row[walk])
+    return vb.hash_many(pool, walk, jnp.where(listed, state.computed[walk], 0), ids, offs, n, bs)
 
 
 def stop_order(state, asynchronous):
