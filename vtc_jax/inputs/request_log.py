@@ -560,11 +560,9 @@ def _subset(log: RequestLog, keep: np.ndarray, **changes) -> RequestLog:
 
 
 def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
-    """A timed log's requests that arrive in [start, start + seconds) s after its first
-    arrival, re-based (the earliest kept arrives at 0), tenants renumbered by first
-    appearance, data rows as read. Columns derived from the whole log stay as read (Mooncake's
-    `cached`: the cache had seen the earlier requests; `prefix_len`: shared with any request
-    of the log)."""
+    """A timed log's requests arriving in [start, start + seconds) s after its first, re-based
+    (the earliest kept at 0), tenants renumbered by first appearance, data rows as read;
+    columns derived from the whole log as read (Mooncake's `cached`, `prefix_len`)."""
     if not log.timed:
         raise InputError(f"{log._name()}: --window is in seconds, and a trace is in steps (use --steps)")
     lo = int(round(start_s * 1e9))
@@ -577,22 +575,19 @@ def windowed(log: RequestLog, start_s: float, seconds: float) -> RequestLog:
 
 
 def load_scaled(log: RequestLog, factor: float) -> RequestLog:
-    """A timed log offering `factor` times its load: every arrival's time since the first
-    divided by `factor` (to the ns; same requests, same order, same content)."""
+    """`factor` times the log's load: each arrival's time since the first divided by it (ns)."""
     if not log.timed:
         raise InputError(f"{log._name()}: --load-scale needs arrival times (a trace is in steps)")
-    keep = np.arange(len(log.arrival))
     first = log.arrival.min()
-    return _subset(log, keep, arrival=first + np.round((log.arrival - first) / float(factor)).astype(np.int64))
+    scaled = first + np.round((log.arrival - first) / float(factor)).astype(np.int64)
+    return _subset(log, np.arange(len(log.arrival)), arrival=scaled)
 
 
 def servable(log: RequestLog, max_prompt: int) -> tuple[RequestLog, int]:
     """(the log without its requests whose prompt exceeds `max_prompt` tokens, how many were
-    dropped): what a server's API does with a request that can never fit its memory (it
-    rejects that one and serves the rest). Kept requests keep their arrival (no re-basing:
-    the dropped ones simply never arrive), file line and data row; the summary counts the
-    dropped in `skipped`. Mooncake's `cached` and `prefix_len` stay as read (computed with
-    every request of the file). InputError (one line) when every request would be dropped."""
+    dropped), as a server's API rejects a request that can never fit and serves the rest:
+    the kept keep their arrival, file line and data row (and Mooncake's `cached`,
+    `prefix_len`); `skipped` counts the dropped. InputError when none would be left."""
     max_prompt = int(max_prompt)
     over = log.prompt > max_prompt
     dropped = int(over.sum())
