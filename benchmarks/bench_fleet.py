@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         print(f"fleet of {args.replicas} vllm replicas (gateway, round-robin): {rate(many):,.0f} lane-steps/s "
               f"({many:.2f} s): {single / many:.3f}x one server's")
         return 0
-    return guarded("bench_fleet", body)
+    return guarded("python -m benchmarks.bench_fleet", body)
 
 
 if __name__ == "__main__":
