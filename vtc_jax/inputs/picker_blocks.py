@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from vtc_jax.core.errors import InputError
-from vtc_jax.inputs.prefix_blocks import ContentIdentity, _intern, _trie_nodes
+from vtc_jax.inputs.prefix_blocks import ContentIdentity, _intern, token_classes
 
 MIN_BLOCK_TOKENS = 64  # llm-d's minBlockSizeTokens (issue #1158)
 MAX_PREFIX_TOKENS = 131072  # llm-d's defaultMaxPrefixTokens
@@ -56,24 +56,7 @@ def picker_block_ids(ident: ContentIdentity, prompt, block_size: int, *, max_tok
     req = np.repeat(np.arange(len(count), dtype=np.int64), count)
     j = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], count)
     last = np.minimum((j + 1) * B, prompt[req]) - 1  # the chunk's last token: fixes its start and length
-    own = -1 - req
-    if ident.kind == "groups":
-        shared = (ident.key[req] >= 0) & (last < ident.prefix_len[req])
-        a, b = np.where(shared, ident.key[req], own), last
-    elif ident.kind == "sessions":
-        a, b = np.where(ident.key[req] >= 0, ident.key[req], own), last
-    elif ident.kind == "chains":
-        H = ident.hash_block
-        covered = np.minimum(np.diff(ident.offsets) * H, prompt)
-        shared = last < covered[req]
-        nodes = _trie_nodes(ident)
-        at = np.where(shared, ident.offsets[req] + last // H, 0)
-        # a trie node fixes the depth last // H, so (node, last % H) fixes last
-        a = np.where(shared, nodes[at] if nodes.size else 0, own)
-        b = np.where(shared, last % H, last)
-    else:
-        raise ValueError(f"kind {ident.kind!r}: one of groups, chains, sessions")
-    return offsets, _intern(a, b)
+    return offsets, _intern(*token_classes(ident, prompt, req, last, last))
 
 
 def padded(offsets, ids, max_blocks: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -185,6 +185,29 @@ def _trie_nodes(ident: ContentIdentity) -> np.ndarray:
     return nodes
 
 
+def token_classes(ident: ContentIdentity, prompt, req, last, position) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) int64[n]: a key pair per (request req[i], its token last[i]) that is equal
+    exactly for tokens whose sequences agree through them (module docstring): a shared
+    token's group, session or trie node and its place; a token of the request's own is
+    (-1 - req, position[i]), the caller's place for it (a block's index; a chunk's last
+    token, where a partial chunk's length counts). `_intern` numbers the pairs."""
+    own = -1 - req
+    if ident.kind == "groups":
+        shared = (ident.key[req] >= 0) & (last < ident.prefix_len[req])
+        return np.where(shared, ident.key[req], own), position
+    if ident.kind == "sessions":
+        return np.where(ident.key[req] >= 0, ident.key[req], own), position
+    if ident.kind == "chains":
+        H = ident.hash_block
+        covered = np.minimum(np.diff(ident.offsets) * H, np.asarray(prompt, np.int64))
+        shared = last < covered[req]
+        nodes = _trie_nodes(ident)
+        at = np.where(shared, ident.offsets[req] + last // H, 0)
+        # a trie node fixes the depth last // H, so (node, last % H) fixes last
+        return np.where(shared, nodes[at] if nodes.size else 0, own), np.where(shared, last % H, position)
+    raise ValueError(f"kind {ident.kind!r}: one of {KINDS}")
+
+
 def block_ids(ident: ContentIdentity, prompt, output, block_size: int, *, through: str = "prompt"):
     """(offsets int64[N+1], ids int64[total]): request r's full blocks of `block_size` tokens
     are ids[offsets[r]:offsets[r+1]], block j first; two blocks have one id exactly when
@@ -202,23 +225,7 @@ def block_ids(ident: ContentIdentity, prompt, output, block_size: int, *, throug
     req = np.repeat(np.arange(len(count), dtype=np.int64), count)
     j = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], count)
     last = (j + 1) * B - 1  # the block's last token
-    own = -1 - req
-    if ident.kind == "groups":
-        shared = (ident.key[req] >= 0) & (last < ident.prefix_len[req])
-        a, b = np.where(shared, ident.key[req], own), j
-    elif ident.kind == "sessions":
-        a, b = np.where(ident.key[req] >= 0, ident.key[req], own), j
-    elif ident.kind == "chains":
-        H = ident.hash_block
-        covered = np.minimum(np.diff(ident.offsets) * H, np.asarray(prompt, np.int64))
-        shared = last < covered[req]
-        nodes = _trie_nodes(ident)
-        at = np.where(shared, ident.offsets[req] + last // H, 0)
-        a = np.where(shared, nodes[at] if nodes.size else 0, own)
-        b = np.where(shared, last % H, j)
-    else:
-        raise ValueError(f"kind {ident.kind!r}: one of {KINDS}")
-    return offsets, _intern(a, b)
+    return offsets, _intern(*token_classes(ident, prompt, req, last, j))
 
 
 def _earlier_max(seg: np.ndarray, value: np.ndarray) -> np.ndarray:
