@@ -111,9 +111,10 @@ def ingress_router(seed, client, position, thresholds):
 # ---- events ---------------------------------------------------------------------------
 
 def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, cfg: ClusterConfig, flags,
-              routers: Routers, offer: Offer, rheads, room, load, queued, mask) -> ClusterState:
+              routers: Routers, offer: Offer, rheads, room, load, queued, mask, live=None) -> ClusterState:
     """One dispatch where `mask`: the offering router's candidate leaves its gateway queue,
-    is charged there and joins the chosen replica's FIFO."""
+    is charged there and joins the chosen replica's FIFO (behind a picker: `live`, the
+    replicas' metrics now, cluster_fleet.live_stats)."""
     g, r = cfg.routers, cfg.replicas
     j, c = offer.router, offer.client
     t = state.step
@@ -144,9 +145,8 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
     if fleet is None:
         target = choose_replica(state, params, cfg, room, load, queued, j, c)
     else:  # the endpoint picker (ENGINE_FLEET.md section 4); a cycle spent (flow control)
-        live = fleet_mod.live_stats(state.reps, params.engine, cfg)
         present = jnp.arange(r) < params.replicas
-        target, picked, _ = fleet_mod.choose(state, fleet, state.reps, row, live, present, params, cfg)
+        target, picked = fleet_mod.choose(state, fleet, state.reps, row, live, present, params, cfg)
         fleet = fleet_mod.routed(fleet, picked, target, row[PROMPT], mask, params.fleet)
     record = jnp.concatenate([jnp.stack([t, state.dseq]), row[PROMPT:ROW_FIELDS],
                               jnp.stack([row[ARRIVAL], index, row[ORDER]])])
@@ -405,7 +405,7 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     due = _due(state, cfg)
     room, load, queued = jax.vmap(functools.partial(replica.rep_room, cfg=cfg), in_axes=(0, 0, None))(
         state.reps, jnp.arange(r, dtype=I32), params)
-    cycles = flow = None
+    cycles = flow = live = None
     if state.fleet is not None:  # the gateway: a scrape due by now; room = a cycle and no saturation (flow control)
         fp = params.fleet
         fleet = fleet_mod.scrape(state.fleet, state.reps.stats, state.reps.stats_at, t, fp)
@@ -445,7 +445,7 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
         settled = settled & ~beginning.any()
     finishing = settled & ~admitting.any()
 
-    state = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued, dispatching)
+    state = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued, dispatching, live)
     state = dataclasses.replace(state, dispatched_all=state.dispatched_all | ready & ~dispatching)
     if flow is not None:  # a cycle dispatches one request; one that finds none to send (saturated, empty) is spent
         state = dataclasses.replace(state, fleet=fleet_mod.spend(state.fleet, pending, flow & gate, dispatching))

@@ -32,7 +32,7 @@ from vtc_jax.core.rows import NUM_FIELDS, ORDER, PROMPT
 from vtc_jax.engines import flow_control
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterParams
 from vtc_jax.pickers import registry as pickers
-from vtc_jax.pickers.base import Request, Shape, Snapshot, make_params  # noqa: F401  (make_params: the driver's)
+from vtc_jax.pickers.base import Request, Shape, Snapshot
 from vtc_jax.servers import registry as servers
 
 I32 = jnp.int32
@@ -131,7 +131,7 @@ def choose(state, fleet: dict, reps, row, live, present, params: ClusterParams, 
                       engine_blocks=engine_blocks(row[PROMPT], fp))
     key = jax.random.fold_in(jax.random.PRNGKey(params.seed.astype(jnp.uint32)), state.dseq)
     target, picked = picker.pick(fleet["picker"], snapshot, request, key, fp.picker)
-    return target, picker.routed(picked, target, request, fp.picker), request
+    return target, picker.routed(picked, target, request, fp.picker)
 
 
 def routed(fleet: dict, picked, target, prompt, mask, fp) -> dict:
