@@ -13,7 +13,7 @@ import pytest
 
 from vtc_jax import run_traces
 from vtc_jax.engines import quiet
-from vtc_jax.engines.engine import EngineConfig
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.measures.online import MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.servers import completions, ideal

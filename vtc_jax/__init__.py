@@ -9,7 +9,8 @@ _fileio.stop_early_on_signals()  # a command's Ctrl-C during the imports below (
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.results import LaneResults
 from vtc_jax.driver.run import replay, replay_lanes, run_traces, simulate_traffic
-from vtc_jax.engines.engine import EngineConfig, State
+from vtc_jax.engines.engine import State
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.settings import Params, Settings, encode_settings
 from vtc_jax.inputs.workload import Trace, Workload, read_trace_csv
 from vtc_jax.measures.online import MeasureConfig

@@ -17,7 +17,7 @@ import numpy as np
 
 from vtc_jax.cli import input_flags, timed_compare
 from vtc_jax.cli.server_flags import content_options, prefix_caching_default, server_options
-from vtc_jax.core import fileio
+from vtc_jax.core import clock, fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.latency import bench_serve, check_slo_tenants, parse_goodput
 from vtc_jax.inputs.workload import MAX_ARRIVAL, Trace
@@ -62,9 +62,9 @@ class Plan:
 def _refuse_model_flags(args, server: str) -> None:
     for flag in ("preset", "step_time"):
         if getattr(args, flag, None):
-            clock = "has its own clock" if servers.keeps_time(server) else "is untimed"
+            kind = "has its own clock" if servers.keeps_time(server) else "is untimed"
             raise InputError(f"--{flag.replace('_', '-')} is a step-time model, which --server {server} does not "
-                             f"take (it {clock}; servers that take one: "
+                             f"take (it {kind}; servers that take one: "
                              f"{', '.join(n for n in servers.names() if servers.takes_step_time(n))})")
 
 
@@ -192,12 +192,14 @@ def plan(args, cluster: bool = False) -> Plan:
     check_slo_tenants(slos, tenants)
     if model is not None:
         arrival_us = log.arrival_us()
-        if int(arrival_us.max()) + offset > MAX_ARRIVAL:
-            raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:.1f} s; a timed run holds up to "
-                             f"{MAX_ARRIVAL / 1e6:.0f} s of arrivals (int32 microseconds): take a window of it "
+        longest = MAX_ARRIVAL if not servers.get(server).wide_clock else clock.WIDE_LIMIT
+        if int(arrival_us.max()) + offset > longest:
+            raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:,.1f} s; a timed run on --server "
+                             f"{server} holds up to {longest / 1e6:,.0f} s of arrivals: take a window of it "
                              "(--time-window START,SECONDS)")
         model.check_drain(arrival_us, log.prompt, log.output, options.get("max_num_batched_tokens", 2048),
-                          limit=servers.get(server).max_horizon,
+                          limit=servers.get(server).max_horizon if int(arrival_us.max()) + offset <= MAX_ARRIVAL
+                          else clock.WIDE_LIMIT,
                           cached=_cached_tokens(log) if "prefix_id" in columns else None)
         check_size(args, options, log, "prefix_id" in columns, model, arrival_us)
         client = np.asarray(log.client, np.int64)
@@ -219,11 +221,11 @@ def plan(args, cluster: bool = False) -> Plan:
     if shared:
         servers.get(server).validate({**options, **shared})
     shown = {key: value for key, value in options.items() if not key.startswith("time_")}
-    clock = None if model is None else model.name
+    clock_name = None if model is None else model.name
     if model is None and latency:  # the server's own clock: what it declares of it
         own = servers.get(server).own_clock
-        clock, shown = ("the server's own clock", {}) if own is None else own(options)
-    return Plan(server, options, shown, memory, clock, offset, trace, clients,
+        clock_name, shown = ("the server's own clock", {}) if own is None else own(options)
+    return Plan(server, options, shown, memory, clock_name, offset, trace, clients,
                 tenant_of, tenants, bands, shared, per_second, step_seconds, file_row, latency, slos)
 
 

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.devices import LANES, shard
-from vtc_jax.engines.engine import EngineConfig
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.settings import INT32_MAX
 from vtc_jax.inputs import sources, threefry
 from vtc_jax.inputs.workload import Workload, add_timelines

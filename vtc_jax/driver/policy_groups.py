@@ -40,7 +40,8 @@ from jax.sharding import Mesh
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import LANES, lane_mesh
 from vtc_jax.engines import quiet
-from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig, LaneInput
+from vtc_jax.engines.engine import PROGRAM, EngineBatch, LaneInput
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.settings import Settings, encode_settings, limit_flags
 from vtc_jax.policies import registry
 

@@ -374,7 +374,8 @@ def lane_workload_stats(workload: Workload, steps: np.ndarray, params, shared: b
     """numpy (arrived int64[B, K], offered cost units float64[B, K], max prompt int64[B],
     demand per bucket in cost units float64[B, buckets, K], last arrival step int64[B]
     (-1: none))."""
-    steps = jnp.asarray(np.minimum(steps, np.iinfo(np.int32).max).astype(np.int32))
+    clock = np.dtype(workload.requests.dtype)  # int64 rows: a wide clock's, whose steps are int64 too
+    steps = jnp.asarray(np.minimum(steps, np.iinfo(clock).max).astype(clock))
     c = params.costs
     count, offered, max_prompt, demand, last = _lanes_stats(
         workload.requests, workload.first, steps, c.prefill, c.decode, c.context, c.charge_cached,

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vtc_jax.core import wide
+from vtc_jax.core import clock, wide
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import lane_passes, policy_groups, tiers
 from vtc_jax.driver.devices import lane_mesh
@@ -27,13 +27,15 @@ from vtc_jax.driver.lane_workloads import (distinct_workloads, generate_workload
                                            shared_workloads, with_timeline)
 from vtc_jax.driver.results import LaneResults, collect, lane_workload_stats
 from vtc_jax.engines import limits
-from vtc_jax.engines.engine import EngineBatch, EngineConfig, LaneInput
+from vtc_jax.engines.engine import EngineBatch, LaneInput
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
 from vtc_jax.engines.settings import (INT32_MAX, Scales, Settings, encode_settings, lane_scales, limit_flags,
                                      policy_names)
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
-from vtc_jax.inputs.workload import ARRIVAL, Trace, Workload, make_workload, requests_per_client
+from vtc_jax.inputs.workload import (MAX_ARRIVAL, ORDER, Trace, Workload, make_workload, requests_per_client,
+                                     trace_work, wide_clock_for)
 from vtc_jax.measures.online import ALL, MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
@@ -44,7 +46,7 @@ MAX_HORIZON = INT32_MAX // 2
 
 def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int, max_prompt: int,
                        max_output: int, horizon: int, max_requests: int, arrival_width: int = 4,
-                       context_totals: bool = True) -> bool:
+                       context_totals: bool = True, work: tuple[int, int, int] | None = None) -> bool:
     """Refuse up front a lane whose exact integer arithmetic could overflow; return whether
     it needs the WIDE number format (False: every total, counter and tag of the lane is
     proved below 2^30, so plain int32 is exact; wide.py).
@@ -57,6 +59,10 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
     at once need it, times the weight scales, below MAX_ADD / arrival_width.
     `context_totals`: the run sums the context over steps (the ledger's decoded context, the
     occupancy measure); without them horizon x context is no total of the run.
+    `work` (a trace's sums of prompts, outputs and output x (prompt + output)): the service
+    a run can charge in all (each prompt token once, a recompute never, each decoded token
+    and the context it attends once), a bound that does not grow with the horizon, which a
+    wide clock's (microseconds over hours) would pass 2^55 with.
     """
     q, d, mult, scaled = lane_scales(settings, num_clients)
     a_p, a_q, b = scaled
@@ -64,14 +70,17 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
     running = min(settings.kv_budget // max(min_prompt, 1), max_requests)
     context = settings.kv_budget + running * (max_output - 1)
     per_step = (a_p * settings.kv_budget + a_q * running + b * context) * mult
+    service = horizon * per_step
+    if work is not None:
+        service = min(service, (a_p * work[0] + a_q * work[1] + b * work[2]) * mult)
     limits_ = [
         ("the running context", context, 1),
         ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult, 1),
         ("one step's decode charge (w_q x running + beta x context, in exact units, x weight scale)",
          (a_q * running + b * context) * mult, 1),
-        ("the run's total service", horizon * per_step >> wide.LOW_BITS, 1),
+        ("the run's total service", service >> wide.LOW_BITS, 1),
     ]
-    totals = [horizon * per_step, max_requests * horizon] + ([horizon * context] if context_totals else [])
+    totals = [service, max_requests * horizon] + ([horizon * context] if context_totals else [])
     policy = registry.get(settings.policy)
     if policy.uses_estimator:
         e = max_output
@@ -112,10 +121,11 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
                   wide_numbers: bool, record_every: int,
                   num_checkpoints: int, arrival_width: int, drain: bool, measures: MeasureConfig,
                   policies: Sequence[str] | None = None, server: str = servers.DEFAULT_SERVER, log_steps: int = 0,
-                  quiet_window: int = QUIET_WINDOW) -> EngineConfig:
+                  quiet_window: int = QUIET_WINDOW, wide_clock: bool = False) -> EngineConfig:
     """The static config that fits every lane of `settings` on server `server` (a
     servers.registry name; `log_steps`: steps of schedule it logs, for servers that do;
-    `quiet_window`: engines/quiet.py, 0 to run every step in events of its own)."""
+    `quiet_window`: engines/quiet.py, 0 to run every step in events of its own;
+    `wide_clock`: core/clock.py)."""
     policies = tuple(policies) if policies is not None else policy_names(settings)
     chosen = servers.get(server)  # an unknown name is one InputError naming the choices
     options = [dict(s.server_options) for s in dict.fromkeys(settings)]
@@ -130,7 +140,7 @@ def engine_config(settings: Sequence[Settings], *, num_clients: int, num_rows: i
         arrival_rows=any(registry.get(p).arrival_rows for p in policies), wide=wide_numbers,
         record_every=record_every, num_checkpoints=num_checkpoints, arrival_width=arrival_width, drain=drain,
         measures=measures if record_every else MeasureConfig.of(set(measures.names()) - {"demand"}), server=server,
-        log_steps=log_steps, quiet_window=quiet_window,
+        log_steps=log_steps, quiet_window=quiet_window, wide_clock=wide_clock,
         server_static=tuple(chosen.static_options(options)) if chosen.static_options is not None else ())
 
 
@@ -197,7 +207,7 @@ def run_lanes(workload: Workload, settings: Sequence[Settings], horizons: Sequen
     lane_workload, rejected, shared = reject_at_arrival(workload, settings, horizons, config.num_clients, shared)
     rejecting = any(s.rpm_rejects for s in settings)
     lane_workload = with_timeline(lane_workload, batched=not shared)
-    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, jnp.int32)),
+    batch = EngineBatch(lane=LaneInput(params=params, horizon=jnp.asarray(horizons, config.clock)),
                         workload=None if shared else lane_workload)
     host, done = policy_groups.run(tiers.run_in_tiers, config, settings, batch, lane_workload if shared else None,
                                    event_budget=event_budget, chunk=chunk, expected_events=expected_events,
@@ -238,7 +248,7 @@ def collect_lanes(lanes: LaneRun, config: EngineConfig, settings: Sequence[Setti
 
 @jax.jit
 def _existing(requests: jax.Array) -> jax.Array:
-    return (requests[..., ARRIVAL] != INT32_MAX).sum(axis=-1, dtype=jnp.int32)
+    return (requests[..., ORDER] != INT32_MAX).sum(axis=-1, dtype=jnp.int32)  # padding's ORDER, either clock
 
 
 def existing_requests(workload: Workload, shared: bool, lanes: int) -> np.ndarray:
@@ -256,11 +266,14 @@ def workload_pad(arrival_width: int = 4) -> int:
 
 def server_drain(trace: Trace, settings: Settings, server: str) -> int:
     """A horizon that drains `trace` under `settings` on `server`: its `drain_steps` (in its
-    time unit; ideal: last arrival + sum of outputs + 1) plus one rpm window per request
-    under an rpm delay (a request waits while nothing runs only for a window to end)."""
+    time unit; ideal: last arrival + sum of outputs + 1; a bound a server may cut at the
+    clock's limit, flagging a lane that needs more) plus one rpm window per request under an
+    rpm delay (a request waits while nothing runs only for a window to end)."""
     window = settings.rpm_window if settings.rpm_delays else 0
     options = dict(settings.server_options)
-    return servers.get(server).drain_steps(options, trace.arrival, trace.prompt, trace.output) + len(trace) * window
+    limit = clock.WIDE_LIMIT if wide_clock_for(trace) else servers.get(server).max_horizon
+    return (servers.get(server).drain_steps(options, trace.arrival, trace.prompt, trace.output, limit)
+            + len(trace) * window)
 
 
 def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: int | None,
@@ -299,6 +312,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
     if record_every < 0 or arrival_width < 1:
         raise InputError("record_every must be >= 0 and arrival_width >= 1")
     horizons, expected, needs_wide = [], [], False
+    wide_clock = any(wide_clock_for(t) for t in traces)
     for trace, s in zip(traces, settings, strict=True):
         if len(trace) == 0:
             raise InputError("the trace has no requests")
@@ -314,9 +328,10 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         needs_wide |= check_exact_limits(s, num_clients, min_prompt=int(trace.prompt.min()),
                                          max_prompt=int(trace.prompt.max()), max_output=int(trace.output.max()),
                                          horizon=horizons[-1], max_requests=len(trace), arrival_width=arrival_width,
-                                         context_totals=measures.ledger or measures.occupancy)
+                                         context_totals=measures.ledger or measures.occupancy,
+                                         work=trace_work(trace) if wide_clock else None)
     longest = max(horizons)
-    limit = horizon_limit(server, drains=steps is None)
+    limit = horizon_limit(server, drains=steps is None, wide_clock=wide_clock)
     if longest > limit:
         raise InputError(f"the run would need {longest} steps, past the limit {limit}")
     if record_every and longest // record_every * num_clients > 1 << 26:
@@ -332,7 +347,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
                            record_every=record_every,
                            num_checkpoints=longest // record_every if record_every else 0,
                            arrival_width=arrival_width, drain=steps is None, measures=measures, policies=policies,
-                           server=server, log_steps=log_steps, quiet_window=quiet_window)
+                           server=server, log_steps=log_steps, quiet_window=quiet_window, wide_clock=wide_clock)
     return config, horizons, servers.get(server).events_per_step * longest + 3 * most + 1, max(expected)
 
 
@@ -370,10 +385,18 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
                                                     server, log_steps, quiet_window)
+    with clock.context(config.wide_clock):
+        return _run_planned(traces, settings, config, horizons, budget, expected, num_clients=num_clients,
+                            steps=steps, arrival_width=arrival_width, chunk=chunk, mesh=mesh, progress=progress)
+
+
+def _run_planned(traces, settings, config: EngineConfig, horizons, budget: int, expected: int, *, num_clients: int,
+                 steps: int | None, arrival_width: int, chunk, mesh, progress) -> LaneResults:
+    """`run_traces` after its plan (under the clock's context)."""
     pad = workload_pad(arrival_width)
     shared = all(t is traces[0] for t in traces)
     if shared:
-        workload = make_workload(traces[0], num_clients, pad, steps)
+        workload = make_workload(traces[0], num_clients, pad, steps, wide_clock=config.wide_clock)
     else:
         rows = config.num_rows
         per_lane = []
@@ -381,7 +404,8 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
             counts = requests_per_client(t, num_clients)
             sizes = counts + pad
             sizes[-1] += rows - int(sizes.sum())  # every lane: the same row count
-            per_lane.append(jax.tree_util.tree_map(np.asarray, make_workload(t, num_clients, pad, steps, sizes)))
+            per_lane.append(jax.tree_util.tree_map(np.asarray, make_workload(t, num_clients, pad, steps, sizes,
+                                                                             config.wide_clock)))
         workload = jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_lane)
     return run_workloads(workload, settings, horizons, config=config, shared=shared, event_budget=budget,
                          expected_events=expected, chunk=chunk, mesh=mesh, progress=progress)
@@ -406,9 +430,16 @@ def replay(trace: Trace, settings: Settings | None = None, **kwargs) -> LaneResu
     return replay_lanes(trace, [settings or Settings()], **kwargs)
 
 
-def horizon_limit(server: str, *, drains: bool) -> int:
-    """The longest horizon a run may have: a drain bound in the server's time unit, else steps."""
-    return servers.get(server).max_horizon if drains else min(MAX_HORIZON, servers.get(server).max_horizon)
+def horizon_limit(server: str, *, drains: bool, wide_clock: bool = False) -> int:
+    """The longest horizon a run may have: a drain bound in the server's time unit, else
+    steps; with a wide clock, clock.WIDE_LIMIT (a server that keeps wide stamps only)."""
+    chosen = servers.get(server)
+    if wide_clock:
+        if not chosen.wide_clock:
+            raise InputError(f"server {server} runs arrivals up to {MAX_ARRIVAL:,} of its time unit (an int32 "
+                             "clock): take a window of the input")
+        return clock.WIDE_LIMIT
+    return chosen.max_horizon if drains else min(MAX_HORIZON, chosen.max_horizon)
 
 
 MAX_LANE_STREAM_BYTES = 2 << 30  # one lane's request blocks and generator words
@@ -427,7 +458,8 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     if lay.num_rows * 4 * (5 + 3) > MAX_LANE_STREAM_BYTES:
         raise InputError(f"a lane would hold {lay.num_rows:,} request rows (> {MAX_LANE_STREAM_BYTES >> 30} GiB "
                          "with the generator's words): shorten the horizon or lower the rates")
-    limit = horizon_limit(server, drains=sources.drains(srcs[0]))
+    wide_clock = sources.wide_clock(srcs)
+    limit = horizon_limit(server, drains=sources.drains(srcs[0]), wide_clock=wide_clock)
     if horizon > limit:
         raise InputError(f"horizon {horizon} exceeds the limit {limit}")
     if srcs[0].kind in KEYED_KINDS and horizon * k >= INT32_MAX:  # the generator's arrival x K + client key
@@ -435,15 +467,18 @@ def source_config(srcs: Sequence[sources.Source], settings: Sequence[Settings], 
     min_prompt = min(s.lengths()[0] for s in srcs)
     max_prompt = max(s.lengths()[1] for s in srcs)
     max_output = max(s.lengths()[2] for s in srcs)
+    work = None  # a wide clock's are traces': their work bounds the service (check_exact_limits)
+    if wide_clock:
+        work = tuple(max(w) for w in zip(*(trace_work(s.trace) for s in srcs)))
     needs_wide = any(check_exact_limits(s, k, min_prompt=min_prompt, max_prompt=max_prompt, max_output=max_output,
                                         horizon=horizon, max_requests=lay.num_rows, arrival_width=arrival_width,
-                                        context_totals=measures.ledger or measures.occupancy)
+                                        context_totals=measures.ledger or measures.occupancy, work=work)
                      for s in set(settings))
     return engine_config(settings, num_clients=k, num_rows=lay.num_rows, max_output=max_output,
                          slots=running_slots(settings, min_prompt, lay.num_rows), wide_numbers=needs_wide,
                          record_every=record_every, num_checkpoints=horizon // record_every if record_every else 0,
                          arrival_width=arrival_width, drain=sources.drains(srcs[0]), measures=measures,
-                         policies=policies, server=server)
+                         policies=policies, server=server, wide_clock=wide_clock)
 
 
 def traffic_config(traffics: Sequence[Traffic], settings: Sequence[Settings], record_every: int = 0,
@@ -482,6 +517,7 @@ def validate_lanes(srcs: Sequence[sources.Source], settings: Sequence[Settings],
                            config.policies, config.server)
     if (needed.num_rows > config.num_rows or needed.slots > config.slots
             or needed.calendar_rows > config.calendar_rows or (needed.wide and not config.wide)
+            or needed.wide_clock != config.wide_clock
             or needed.num_clients != config.num_clients or not _covers(config.server_static, needed.server_static)):
         raise InputError("the given engine config is too small for these lanes' workloads")
 
@@ -519,6 +555,13 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
         raise InputError("no lanes: give at least one seed")
     config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies, server)
     validate_lanes(srcs, settings, config)
+    with clock.context(config.wide_clock):
+        return _simulate(srcs, settings, seeds, config, base_seed=base_seed, chunk=chunk, mesh=mesh,
+                         progress=progress)
+
+
+def _simulate(srcs, settings, seeds, config: EngineConfig, *, base_seed: int, chunk, mesh, progress) -> LaneResults:
+    """`simulate_sources` after its plan (under the clock's context)."""
     horizon = srcs[0].horizon
     mesh = mesh or lane_mesh()
     made, index = distinct_workloads(srcs, seeds, config, base_seed, mesh)

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from vtc_jax.core import clock
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import lane_passes, run
 from vtc_jax.driver.devices import available_bytes, gather_lanes, lane_mesh, process_share
@@ -206,7 +207,8 @@ class ModelEngine:
         buffers. The server's state is sized from its own `init` (abstractly: nothing is
         allocated), so a server with per-row tables or a schedule log is counted whole."""
         k, r = config.num_clients, config.num_rows
-        server = jax.eval_shape(lambda: servers.get(config.server).init(config.server_shape))
+        with clock.context(config.wide_clock):  # a wide clock's stamps are int64
+            server = jax.eval_shape(lambda: servers.get(config.server).init(config.server_shape))
         words = 4 * NUM_WORDS * r + sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(server))
         measures = 4 * (3 * config.num_checkpoints * k + 2 * 264 * k + 3 * k * k)
         policy_tables = 16 * r if any(registry.get(p).arrival_rows for p in config.policies) else 0
@@ -470,8 +472,9 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
             batch = [mine[(first + j) % len(mine)] for j in range(size)]  # the last chunk repeats lanes
             keep = min(size, len(mine) - first)
             chunk_rows = [rows[lane // len(seeds)] for lane in batch]
-            results = engine.run(chunk_rows, [seeds[lane % len(seeds)] for lane in batch], config, base_seed, mesh,
-                                 progress.chunk(keep, size))
+            with clock.context(getattr(config, "wide_clock", False)):  # core/clock.py
+                results = engine.run(chunk_rows, [seeds[lane % len(seeds)] for lane in batch], config, base_seed,
+                                     mesh, progress.chunk(keep, size))
             values = {"metrics": sweep.metrics(results, chunk_rows), "finished": results.finished}
             if getattr(results, "offered", None) is not None:
                 values["metrics"].update(load_metrics(results))

@@ -13,7 +13,8 @@ import numpy as np
 
 from vtc_jax.driver import runner
 from vtc_jax.driver.lane_workloads import take_lanes
-from vtc_jax.engines.engine import PROGRAM, EngineBatch, EngineConfig
+from vtc_jax.engines.engine import PROGRAM, EngineBatch
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.servers import registry as servers
 
 

@@ -52,82 +52,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from vtc_jax.core import over_clients
+from vtc_jax.core import clock, over_clients
 from vtc_jax.core.once import once_for
-from vtc_jax.core.rows import ARRIVAL, CACHED, OUTPUT, PROMPT
+from vtc_jax.core.rows import CACHED, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, quiet, requeue
+from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.program import LaneProgram
 from vtc_jax.engines.settings import Params
 from vtc_jax.inputs.workload import TIMELINE_FIELDS, TIMELINE_PAD, Workload
-from vtc_jax.measures.online import MeasureConfig, Measures, init_measures, on_admit, on_finish
+from vtc_jax.measures.online import Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, add_at, admissible,
-                                   put_at)
+                                   head_arrivals, put_at)
 from vtc_jax.servers import registry as servers
-from vtc_jax.servers.base import ServerShape, Work
+from vtc_jax.servers.base import Work
 
 I32 = jnp.int32
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Static settings: changing one recompiles.
-
-    Attributes:
-      num_clients: K.
-      num_rows: R, rows of the workload (all blocks, padding included).
-      calendar_rows: L, rows of the completion calendar (the longest output + 1).
-      slots: running-request slots (>= the most requests that can run at once).
-      policies: the policies present in the batch (registry names); lanes pick theirs by
-        `Params.policy_id`.
-      rpm: some lane has an RPM limit that delays admissions.
-      kv_cap: some lane has per-client KV caps.
-      bands: some lane has priority bands.
-      estimator: some lane's policy predicts outputs (the estimator state is kept).
-      arrival_rows: some policy reads arriving requests' rows (Policy.arrival_rows).
-      wide: exact integers in the WIDE format (to 2^55); False: NARROW int32, which the
-        planner allows only when it proved every total, counter and tag below 2^30.
-      record_every: checkpoint W every this many steps (0: no checkpoints).
-      num_checkpoints: rows of the checkpoint buffer (>= horizon // record_every).
-      arrival_width: arrivals taken in one event, all clients together (any value up to
-        workload.TIMELINE_PAD is exact).
-      quiet_window: quiet steps one FINISH event may run after its own (0: none); it reads
-        that many timeline entries ahead (any value up to workload.TIMELINE_PAD is exact).
-      drain: run until every request completed (the horizon is then a safety bound).
-      measures: which optional measures to accumulate.
-      server: the server's registry name (servers/registry.py).
-      requeue_depth: preempted requests a client's stack holds (servers that preempt).
-      log_steps: steps of schedule the server keeps a log of (0: none; servers that log).
-      server_static: the server's static settings for every lane (ServerShape.static).
-    """
-
-    num_clients: int
-    num_rows: int
-    calendar_rows: int
-    slots: int
-    policies: tuple[str, ...] = ("vtc",)
-    rpm: bool = False
-    kv_cap: bool = False
-    bands: bool = False
-    estimator: bool = False
-    arrival_rows: bool = False
-    wide: bool = True
-    record_every: int = 0
-    num_checkpoints: int = 0
-    arrival_width: int = 4
-    quiet_window: int = quiet.WINDOW
-    drain: bool = False
-    measures: MeasureConfig = MeasureConfig()
-    server: str = servers.DEFAULT_SERVER
-    requeue_depth: int = 16
-    log_steps: int = 0
-    server_static: tuple = ()
-
-    @property
-    def server_shape(self) -> ServerShape:
-        return ServerShape(num_clients=self.num_clients, calendar_rows=self.calendar_rows, slots=self.slots,
-                           num_rows=self.num_rows, log_steps=self.log_steps, static=self.server_static)
 
 
 @jax.tree_util.register_dataclass
@@ -160,6 +101,8 @@ class State:
       iterations: int32[]  events consumed.
       overflow: bool[]  a fixed-size structure would have overflowed (the running-request
         slots were full): the lane is flagged as not finished, never reported.
+      arrivals: int64[K] the heads' arrival times, with a wide clock (heads' ARRIVAL is
+        int32; core/clock.split_rows), else None.
     """
 
     step: jax.Array
@@ -184,6 +127,7 @@ class State:
     overflow: jax.Array
     stacks: requeue.Stacks | None = None
     begun: jax.Array | None = None
+    arrivals: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -198,17 +142,18 @@ class LaneInput:
 def init_state(config: EngineConfig, lane: LaneInput, workload: Workload) -> State:
     """Empty server at step 0 (step 0's arrivals are taken by the first event)."""
     k, zeros_k = config.num_clients, jnp.zeros(config.num_clients, I32)
-    horizon = jnp.asarray(lane.horizon, I32)
+    horizon = jnp.asarray(lane.horizon, config.clock)
     num = numbers(config.wide)
-    shape = Shape(num_clients=k, num_rows=config.num_rows, num=num)
+    shape = Shape(num_clients=k, num_rows=config.num_rows, num=num, clock=config.clock)
+    heads, arrivals = clock.split_rows(workload.requests[workload.first])
     return State(
-        step=jnp.zeros((), I32), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
-        heads=workload.requests[workload.first], head_index=workload.first.astype(I32), next=jnp.zeros((), I32),
+        step=jnp.zeros((), config.clock), horizon=horizon, done=horizon <= 0, head=zeros_k, arrived=zeros_k,
+        heads=heads, arrivals=arrivals, head_index=workload.first.astype(I32), next=jnp.zeros((), I32),
         counter=num.zeros((k,)), service=num.zeros((k,)), server=servers.get(config.server).init(config.server_shape),
         last_left=jnp.asarray(-1, I32), admitted=zeros_k, completed=zeros_k, limits=limits.init(k, config.rpm, config.kv_cap),
         policy={name: registry.get(name).init(lane.params.policy[name], shape) for name in config.policies},
         estimator=estimators.init(k) if config.estimator else None,
-        measures=init_measures(k, config.num_checkpoints, config.measures, num), iterations=jnp.zeros((), I32),
+        measures=init_measures(k, config.num_checkpoints, config.measures, num, config.clock), iterations=jnp.zeros((), I32),
         overflow=jnp.zeros((), bool), **_preemption_state(config))
 
 
@@ -252,7 +197,7 @@ def _estimates(state: State, params: Params, config: EngineConfig, client, rows,
 def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
     load = servers.get(config.server).load(state.server)
     waiting = _waiting(state)
-    return View(num=numbers(config.wide), step=state.step, backlogged=waiting > 0, heads=heads,
+    return View(num=numbers(config.wide), step=state.step, backlogged=waiting > 0, heads=heads, arrivals=state.arrivals,
                 head_index=head_index,
                 waiting=waiting,
                 counter=state.counter, running=load.running, context=load.context, last_left=state.last_left,
@@ -297,9 +242,10 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     if stacks is not None:  # or its stack's new top, if any
         left = stacks.depth[client]
         next_index = jnp.where(left > 0, stacks.index[client, jnp.maximum(left - 1, 0)], next_index)
-    next_row = workload.requests[next_index]
+    next_row, next_arrival = clock.split_rows(workload.requests[next_index])
+    arrival = head_arrivals(view)[client]
     return dataclasses.replace(
-        state,
+        state, arrivals=None if next_arrival is None else put_at(state.arrivals, client, next_arrival, mask),
         head=add_at(state.head, client, 1, first), head_index=put_at(state.head_index, client, fifo_index, first),
         stacks=stacks, heads=put_at(state.heads, client, next_row, mask), server=server,
         service=put_at(state.service, client, num.add(state.service[client], prefill), mask),
@@ -308,7 +254,7 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
         admitted=add_at(state.admitted, client, 1, first), last_left=jnp.where(mask, client, state.last_left),
         overflow=state.overflow | overflow, limits=limits.on_admit(state.limits, _onehot(client, k, first), row),
         policy=_keep(state.policy, policy_states, mask),
-        measures=on_admit(state.measures, first, client, state.step, row[ARRIVAL], prompt, output, cached,
+        measures=on_admit(state.measures, first, client, state.step, arrival, prompt, output, cached,
                           state.horizon, view.num))
 
 
@@ -332,8 +278,9 @@ def begin(state: State, view: View, params: Params, workload: Workload, mask, co
     top_index, _ = requeue.tops(stacks)
     pushed = stacks.depth > state.stacks.depth
     # Clients that pushed nothing read row 0, as every such event does, so it stays cached.
-    top_row = workload.requests[jnp.where(pushed, top_index, 0)]
+    top_row, top_arrival = clock.split_rows(workload.requests[jnp.where(pushed, top_index, 0)])
     return dataclasses.replace(state, server=server, stacks=stacks, begun=state.begun | mask,
+                               arrivals=None if top_arrival is None else jnp.where(pushed, top_arrival, state.arrivals),
                                heads=jnp.where(pushed[:, None], top_row, state.heads),
                                overflow=state.overflow | (mask & overflow))
 
@@ -423,7 +370,8 @@ def arrival_window(state: State, workload: Workload, config: EngineConfig):
     if not 1 <= config.arrival_width <= TIMELINE_PAD:
         raise ValueError(f"arrival_width must be in [1, {TIMELINE_PAD}] (the timeline's padding)")
     entries = jax.lax.dynamic_slice_in_dim(workload.timeline, state.next, config.arrival_width)
-    return entries[:, 0], entries[:, 1], entries[:, 2], workload.requests[entries[:, 0]] if config.arrival_rows else None
+    rows = clock.split_rows(workload.requests[entries[:, 0]])[0] if config.arrival_rows else None
+    return entries[:, 0].astype(I32), entries[:, 1].astype(I32), entries[:, 2], rows
 
 
 def take_arrivals(state: State, view: View, workload: Workload, params: Params, mask, window,

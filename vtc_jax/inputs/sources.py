@@ -32,6 +32,7 @@ from vtc_jax.inputs import traffic as traffic_mod
 from vtc_jax.inputs.workload import (
     ARRIVAL,
     INT32_MAX,
+    MAX_ARRIVAL,
     NUM_FIELDS,
     ORDER,
     Trace,
@@ -131,12 +132,17 @@ class TraceSource:
     def capacities(self) -> np.ndarray:
         return requests_per_client(self.trace, self.num_clients)
 
+    @property
+    def wide_clock(self) -> bool:
+        """Its arrivals pass an int32 clock's (workload.MAX_ARRIVAL): core/clock.py."""
+        return self.last_arrival > MAX_ARRIVAL
+
     def params(self):
-        t = self.trace
-        return {"arrival": t.arrival.astype(np.int32), "client": t.client.astype(np.int32),
+        t, clock = self.trace, np.int64 if self.wide_clock else np.int32  # arrival times: the clock's dtype
+        return {"arrival": t.arrival.astype(clock), "client": t.client.astype(np.int32),
                 "prompt": t.prompt.astype(np.int32), "output": t.output.astype(np.int32),
-                "cached": t.cached.astype(np.int32), "unit": np.int32(self.phase_unit),
-                "last": np.int32(self.last_arrival)}
+                "cached": t.cached.astype(np.int32), "unit": clock(self.phase_unit),
+                "last": clock(self.last_arrival)}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -182,6 +188,11 @@ def signature(source: Source) -> tuple:
 def replays_exactly(seeds: Sequence[int]) -> np.ndarray:
     """bool[B]: the lanes whose trace is taken as it is (seed 0; `generate_lanes`' `exact`)."""
     return np.asarray(seeds, np.int64) == 0
+
+
+def wide_clock(sources: Sequence[Source]) -> bool:
+    """Some source's arrivals need a wide clock (only a trace's can: generators key by int32)."""
+    return any(getattr(s, "wide_clock", False) for s in sources)
 
 
 def drains(source: Source) -> bool:
@@ -287,7 +298,8 @@ def _trace_lane(key, params, *, horizon, lay: Layout, pad, num_clients):
     position = jnp.arange(n, dtype=I32) - before[sorted_client]
     dest = jnp.asarray(lay.first, I32)[sorted_client] + position
     rows = jnp.stack([arrival, rank, params["prompt"], params["output"], params["cached"]], axis=-1)[by_client]
-    requests = jnp.broadcast_to(jnp.asarray(padding_rows(1)[0]), (lay.num_rows, NUM_FIELDS))
+    wide_clock = arrival.dtype == jnp.int64  # rows of the clock's dtype
+    requests = jnp.broadcast_to(jnp.asarray(padding_rows(1, wide_clock)[0]), (lay.num_rows, NUM_FIELDS))
     requests = requests.at[dest].set(rows)
     arrives = arrival < horizon
     return Workload(requests=requests, first=jnp.asarray(lay.first, I32), size=jnp.asarray(lay.size, I32),
@@ -301,7 +313,7 @@ def redraw_arrivals(key: jax.Array, arrival: jax.Array, unit: jax.Array, last: j
     unit = jnp.maximum(unit, 1)
     start = arrival // unit * unit
     span = jnp.minimum(start + unit, last + 1) - start  # >= 1: start <= arrival <= last
-    return start + jax.random.randint(key, arrival.shape, 0, span, dtype=I32)
+    return start + jax.random.randint(key, arrival.shape, 0, span, dtype=arrival.dtype)
 
 
 def _servegen_lane(key, params, *, horizon, lay: Layout, pad, num_clients):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core import clock
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.fileio import csv_table, read_text
 from vtc_jax.core.rows import ARRIVAL, CACHED, NUM_FIELDS, ORDER, OUTPUT, PROMPT  # noqa: F401 (TODO: importers to core.rows)
@@ -94,7 +95,7 @@ class Trace:
         ]
         if num_clients is not None:
             checks.append((self.client >= num_clients, f"client id outside --clients {num_clients}"))
-        for col, name, limit in ((self.arrival, "arrival", MAX_ARRIVAL), (self.prompt, "prompt", MAX_LENGTH),
+        for col, name, limit in ((self.arrival, "arrival", clock.WIDE_LIMIT), (self.prompt, "prompt", MAX_LENGTH),
                                  (self.output, "output", MAX_LENGTH)):
             checks.append((col > limit, f"{name} too large (limit {limit})"))
         for bad, message in checks:
@@ -194,10 +195,11 @@ TIMELINE_PAD = 64  # entries past the end of a timeline: the widest arrival wind
 TIMELINE_FIELDS = 3  # a timeline entry: (row, client, arrival)
 
 
-def padding_rows(count: int) -> np.ndarray:
-    """int32[count, 5] rows that never arrive."""
-    rows = np.zeros((count, NUM_FIELDS), np.int32)
-    rows[:, ARRIVAL] = INT32_MAX
+def padding_rows(count: int, wide_clock: bool = False) -> np.ndarray:
+    """int32[count, 5] rows that never arrive (int64 with a wide clock, arriving at
+    clock.NEVER)."""
+    rows = np.zeros((count, NUM_FIELDS), np.int64 if wide_clock else np.int32)
+    rows[:, ARRIVAL] = clock.never(wide_clock)
     rows[:, ORDER] = INT32_MAX
     rows[:, PROMPT] = 1
     rows[:, OUTPUT] = 1
@@ -213,9 +215,10 @@ def block_sizes(counts, pad: int) -> tuple[np.ndarray, np.ndarray]:
     return first.astype(np.int32), size.astype(np.int32)
 
 
-def layout_trace(trace: Trace, num_clients: int, pad: int, sizes: np.ndarray | None = None) -> np.ndarray:
-    """Client-major sorted request rows, int32[R, 5] (numpy), blocks of `sizes` rows
-    (default: each client's count + pad)."""
+def layout_trace(trace: Trace, num_clients: int, pad: int, sizes: np.ndarray | None = None,
+                 wide_clock: bool = False) -> np.ndarray:
+    """Client-major sorted request rows, int32[R, 5] (numpy; int64 with a wide clock),
+    blocks of `sizes` rows (default: each client's count + pad)."""
     counts = requests_per_client(trace, num_clients)
     sizes = counts + pad if sizes is None else np.asarray(sizes)
     if (sizes < counts + pad).any():
@@ -228,9 +231,9 @@ def layout_trace(trace: Trace, num_clients: int, pad: int, sizes: np.ndarray | N
     for k in range(num_clients):
         idx = order[trace.client[order] == k]
         rows = np.stack([trace.arrival[idx], rank[idx], trace.prompt[idx], trace.output[idx], trace.cached[idx]],
-                        axis=1).astype(np.int32).reshape(-1, NUM_FIELDS)
-        blocks.append(np.concatenate([rows, padding_rows(int(sizes[k]) - len(idx))]))
-    return np.concatenate(blocks) if blocks else padding_rows(0)
+                        axis=1).astype(np.int64 if wide_clock else np.int32).reshape(-1, NUM_FIELDS)
+        blocks.append(np.concatenate([rows, padding_rows(int(sizes[k]) - len(idx), wide_clock)]))
+    return np.concatenate(blocks) if blocks else padding_rows(0, wide_clock)
 
 
 def trace_rows(trace: Trace, num_clients: int, pad: int) -> np.ndarray:
@@ -242,29 +245,42 @@ def trace_rows(trace: Trace, num_clients: int, pad: int) -> np.ndarray:
     return np.where(rank < len(trace), order[np.minimum(rank, len(trace) - 1)], -1)
 
 
+def trace_work(trace: Trace) -> tuple[int, int, int]:
+    """(sum of prompts, of outputs, of output x (prompt + output)): check_exact_limits's `work`."""
+    p, o = trace.prompt.astype(object), trace.output.astype(object)
+    return int(p.sum()), int(o.sum()), int((o * (p + o)).sum())
+
+
+def wide_clock_for(trace: Trace) -> bool:
+    """The trace's arrivals pass what an int32 clock runs (MAX_ARRIVAL): its run
+    takes a wide clock (core/clock.py)."""
+    return len(trace) > 0 and int(trace.arrival.max()) > MAX_ARRIVAL
+
+
 def requests_per_client(trace: Trace, num_clients: int) -> np.ndarray:
     return np.bincount(trace.client, minlength=num_clients)
 
 
 def make_workload(trace: Trace, num_clients: int, pad: int, horizon: int | None,
-                  sizes: np.ndarray | None = None) -> Workload:
+                  sizes: np.ndarray | None = None, wide_clock: bool = False) -> Workload:
     """Device layout of one trace, timeline included. `horizon=None` counts every request
-    (drain mode)."""
+    (drain mode). A wide clock's rows and timeline are int64 (made under clock.context)."""
     counts = requests_per_client(trace, num_clients)
     sizes = counts + pad if sizes is None else np.asarray(sizes)
     first, size = block_sizes(sizes - pad, pad)
     arrives = trace.arrival < horizon if horizon is not None else np.ones(len(trace), bool)
-    rows = layout_trace(trace, num_clients, pad, sizes)
+    rows = layout_trace(trace, num_clients, pad, sizes, wide_clock)
     return Workload(requests=jnp.asarray(rows), first=jnp.asarray(first), size=jnp.asarray(size),
                     num_requests=jnp.asarray(int(arrives.sum()), dtype=jnp.int32), overflow=jnp.asarray(False),
                     timeline=jnp.asarray(timeline_host(rows, first)))
 
 
 def timeline_host(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """numpy `timeline` of request rows int32[R, 5] in blocks starting at `first`."""
+    """numpy `timeline` of request rows int32[R, 5] in blocks starting at `first` (of the
+    rows' dtype: int64 with a wide clock)."""
     order = np.argsort(rows[:, ORDER], kind="stable")
     block = np.searchsorted(first, order, side="right") - 1
-    out = np.stack([order, block, rows[order, ARRIVAL]], axis=1).astype(np.int32)
+    out = np.stack([order, block, rows[order, ARRIVAL]], axis=1).astype(rows.dtype)
     return np.concatenate([out, np.repeat(out[-1:], TIMELINE_PAD, axis=0)])
 
 
@@ -310,7 +326,7 @@ def add_timeline(workload: Workload, order: jax.Array | None = None) -> Workload
     int32[R]: that sort's result, already known: `add_timelines`)."""
     rows, first = workload.requests, workload.first
     if order is None:
-        order = timeline_order(rows[:, ORDER])
+        order = timeline_order(rows[:, ORDER].astype(jnp.int32))
     if first.shape[0] <= 16:  # few clients: K compares a row
         block = (jnp.searchsorted(first, order, side="right", method="compare_all") - 1).astype(jnp.int32)
     else:  # many: each row's block by an O(R) count of block starts, read once per entry
@@ -328,9 +344,11 @@ def add_timelines(workload: Workload, *, batched: bool) -> Workload:
     - else every ARRIVAL packs: the packed sort by ARRIVAL, kept where every lane's result
       is `in_stable_order` of ORDER (generated traffic's rows, whose ORDER is arrival * K +
       client in client-major blocks, always are: K = 87's keys do not pack, arrivals do);
-    - else the two-array stable sort by ORDER."""
+    - else the two-array stable sort by ORDER.
+
+    A wide clock's rows (int64) have int32 ORDER keys, and arrivals that are not tried."""
     lanes = jax.vmap if batched else (lambda f: f)
-    keys, arrivals = workload.requests[..., ORDER], workload.requests[..., ARRIVAL]
+    keys, arrivals = workload.requests[..., ORDER].astype(jnp.int32), workload.requests[..., ARRIVAL]
     stable = lambda _: lanes(timeline_order)(keys)  # noqa: E731
     packed = lanes(functools.partial(timeline_order, packed=True))
 
@@ -339,6 +357,8 @@ def add_timelines(workload: Workload, *, batched: bool) -> Workload:
         return jax.lax.cond(jnp.all(lanes(in_stable_order)(order, keys)), lambda _: order, stable, None)
 
     def unpacked(_):
+        if arrivals.dtype != jnp.int32:
+            return stable(None)
         return jax.lax.cond(packable(arrivals), by_arrival, stable, None)
 
     order = jax.lax.cond(packable(keys), lambda _: packed(keys), unpacked, None)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core import over_clients
+from vtc_jax.core.wide import MAX_ADD
 
 I32 = jnp.int32
 EXACT_BINS = 64
@@ -95,7 +96,7 @@ class Measures:
 
     Attributes:
       max_drift: int32[(2)]  max over steps of max_k W_k - min_k W_k (negative before any step).
-      max_drift_step: int32[]  first step reaching it.
+      max_drift_step: int32[]  first step reaching it (the clock's dtype: int64 for a wide clock).
       span_arrived: int32[]  requests arrived by the last step in which one arrived;
         span_service: int32[K(, 2)] W after that step; span_waiting: int32[] requests
         waiting after its admissions (the end of the arrival span: the load line compares
@@ -153,10 +154,11 @@ def pairs(num_clients: int) -> tuple[np.ndarray, np.ndarray]:
     return f.astype(np.int32), g.astype(np.int32)
 
 
-def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig, num) -> Measures:
+def init_measures(num_clients: int, num_checkpoints: int, config: MeasureConfig, num, clock=I32) -> Measures:
+    """Empty measures; `clock`: the lane's clock dtype (max_drift_step is a step)."""
     k, c = num_clients, num_checkpoints
     wk = lambda: num.zeros((k,))  # noqa: E731
-    parts = dict(max_drift=num.constant((), -1), max_drift_step=jnp.zeros((), I32), span_arrived=jnp.zeros((), I32),
+    parts = dict(max_drift=num.constant((), -1), max_drift_step=jnp.zeros((), clock), span_arrived=jnp.zeros((), I32),
                  span_service=wk(), span_waiting=jnp.zeros((), I32))
     if c:
         parts["checkpoints"] = num.constant((c, k), -1)  # negative: not written (an idle jump)
@@ -204,6 +206,8 @@ def on_admit(m: Measures, mask, client, step, arrival, prompt, output, cached, h
     if m.wait_hist is not None:
         wait = step - arrival
         done = step + output - 1 - arrival  # no preemption: its completion step is known now
+        if wait.dtype != I32:  # a wide clock's: a latency past wide.MAX_ADD (35.8 minutes of us) is kept as that
+            wait, done = (jnp.minimum(x, MAX_ADD).astype(I32) for x in (wait, done))
         completes = (mask & (step + output - 1 < horizon)).astype(I32)
         updates.update(
             wait_hist=m.wait_hist.at[client, latency_bin(wait)].add(take),

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vtc_jax.core import over_clients, wide
+from vtc_jax.core.rows import ARRIVAL
 
 I32 = jnp.int32
 
@@ -40,11 +41,14 @@ I32 = jnp.int32
 class Shape(NamedTuple):
     """Static facts a policy state may depend on: K clients, R workload rows, and `num`,
     the run's exact number format (wide.WIDE or wide.NARROW: make exact counters and tags
-    with num.zeros and update them with num.add, num.maximum, ...)."""
+    with num.zeros and update them with num.add, num.maximum, ...), and `clock`, the dtype
+    of the lane's clock (View.step; int32, or int64 for a wide clock, core/clock.py): a
+    policy that keeps a time keeps it as `clock`."""
 
     num_clients: int
     num_rows: int
     num: Any = None
+    clock: Any = jnp.int32
 
 
 class Costs(NamedTuple):
@@ -66,7 +70,9 @@ class View(NamedTuple):
     backlogged); head_index: int32[K] the head's row in `Workload.requests`;
     counter: int32[K(, 2)] the MODEL.md counter c_k; running, context: int32[K]
     requests running and their KV tokens; last_left: int32[] (-1: none); costs: Costs;
-    estimates: int32[K] the cost estimator's output prediction for each head.
+    estimates: int32[K] the cost estimator's output prediction for each head;
+    arrivals: the heads' arrival times, of the clock's dtype [K], where a wide clock's do not
+    fit the rows' int32 ARRIVAL field (None: read heads[:, ARRIVAL]; `head_arrivals`).
     """
 
     num: Any
@@ -81,6 +87,12 @@ class View(NamedTuple):
     last_left: jax.Array
     costs: Costs
     estimates: jax.Array
+    arrivals: Any = None
+
+
+def head_arrivals(view: View) -> jax.Array:
+    """int32[K] (int64 with a wide clock): each head's arrival time."""
+    return view.heads[:, ARRIVAL] if view.arrivals is None else view.arrivals
 
 
 class Arrivals(NamedTuple):

@@ -28,8 +28,7 @@ from fractions import Fraction
 import jax.numpy as jnp
 
 from vtc_jax.core import over_clients
-from vtc_jax.core.rows import ARRIVAL
-from vtc_jax.policies.base import Choice, Policy, estimated_cost, no_params
+from vtc_jax.policies.base import Choice, Policy, estimated_cost, head_arrivals, no_params
 
 I32 = jnp.int32
 
@@ -46,7 +45,7 @@ def on_arrival(state, view, arrivals, params):
     cost = estimated_cost(view.costs, arrivals.rows, arrivals.estimates) * view.costs.counter_mult[client]
     cost = jnp.where(joins, cost, 0)
     same = (client[:, None] == client[None, :]) & joins[None, :]  # [W, W]: entry j joins i's client
-    upto = jnp.where(jnp.tril(same), cost[None, :], 0).sum(axis=1)  # cost through entry i, its client's chain
+    upto = jnp.where(jnp.tril(same), cost[None, :], 0).sum(axis=1, dtype=cost.dtype)  # cost through entry i, its client's chain
     num = view.num
     base = num.maximum(num.broadcast(state["v"], client.shape), state["f_tail"][client])
     finish = num.add(base, upto)
@@ -62,16 +61,17 @@ def on_arrival(state, view, arrivals, params):
 
 def first_by_tag_then_arrival(tags, arrival, eligible, num):
     """int32[]: the eligible client with the smallest tag (exact, [K] in the number format
-    `num`), ties by the smallest head arrival (int32[K]), then the smallest index."""
+    `num`), ties by the smallest head arrival (int32[K], int64 with a wide clock), then the
+    smallest index."""
     lowest = num.min_of(tags, eligible)
     tied = eligible & ~num.less(lowest, tags)  # tags >= lowest: not above it means equal
-    return over_clients.first_argmin(jnp.where(tied, arrival, jnp.iinfo(jnp.int32).max))
+    return over_clients.first_argmin(jnp.where(tied, arrival, jnp.iinfo(arrival.dtype).max))
 
 
 def _select(tag: str):
     def select(state, view, eligible, params):
         start, finish = state["start"][view.head_index], state["finish"][view.head_index]
-        client = first_by_tag_then_arrival(start if tag == "start" else finish, view.heads[:, ARRIVAL], eligible,
+        client = first_by_tag_then_arrival(start if tag == "start" else finish, head_arrivals(view), eligible,
                                            view.num)
         return Choice(client, over_clients.any_of(eligible),
                       dict(state, chosen_start=start[client], chosen_finish=finish[client]))

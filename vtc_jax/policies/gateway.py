@@ -43,7 +43,8 @@ def encode(settings, ctx) -> dict:
 
 def init(params, shape):
     k = shape.num_clients
-    return {"counter": shape.num.zeros((k,)), "has": jnp.zeros(k, bool), "last_backlogged": jnp.zeros(k, I32)}
+    return {"counter": shape.num.zeros((k,)), "has": jnp.zeros(k, bool),
+            "last_backlogged": jnp.zeros(k, shape.clock)}  # a step: the clock's dtype
 
 
 def select(state, view, eligible, params) -> Choice:
@@ -52,7 +53,10 @@ def select(state, view, eligible, params) -> Choice:
     floor = num.where(over_clients.any_of(with_counter), num.min_of(counter, with_counter), num.zeros())
     lifted = view.backlogged & ~has
     counter = num.where(lifted, num.broadcast(floor, has.shape), counter)
-    return argmin_choice(counter, eligible, dict(state, counter=counter, has=has | view.backlogged), num)
+    # a client picked from is waiting now: its idle time starts no earlier (kept if it is admitted)
+    last = jnp.where(view.backlogged, view.step, state["last_backlogged"])
+    return argmin_choice(counter, eligible, dict(state, counter=counter, has=has | view.backlogged,
+                                                 last_backlogged=last), num)
 
 
 def on_admit(state, view, admission, params):
@@ -102,6 +106,7 @@ class Reference:
         sim, r = self.sim, self.sim.reqs[n]
         self.v, backlogged = list(self._scanned[0]), self._scanned[1]
         self.has = [h or b for h, b in zip(self.has, backlogged)]
+        self.last_backlogged = [sim.t if b else t for t, b in zip(self.last_backlogged, backlogged)]  # waiting now
         e = sim.estimate(n)
         cost = max(sim.prefill_charge(n) + sim.w_q * e + sim.beta * (e * r.prompt + e * (e - 1) // 2),
                    sim.cost_unit)

@@ -35,8 +35,7 @@ import numpy as np
 
 from vtc_jax.core import over_clients
 from vtc_jax.core.errors import InputError
-from vtc_jax.core.rows import ARRIVAL
-from vtc_jax.policies.base import Choice, Policy, flush_subnormal, power, reference_power
+from vtc_jax.policies.base import Choice, Policy, flush_subnormal, head_arrivals, power, reference_power
 
 F32, I32 = jnp.float32, jnp.int32
 FORGET = ("llmd", "idle")
@@ -72,10 +71,11 @@ def encode(settings, ctx) -> dict:
 
 
 def init(params, shape):
-    """attained, pending: float32[K]; last_event: int32[K] the last step that restarted a
-    client's TTL clock (a completion; with forget="idle" also an arrival)."""
+    """attained, pending: float32[K]; last_event: [K] of the clock's dtype (shape.clock) the
+    last step that restarted a client's TTL clock (a completion; with forget="idle" also an
+    arrival)."""
     k = shape.num_clients
-    return {"attained": jnp.zeros(k, F32), "pending": jnp.zeros(k, F32), "last_event": jnp.zeros(k, I32)}
+    return {"attained": jnp.zeros(k, F32), "pending": jnp.zeros(k, F32), "last_event": jnp.zeros(k, shape.clock)}
 
 
 def _normalize(x, eligible):
@@ -86,7 +86,7 @@ def _normalize(x, eligible):
 
 def select(state, view, eligible, params) -> Choice:
     service = (state["attained"] + state["pending"]) / params["weight"]
-    wait = (view.step - view.heads[:, ARRIVAL]).astype(F32)
+    wait = (view.step - head_arrivals(view)).astype(F32)
     score = (1.0 - _normalize(service, eligible)) + _normalize(wait, eligible) / params["ratio"]
     client = jnp.argmax(jnp.where(eligible, score, -jnp.inf)).astype(I32)
     return Choice(client, over_clients.any_of(eligible), state)

@@ -56,7 +56,7 @@ Host side, each server also has
   never_served(options, prompt, output, kv_budget) -> str | None
                                                   why some request could never finish here
                                                   (the run is refused), or None;
-  drain_steps(options, arrival, prompt, output) -> int
+  drain_steps(options, arrival, prompt, output, limit) -> int
                                                   steps that surely drain such a trace;
   fuzz_options(rng, prompt, output) -> dict       random valid settings for such a trace
                                                   (random.Random; the registry-wide tests
@@ -65,8 +65,10 @@ Host side, each server also has
 Optional: `fits_client=True` (the engine passes the candidate's client to `fits` as
 `client=`), `wake(params, now, next_arrival) -> int32[]` (when a server with nothing to do
 starts again; default: at the next arrival), `max_horizon` (the longest drain horizon the
-driver may plan, in the lane's time unit; default 2^30 - 1) and `Work.detail` (facts of a
-step its policies may read, as StepEnd.detail).
+driver may plan, in the lane's time unit; default 2^30 - 1), `wide_clock` (True: every
+stamp it keeps is of ServerShape.clock's dtype, so it runs a wide clock's arrivals, past
+2^30, core/clock.py) and `Work.detail` (facts of a step its policies may read, as
+StepEnd.detail).
 
 Optionally, `request_times(host_state) -> (first, finish)`: host side, the first-token and
 finish times the server keeps per request number (ORDER), int arrays [..., R] (-1: not
@@ -115,6 +117,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core import clock
+
 
 @dataclasses.dataclass(frozen=True)
 class ServerShape:
@@ -129,6 +133,8 @@ class ServerShape:
       static: the server's static settings, (name, value) pairs from its `static_options`
         of every lane's options (empty: none given, the server assumes any lane); a server
         that keeps each token's time (`TokenTimes`) reads its size T there, `token_times`.
+      wide_clock: the lane's clock is int64 (core/clock.py): a server keeps its stamps as
+        `clock` (its counts stay int32).
     """
 
     num_clients: int
@@ -137,6 +143,12 @@ class ServerShape:
     num_rows: int = 0
     log_steps: int = 0
     static: tuple = ()
+    wide_clock: bool = False
+
+    @property
+    def clock(self):
+        """The dtype of the server's stamps (int32, or int64 for a wide clock)."""
+        return clock.dtype(self.wide_clock)
 
 
 @jax.tree_util.register_dataclass
@@ -231,7 +243,7 @@ def select_fields(mask, new, old, skip: tuple[str, ...]):
 def token_times(shape: ServerShape) -> TokenTimes:
     """An empty record of T = shape.static's `token_times` entries (0: none) for R rows."""
     size = int(dict(shape.static).get("token_times", 0))
-    return TokenTimes(at=jnp.full(size, -1, jnp.int32), offset=jnp.full(shape.num_rows if size else 0, -1, jnp.int32),
+    return TokenTimes(at=jnp.full(size, -1, shape.clock), offset=jnp.full(shape.num_rows if size else 0, -1, jnp.int32),
                       used=jnp.zeros((), jnp.int32))
 
 
@@ -284,6 +296,7 @@ class Server:
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
+    wide_clock: bool = False  # it keeps its stamps as ServerShape.clock: it runs arrivals past 2^30 (core/clock.py)
     # host side: (first token, finish) times per request number (ORDER), arrays [..., R] (-1: not yet), or None
     request_times: Callable[[Any], tuple] | None = None
     # a server whose step is a unit of time (slora: 1 us): a timed input's arrivals go on that clock unless

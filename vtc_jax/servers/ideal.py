@@ -149,10 +149,10 @@ def reserve_never_served(options: dict, prompt, output, kv_budget: int) -> str |
     return None
 
 
-def drain_steps(options: dict, arrival, prompt, output) -> int:
+def drain_steps(options: dict, arrival, prompt, output, limit: int = 0) -> int:
     """Last arrival + sum of outputs + 1: a request never waits while nothing runs (its
     prompt fits M), and at every other step before the last completion some request runs
-    or arrives later."""
+    or arrives later (exact: never cut at `limit`, the driver refuses a run past it)."""
     return int(np.max(arrival)) + int(np.sum(output)) + 1
 
 

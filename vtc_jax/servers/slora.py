@@ -418,7 +418,7 @@ def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
     return None
 
 
-def drain_steps(options: dict, arrival, prompt, output) -> int:
+def drain_steps(options: dict, arrival, prompt, output, limit: int = MAX_HORIZON) -> int:
     """Microseconds that surely drain such a trace: the last arrival, one poll per request
     (an idle wait ends at most a poll after an arrival), and one step of the longest kind
     per token (every step gives some request a token), capped at MAX_HORIZON (2^31 - 2^29
@@ -428,7 +428,7 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     running = min(len(prompt), s["running_cap"])
     worst = longest_step_us(s, running, int(np.sum(prompt)) + int(np.sum(output)))
     total = int(np.max(arrival)) + len(prompt) * s["poll_us"] + int(np.sum(output)) * worst + 1
-    return min(total, MAX_HORIZON)
+    return min(total, limit)
 
 
 def fuzz_options(rng, prompt, output) -> dict:

@@ -107,12 +107,12 @@ class StepTime:
 
     def check_drain(self, arrival_us, prompt, output, budget: int, limit: int = MAX_CLOCK_US, cached=None) -> None:
         """InputError, one line, before the run, if the log cannot drain within `limit` us
-        of the lane's int32 clock whatever the schedule (`drain_floor`): such a run would
-        spend its time only to end with every lane flagged as not finished."""
+        of the lane's clock whatever the schedule (`drain_floor`): such a run would spend its
+        time only to end with every lane flagged as not finished."""
         floor = self.drain_floor(arrival_us, prompt, output, budget, cached)
         if floor > limit:
             raise InputError(f"step-time model {self.name}: this log needs at least {floor:,} us ({floor / 6e7:,.1f} "
-                             f"minutes) of the server's clock to drain, past the {limit:,} us a timed run's int32 "
+                             f"minutes) of the server's clock to drain, past the {limit:,} us a timed run's "
                              "clock holds: give smaller coefficients (a0, b0, b1, b2) or a shorter log (--time-window)")
 
 

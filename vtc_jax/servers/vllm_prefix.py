@@ -84,7 +84,7 @@ class PrefixState:
     yet admitted); recomputed, the tokens it was scheduled to compute again at its
     readmissions after preemptions (net of their cache hits).
 
-    Async scheduling (servers/vllm_prefix_async.py): stamp int32[] the last step's end
+    Async scheduling (servers/vllm_prefix_async.py): stamp [] (the clock's dtype) the last step's end
     stamp; per slot, sampled bool[S] (it sampled in the last step: that update has not
     run) and lastpos int32[S] (its spos in the last step); asyncs (static): some lane
     schedules async."""
@@ -135,21 +135,22 @@ def init(shape: ServerShape) -> PrefixState:
     blocks, width, contents = static["pool_blocks"], static["table_width"], static["contents"]
     r, steps, k, s = shape.num_rows, shape.log_steps, shape.num_clients, shape.slots
     zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
-    none_r = jnp.full(r, -1, I32)
+    none_r, never = jnp.full(r, -1, I32), jnp.full(r, -1, shape.clock)  # stamps: the lane's clock
     return PrefixState(
-        t=zero, nrun=zero, left=zero, cap=zero, seq=zero, nsched=zero, preempted=jnp.zeros((), bool),
+        t=jnp.zeros((), shape.clock), nrun=zero, left=zero, cap=zero, seq=zero, nsched=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         alive=jnp.zeros(s, bool), adm=empty, client=empty, value=empty, index=empty, prompt=empty, output=empty,
         computed=empty, generated=empty, tokens=empty, spos=jnp.full(s, INT_MAX, I32),
         row=jnp.zeros((s, NUM_FIELDS), I32), ndone=zero, done_client=empty, done_prompt=empty, done_output=empty,
         done_value=empty,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
+        out=Outcome(first_token=never, finish=never, preemptions=jnp.zeros(r, I32), scheduled=never,
                     times=base.token_times(shape)),
-        log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
+        log=ScheduleLog(count=zero, t=jnp.zeros(steps, shape.clock), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents), cached=none_r,
-        recomputed=jnp.zeros(r, I32), stamp=zero, sampled=jnp.zeros(s, bool), lastpos=jnp.full(s, INT_MAX, I32),
+        recomputed=jnp.zeros(r, I32), stamp=jnp.zeros((), shape.clock), sampled=jnp.zeros(s, bool),
+        lastpos=jnp.full(s, INT_MAX, I32),
         asyncs=static.get("async_scheduling", False))
 
 
@@ -515,4 +516,4 @@ VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with p
                      fuzz_options=fuzz_options, static_options=static_options, keeps_time=timed_by_options,
                      request_record=prefix_record, record_index="row", prefix_hit=prefix_hit, default_memory=vllm_memory,
                      trace_columns=("priority", "prefix_id", "prefix_len"), step_time_model=True,
-                     flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity)
+                     flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity, wide_clock=True)

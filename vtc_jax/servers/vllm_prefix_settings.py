@@ -134,10 +134,10 @@ def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
     return vllm_v1.never_served(_split(options)[0], prompt, output, kv_budget)
 
 
-def drain_steps(options: dict, arrival, prompt, output) -> int:
+def drain_steps(options: dict, arrival, prompt, output, limit: int = vllm_v1.INT_MAX // 2) -> int:
     """vllm's horizon: a prefix hit only takes work away, and the first running request is
     still never the newest victim."""
-    return vllm_v1.drain_steps(_split(options)[0], arrival, prompt, output)
+    return vllm_v1.drain_steps(_split(options)[0], arrival, prompt, output, limit)
 
 
 def fuzz_options(rng, prompt, output) -> dict:

@@ -190,7 +190,7 @@ def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:
     return None
 
 
-def drain_steps(options: dict, arrival, prompt, output) -> int:
+def drain_steps(options: dict, arrival, prompt, output, limit: int = INT_MAX // 2) -> int:
     """Newest victim: last arrival + sum of (prompt + output) + requests + 1. The first
     running request is never a victim (newest first; it cannot preempt itself: its peak
     fits, see `never_served`), so every step before the last finish computes a token of
@@ -199,8 +199,8 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     recomputed (under `priority` every step that preempts still schedules, and keeps, a
     request of smaller key than its victims', so a run ends; `counter`'s keys move with
     the counters). That bound times (requests + 1), capped at the engine's longest
-    horizon (2^30 - 1), is a generous margin (a lane past it is flagged as not finished,
-    never reported)."""
+    horizon (`limit`: 2^30 - 1, or a wide clock's), is a generous margin (a lane past it is
+    flagged as not finished, never reported)."""
     steps = int(np.max(arrival)) + int(np.sum(prompt) + np.sum(output)) + len(prompt) + 1
     s = settings(options)
     if s["async_scheduling"]:  # a request's stop comes one step later: at most one step more per request
@@ -210,7 +210,7 @@ def drain_steps(options: dict, arrival, prompt, output) -> int:
     if s["time_scale"] > 0:  # timed: each step lasts at most its longest (the full budget, every seat)
         longest = (s["time_b0"] + s["time_b1"] * s["max_num_batched_tokens"] + s["time_b2"] * s["max_num_seqs"])
         steps = int(np.max(arrival)) + steps * max(1, longest // s["time_scale"])
-    return min(steps, INT_MAX // 2)
+    return min(steps, limit)
 
 
 def fuzz_options(rng, prompt, output) -> dict:
@@ -478,4 +478,5 @@ VLLM = Server(name="vllm", description="vLLM V1's scheduler: token budget, seats
               begin_step=begin_step, never_served=never_served, drain_steps=drain_steps, events_per_step=3,
               fuzz_options=fuzz_options, slot_tiers=slot_tiers, static_options=static_options, keeps_time=timed_by_options,
               request_record=outcome_record, record_index="row", default_memory=vllm_memory,
-              trace_columns=("priority",), step_time_model=True, flags=tuple(VLLM_FLAGS.items()), kv_blocks=kv_blocks)
+              trace_columns=("priority",), step_time_model=True, flags=tuple(VLLM_FLAGS.items()), kv_blocks=kv_blocks,
+              wide_clock=True)

@@ -22,7 +22,10 @@ INT_MAX = 2**31 - 1
 class Outcome:
     """Per workload row, int32[R]: first_token and finish (-1: not yet): the step, or on a
     timed lane the end of that step in us; scheduled: the start of the step that first
-    scheduled it (-1: never); preemptions; times: each token's time, the same stamps."""
+    scheduled it (-1: never); preemptions; times: each token's time, the same stamps.
+    Stamps (first_token, finish, scheduled, times) are of the lane's clock dtype
+    (ServerShape.clock: int64 for a wide clock), as are VllmState's t, ended, stamp and
+    ScheduleLog.t."""
 
     first_token: jax.Array
     finish: jax.Array
@@ -106,15 +109,15 @@ _MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated
 def init(shape: ServerShape) -> VllmState:
     s, r, steps, k = shape.slots, shape.num_rows, shape.log_steps, shape.num_clients
     zero, empty = jnp.zeros((), I32), jnp.zeros(s, I32)
-    none_r = jnp.full(r, -1, I32)
+    now, never = jnp.zeros((), shape.clock), jnp.full(r, -1, shape.clock)  # stamps: the lane's clock
     return VllmState(
-        t=zero, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
+        t=now, nrun=zero, free=jnp.full((), INT_MAX, I32), left=zero, cap=zero, preempted=jnp.zeros((), bool),
         just_finished=jnp.zeros((), bool), active=jnp.zeros((), bool), running=jnp.zeros(k, I32),
         **{f: empty for f in _SLOTS},
-        ndone=zero, ended=zero, stamp=zero,
-        out=Outcome(first_token=none_r, finish=none_r, preemptions=jnp.zeros(r, I32), scheduled=none_r,
+        ndone=zero, ended=now, stamp=now,
+        out=Outcome(first_token=never, finish=never, preemptions=jnp.zeros(r, I32), scheduled=never,
                     times=base.token_times(shape)),
-        log=ScheduleLog(count=zero, t=jnp.zeros(steps, I32), index=jnp.full((steps, s), -1, I32),
+        log=ScheduleLog(count=zero, t=jnp.zeros(steps, shape.clock), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
         victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True),
