@@ -161,6 +161,8 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_over_clients.py::test_integer_reductions_equal_numpy*", "a compile per width"),
     ("test_policies.py::test_user_policy_*", "two processes; 48 lanes against the reference"),
     ("test_policies.py::test_gateway_vtc_forgets_only_after_gc_steps", "engine runs"),
+    ("test_wide_clock.py::test_a_shifted_trace_runs_the_same_schedule_shifted*", "160 lanes, narrow and wide"),
+    ("test_wide_clock.py::test_a_log_past_the_int32_clock_runs_in_one_pass", "two compare runs"),
     ("test_policy_modules.py::test_a_renamed_builtin_passes_the_checks*", "6-14 s each: check_policy"),
     ("test_policy_modules.py::test_a_policy_cannot_bypass_the_limits*", "13-20 s each"),
     ("test_policy_modules.py::test_a_replica_admits_only_a_backlogged_tenant", "30 s"),

@@ -346,15 +346,15 @@ def test_run_budget_estimate_by_hand():
     2 running, 50 blocks taken and hashed), 100 events, 1 device. The pool: 24 x 1000 +
     4 x ring_size(1000, 8) = 2048 + 8 x 128 (U padded) + 4 x 128 (ids padded) + 4 x 4 x
     (8 + 2) = 33,888 bytes; a lane 2 x (44 x 5 + 160 x 4 + 33,888 + 65,536) = 200,568. Its
-    time: 100 x (2e-4 + 1e-7 x 4) + 100 x (3e-5 + 6.6e-5 x 2 + 3e-5 x ceil(8 / 64)) + 2e-6 x
-    50 + 5e-9 x 2 x 5 x 8 = 0.0393404 s, 2 lanes on one device: 0.0786808 s. Without prefix caching, on 2
+    time: 100 x (2e-4 + 1e-7 x 4) + 100 x (3e-5 + 2e-6 x 2 + 2e-7 x ceil(8 / 64)) + 2e-6 x
+    50 + 5e-9 x 2 x 5 x 8 = 0.0235604 s, 2 lanes on one device: 0.0471208 s. Without prefix caching, on 2
     devices (a lane each): 2 x (220 + 640 + 65536) = 132,792 bytes a lane; an event
     2e-4 + 4e-7 + 1.1e-8 x 1000 = 2.114e-4 s, x 100: 0.02114 s."""
     shape = run_budget.RunShape(lanes=2, slots=4, pool_blocks=1000, rows=5, events=100, prefix_caching=True,
                                 table_width=8, contents=100, content_ids=120, running=2, block_ops=50)
     assert run_budget.ring_size(1000, 8) == 2048 and run_budget.pool_bytes(shape) == 33_888
     est = run_budget.estimate(shape)
-    assert est.bytes == 2 * 200_568 and est.seconds == pytest.approx(0.0786808, rel=1e-12)
+    assert est.bytes == 2 * 200_568 and est.seconds == pytest.approx(0.0471208, rel=1e-12)
     plain = run_budget.estimate(run_budget.RunShape(lanes=2, slots=4, pool_blocks=1000, rows=5, events=100,
                                                     devices=2))
     assert plain.bytes == 2 * 132_792 and plain.seconds == pytest.approx(0.02114, rel=1e-12)
@@ -384,25 +384,25 @@ def test_run_budget_ring_matches_the_pool():
 def test_run_budget_refuses_past_memory_and_warns_past_time():
     """The issue's run (2 requests of 600 + 8,000 tokens sharing 512, 2 lanes on 2 devices,
     the preset's 67,660-block pool) is quick on the new pool: 8,006 events x (2e-4 +
-    1e-7 x 2 + 3e-5 + 6.6e-5 x 2 + 3e-5 x ceil(538 / 64)) + 2e-6 x 2,150 blocks + 5e-9 x 2 x
-    2 x 538 = 5.066 s, no warning (the old model said 18.1 minutes; the old server ran 16). Memory: 24 x 67,660
+    1e-7 x 2 + 3e-5 + 2e-6 x 2 + 2e-7 x ceil(538 / 64)) + 2e-6 x 2,150 blocks + 5e-9 x 2 x
+    2 x 538 = 1.894 s, no warning (the old model said 18.1 minutes; the old server ran 16). Memory: 24 x 67,660
     + 4 x 262,144 (the ring) + 8 x 2,048 + 4 x 2,048 + 4 x 2 x 540 = 2,701,312 bytes of
     pool; 2 x 2 x (88 + 320 + 2,701,312 + 65,536) = 11,069,024 in all. 32 lanes (16 seeds
     x 2 policies) of Mooncake's first 1,000 s (3,035 requests, W 7,888, 150,505 events, 8
-    running, 5.3 M blocks) warn: 16 x (150,505 x (2e-4 + 1.024e-4 + 3e-5 + 5.28e-4 + 3e-5 x
-    124) + 10.6 + 5e-9 x 2 x 3,035 x 7,888) = 11,203.4 s, 186.7 minutes. 4096 lanes of the whole
+    running, 5.3 M blocks) warn: 16 x (150,505 x (2e-4 + 1.024e-4 + 3e-5 + 1.6e-5 + 2e-7 x
+    124) + 10.6 + 5e-9 x 2 x 3,035 x 7,888) = 1,072.1 s, 17.9 minutes. 4096 lanes of the whole
     trace (12,031 rows, 9,044,013 content ids, 4 M contents) hold 1,040.7 GiB: refused."""
     shape = run_budget.RunShape(lanes=2, slots=2, pool_blocks=67_660, rows=2, events=8006, prefix_caching=True,
                                 devices=2, table_width=538, contents=1042, content_ids=1074, running=2, block_ops=2150)
     warned = []
     est = run_budget.check(shape, available=64 << 30, warn=warned.append)
-    assert est.bytes == 11_069_024 and est.seconds == pytest.approx(5.06570396, rel=1e-12) and warned == []
+    assert est.bytes == 11_069_024 and est.seconds == pytest.approx(1.89372676, rel=1e-12) and warned == []
     long = run_budget.RunShape(lanes=32, slots=1024, pool_blocks=67_660, rows=3035, events=150_505, prefix_caching=True,
                                devices=2, table_width=7888, contents=1_500_000, content_ids=2_600_000, running=8,
                                block_ops=5_300_000)
     est = run_budget.check(long, available=64 << 30, warn=warned.append)
-    assert est.seconds == pytest.approx(11203.4000448, rel=1e-12)
-    assert warned == ["warning: this run needs about 4.1 GiB / about 186.7 minutes to run (32 lane(s) x 150,505 events "
+    assert est.seconds == pytest.approx(1072.1258688, rel=1e-12)
+    assert warned == ["warning: this run needs about 4.1 GiB / about 17.9 minutes to run (32 lane(s) x 150,505 events "
                       "over a 67,660-block prefix-caching pool); for a quicker answer give fewer lanes (policies x "
                       "seeds), a smaller --num-gpu-blocks or a shorter log"]
     big = run_budget.RunShape(lanes=4096, slots=1024, pool_blocks=67_660, rows=12_031, events=10, prefix_caching=True,
@@ -410,7 +410,7 @@ def test_run_budget_refuses_past_memory_and_warns_past_time():
                               block_ops=18_000_000)
     with pytest.raises(InputError) as err:
         run_budget.check(big, available=64 << 30, warn=warned.append)
-    assert str(err.value) == ("this run needs about 1,040.7 GiB / about 1,262.8 minutes (4096 lane(s) of 12,031 rows, "
+    assert str(err.value) == ("this run needs about 1,040.7 GiB / about 1,261.3 minutes (4096 lane(s) of 12,031 rows, "
                               "1,024 slots, 67,660 pool blocks), more than the 64.0 GiB of memory free: give fewer lanes "
                               "(policies x seeds), a smaller --num-gpu-blocks or a shorter log")
     assert len(warned) == 1

@@ -48,24 +48,22 @@ TABLE_BYTES = 4                # per block table cell: running slots x W, and he
 EVENT_SECONDS = 2.0e-4
 SLOT_SECONDS = 1.0e-7
 POOL_SECONDS = 1.1e-8
-# vllm_prefix, measured on 2026-12-07 (d4dd4f9, 9d1bca2) on the preset's 67,660-block pool, the
-# engine alone on 2 lanes over 2 devices (a lane each) at a load of 3-6, fitted to be high:
-#   `python -m benchmarks.bench_prefix --lanes 2 --steps 600 --servers vllm_prefix --rates R0 R1
-#   --repeats 1 --no-end-to-end` (W 56) at 3.6 / 14.8 / 160.6 requests running a step (the
-#   reference's mean): 0.223 / 1.20 / 4.36 ms an event; this model says 0.72 / 1.44 / 11.1 ms
-#   (the walk's cost per running request falls as more run: PREFIX_EVENT_SECONDS and
-#   WALK_SECONDS are the middle point's);
-#   `python -m vtc_jax compare data/mooncake_fast25/conversation_trace.jsonl --server vllm
-#   --preset qwen2.5-7b-h100 --time-window 0,1000 --tenants a:0.5,b:0.3,c:0.2 --policies
-#   fcfs,vtc` (3,035 requests, W 7,797, 5.26 M blocks, about 150,505 events, 8 running): 714 s
-#   for its 2 lanes, compile included; this model says 691 s: CHUNK_SECONDS is what that run
-#   leaves per event over the ceil(W / 64) passes a lookup of the longest request takes.
-#   BLOCK_SECONDS and RELEASE_SECONDS are not separated by these runs (set from the kernel
-#   profile of `bench_prefix --profile`: a take or hash pass of 64 blocks is about a hundred
-#   small kernels); see benchmarks/HISTORY.md "vllm_prefix at the real pool".
+# vllm_prefix, refitted on 2026-12-07 after its running phase went closed-form (a walk only on
+# a step that preempts) and its lookups batched: `python -m vtc_jax compare
+# data/mooncake_fast25/conversation_trace.jsonl --server vllm --preset qwen2.5-7b-h100
+# --tenants a:0.5,b:0.3,c:0.2 --policies fcfs,vtc [--time-window 0,1000]` ran its 2 lanes (a
+# device each) in 203 s for the whole trace (536,247 events, W 7,908, 18.6 M block operations,
+# 9 running) and 87 s for its first 1,000 s (150,505 events): about 3.0e-4 s an event and 42 s
+# of compile and setup, what the vllm terms above already give at 1,024 slots; this model says
+# 239 s and 67 s. The walk and chunk terms are what is left per running request and per 64
+# blocks of W; BLOCK_SECONDS and RELEASE_SECONDS are the kernel profile's (`bench_prefix
+# --profile`: a take or hash pass of 64 blocks is about a hundred small kernels); see
+# benchmarks/HISTORY.md "vllm_prefix at the real pool". (The first fit, 6.6e-5 s per running
+# request and 3.0e-5 per chunk, was of the per-request walk: it said 42 minutes for the whole
+# trace.)
 PREFIX_EVENT_SECONDS = 3.0e-5  # per event: the prefix server's passes that run every event
-WALK_SECONDS = 6.6e-5          # per event per running request (the running phase's walk: one pass each)
-CHUNK_SECONDS = 3.0e-5         # per event per 64 blocks of W (a lookup's passes, to its first miss)
+WALK_SECONDS = 2.0e-6          # per event per running request (the running phase's prefix sums)
+CHUNK_SECONDS = 2.0e-7         # per event per 64 blocks of W (a lookup, all positions at once)
 BLOCK_SECONDS = 2.0e-6         # per block taken or hashed (passes of up to 64 blocks)
 RELEASE_SECONDS = 5.0e-9       # per table cell of a released or admitted request (W per request)
 
