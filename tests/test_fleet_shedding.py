@@ -183,3 +183,56 @@ def test_bad_flow_control_flags_are_one_line(flags, message, tmp_path, capsys):
     assert commands.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vtc_jax: error: ") and message in err[0], err
+
+
+def _replica_report(cl, trace: Trace, k: int, lane: int = 0):
+    """(replica_report's list, the lane's table) of a fleet lane (cluster_latency's path)."""
+    from vtc_jax.driver.cluster_latency import lane_request_record, replica_report
+    from vtc_jax.driver.latency import summarize
+    from vtc_jax.driver.server_latency import record_table
+
+    record = lane_request_record(cl, lane)
+    arrival = np.asarray(trace.arrival, np.int64)
+    table = record_table(record, trace, k, arrival)
+    prompt = np.asarray(trace.prompt, np.int64)
+    duration = summarize(table, np.asarray(trace.client), [str(c) for c in range(k)], prompt, {})["duration_s"]
+    return replica_report(record, table, prompt, duration), table
+
+
+def test_the_replica_report_decomposes_and_one_replica_is_one_server():
+    """Per replica: the requests routed add up to the fleet's dispatches (3 replicas, llm-d's
+    picker, prefix caching), busy shares and KV use in [0, 1] and the busy time no more than
+    the run; the prefix-cache hit rate of a 1-replica fleet (no flow control)
+    equals the one vllm_prefix server's on the same log (the picker has one choice): cached over prompt tokens of the
+    admitted requests."""
+    from vtc_jax import MeasureConfig, run_traces
+    from vtc_jax.core.rows import PROMPT
+    from vtc_jax.inputs.workload import layout_trace
+    from vtc_jax.servers import registry as servers
+
+    from tests.test_fleet import _shared_prefix_log
+
+    trace, settings = _shared_prefix_log()
+    lanes = [ClusterSettings(engine=settings, gateway_policy="fcfs", replicas=r,
+                             gateway_rules=Gateway(picker=p, scrape_us=0, ties="lowest"))
+             for r, p in ((3, "llm-d"), (1, "llm-d"))]  # one batch runs one picker
+    cl = simulate_traces([trace, trace], lanes, num_clients=2, steps=3000, record=True, server="vllm_prefix",
+                         server_record=True)
+    assert cl.finished.all()
+    many, table = _replica_report(cl, trace, 2, 0)
+    assert [e["replica"] for e in many] == [0, 1, 2]
+    assert sum(e["requests"] for e in many) == int(cl.dispatched[0].sum()) == len(trace)
+    assert [e["requests"] for e in many] == cl.dispatched[0].sum(axis=(0, 2)).tolist()
+    assert all(0 < e["busy_share"] <= 1 and 0 < e["mean_kv_use"] <= 1 for e in many)
+    assert (cl.replica_use["busy"][0] <= cl.steps[0]).all()
+
+    one, _ = _replica_report(cl, trace, 2, 1)
+    record, index = servers.request_record("vllm_prefix")
+    assert index == "row"
+    res = run_traces([trace], [settings], num_clients=2, server="vllm_prefix", measures=MeasureConfig())
+    cached = np.asarray(record(res.server_state)["cached"][0], np.int64)
+    prompt = layout_trace(trace, 2, 5)[:, PROMPT].astype(np.int64)
+    admitted = cached[:len(prompt)] >= 0
+    want = cached[:len(prompt)][admitted].sum() / prompt[admitted].sum()
+    assert len(one) == 1 and one[0]["requests"] == len(trace) and want > 0
+    assert one[0]["prefix_cache_hit_rate"] == want

@@ -51,8 +51,10 @@ def lane_request_record(results: ClusterResults, lane: int) -> dict:
     out["token_at"] = np.asarray(record["token_at"][lane], np.int64)
     use = results.replica_use
     if use is not None:
-        out.update(replica_busy=np.asarray(use["busy"][lane], np.int64),
-                   replica_kv_time=np.asarray(use["kv_time"][lane], np.int64), replica_usable=int(use["usable"][lane]))
+        r = int(use["replicas"][lane])  # the lane's own replicas (a batch has the most of any lane)
+        out.update(replica_busy=np.asarray(use["busy"][lane][:r], np.int64),
+                   replica_kv_time=np.asarray(use["kv_time"][lane][:r], np.int64),
+                   replica_usable=int(use["usable"][lane]))
     return out
 
 

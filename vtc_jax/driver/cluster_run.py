@@ -396,7 +396,8 @@ def _replica_use(host: ClusterState, host_params: ClusterParams) -> dict | None:
         return None
     return {"busy": np.asarray(host.fleet["busy"], np.int64),
             "kv_time": WIDE.to_int(host.fleet["kv_time"]).astype(np.int64),
-            "usable": np.asarray(host_params.fleet.usable, np.int64)}
+            "usable": np.asarray(host_params.fleet.usable, np.int64),
+            "replicas": np.asarray(host_params.replicas, np.int64)}
 
 
 def _exact(a) -> np.ndarray:
@@ -430,7 +431,8 @@ class ClusterResults:
     at its band capacity (zeros without flow control: cluster_shed.py); replica_use: behind
     an endpoint picker, per replica "busy" int64[B, R] (time in steps that ran something),
     "kv_time" int64[B, R] (the KV used each such step ended with x its duration, summed;
-    exact) and "usable" int64[B] (a replica's usable KV), else None."""
+    exact), "usable" int64[B] (a replica's usable KV) and "replicas" int64[B] (the lane's R),
+    else None."""
 
     steps: np.ndarray
     finished: np.ndarray
