@@ -51,8 +51,8 @@ import numpy as np
 from vtc_jax.core.rows import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT
 from vtc_jax.core.wide import WIDE
 from vtc_jax.engines import cluster_fleet as fleet_mod
-from vtc_jax.engines import cluster_shed
 from vtc_jax.engines import cluster_replica as replica
+from vtc_jax.engines import cluster_shed
 from vtc_jax.engines.cluster_router import (
     Offer,
     Routers,

@@ -51,8 +51,9 @@ def init(cfg: ClusterConfig, params: ClusterParams) -> dict:
     cycle not yet run), prefill, decode int32[R]
     (Dynamo's P_r and D_r in engine blocks); per replica for its report (`account`): busy
     int32[R] the time in steps that ran something, kv_time int32[R, 2] (WIDE) the sum over
-    those steps of the KV used they ended with x their duration. Time 0 is a tick. Under flow control also the
-    queue's drops (cluster_shed.init: TTL sweeps, band-capacity rejections)."""
+    those steps of the KV used they ended with x their duration. Time 0 is a tick. Under
+    flow control also the queue's drops (cluster_shed.init: TTL sweeps, band-capacity
+    rejections)."""
     r = cfg.replicas
     zr = jnp.zeros(r, I32)
     fp = params.fleet
@@ -90,8 +91,9 @@ def step_stats(rep_stats, rep_at, live, stepped, next_t):
 def account(fleet: dict, live, stepped, elapsed) -> dict:
     """The replicas' report after a FINISH: where a replica `stepped` (bool[R]: its step ran
     something), its step's `elapsed` int32[R] joins its busy time and the KV its step ended
-    with (`live` int32[R, 2], (W, KV used)) x elapsed its KV time (exact: used < 2^24)."""
-    used = jnp.where(stepped, live[:, 1], 0)
+    with (`live` int32[R, 2], (W, KV used)) x elapsed its KV time (exact for KV used below
+    2^24 units, the saturation detector's bound too; clamped there)."""
+    used = jnp.where(stepped, jnp.minimum(live[:, 1], flow_control.MAX_USABLE - 1), 0)
     return dict(fleet, busy=fleet["busy"] + jnp.where(stepped, elapsed, 0),
                 kv_time=wadd(fleet["kv_time"], flow_control.wide_product(used, jnp.where(stepped, elapsed, 0))))
 
