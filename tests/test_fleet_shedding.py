@@ -236,3 +236,35 @@ def test_the_replica_report_decomposes_and_one_replica_is_one_server():
     want = cached[:len(prompt)][admitted].sum() / prompt[admitted].sum()
     assert len(one) == 1 and one[0]["requests"] == len(trace) and want > 0
     assert one[0]["prefix_cache_hit_rate"] == want
+
+
+def test_compare_reports_shed_requests_per_tenant_and_per_replica(tmp_path, capsys):
+    """compare on 2 vllm replicas behind flow control with a 0.5 s TTL (the example log's
+    first 20 s, 30 times as fast: overloaded): bench_serve.json counts the shed requests per
+    tenant (in `failed` too, never in `completed`), --requests-out marks them `shed`, the
+    report names them, and the per-replica table's requests add up to the dispatches."""
+    import csv
+    import json
+
+    out, requests = tmp_path / "o", tmp_path / "requests.csv"
+    argv = ["compare", str(LOG), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--replicas", "2", "--picker",
+            "round-robin", "--flow-control", "--load-scale", "30", "--time-window", "0,20",
+            "--flow-control-default-request-ttl", "0.5", "--num-gpu-blocks", "300", "--policies", "fcfs",
+            "--no-plots", "--out", str(out), "--requests-out", str(requests)]
+    assert commands.main(argv) == 0
+    printed = capsys.readouterr().out
+    bench = json.loads((out / "bench_serve.json").read_text())["fcfs"]
+    rows = list(csv.DictReader(requests.open()))
+    assert bench["shed"] > 0 and bench["rejected"] == 0
+    assert bench["shed"] == sum(t["shed"] for t in bench["tenants"].values())
+    assert bench["completed"] + bench["failed"] == bench["num_prompts"] == len(rows)
+    assert bench["failed"] >= bench["shed"] and sum(r["status"] == "shed" for r in rows) == bench["shed"]
+    assert sum(r["status"] == "finished" for r in rows) == bench["completed"]
+    assert all(r["first_token_us"] == "" and r["replica"] == "" for r in rows if r["status"] == "shed")
+    for name, t in bench["tenants"].items():
+        assert t["shed"] == sum(r["status"] == "shed" and r["tenant"] == name for r in rows)
+    assert "gateway flow control shed (TTL) / rejected (band full)" in printed
+    replicas = bench["replicas"]
+    assert [e["replica"] for e in replicas] == [0, 1]
+    assert sum(e["requests"] for e in replicas) == sum(r["replica"] != "" for r in rows) == len(rows) - bench["shed"]
+    assert all(0 < e["busy_share"] <= 1 and 0 < e["mean_kv_use"] <= 1 for e in replicas)
