@@ -339,7 +339,6 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
     # under flow control one arrival per event: each enqueue runs its dispatch cycle before the next
     one = jnp.zeros((), bool) if state.fleet is None else params.fleet.flow
     width = jnp.where(one, 1, w)
-    held = 0 if state.fleet is None or "held" not in state.fleet else state.fleet["held"]
     refuse = None  # flow control: the band's capacity (one arrival per event: the window's first)
     if state.fleet is not None and "held" in state.fleet:
         refuse = cluster_shed.refused(cluster_shed.waiting(state.rhead, state.rarrived, state.fleet).sum(),
@@ -357,7 +356,7 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
         index, client = ent[:w, 0], ent[:w, 1]
         mine = (client[:, None] == jnp.arange(k)[None, :]) & joins[:, None]  # [W, K]
         joining = mine.sum(axis=0, dtype=I32)
-        back = rarrived - state.rhead - held > 0
+        back = cluster_shed.waiting(state.rhead, rarrived, state.fleet) > 0
         backlogged = jnp.where(union, back.any(axis=0), back[j]) if cfg.union else back[j]
         newcomer = ~backlogged & (joining > 0)
         opens = mine & (jnp.cumsum(mine, axis=0) == 1) & newcomer[None, :]
