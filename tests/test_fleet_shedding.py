@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vtc_jax import Settings, Trace
+from vtc_jax import Trace
 from vtc_jax.cli import commands
 from vtc_jax.core.rows import ARRIVAL, ORDER
 from vtc_jax.driver.cluster_run import simulate_traces
