@@ -6,8 +6,10 @@ study path of every command: `--load-scale X` offers X times the log's load,
 `--replicas R --picker P [--flow-control] --policies ...`), so its numbers are
 compare's: per tenant TTFT p99 and goodput from `vllm bench serve`'s definitions (seed 0:
 the log as it is), shares and drift over `--seeds`. A point meets the SLO when every
-request of every tenant finished and each tenant's TTFT p99 is within its `--slo`. The
-table gives, per load, picker and policy, the fewest replicas that meet it.
+request of every tenant finished (one the gateway's flow control shed at its 60 s TTL or
+rejected at its band capacity did not: each point's `shed` and `rejected` per tenant) and
+each tenant's TTFT p99 is within its `--slo`. The table gives, per load, picker and
+policy, the fewest replicas that meet it.
 
 Default: examples/tenant_log.csv's first 60 s at 1x, 50x and 100x its load, 1 and 2
 replicas, the llm-d and round-robin pickers with flow control, fcfs (llm-d's
@@ -128,6 +130,8 @@ def run(args) -> dict:
                         goodput = {t: r["request_throughput"] for t, r in report["tenants"].items()}
                         points.append({"load": load, "replicas": replicas, "picker": picker, "policy": policy,
                                        "meets_slo": ok, "ttft_p99_ms": p99, "request_throughput": goodput,
+                                       "shed": {t: r.get("shed", 0) for t, r in report["tenants"].items()},
+                                       "rejected": {t: r.get("rejected", 0) for t, r in report["tenants"].items()},
                                        "finished_all": bool(report.get("finished_all", False))})
                     print(f"[fleet] load {load:g}x, {replicas} replica(s), {picker}: "
                           + ", ".join(f"{p['policy']} {'meets' if p['meets_slo'] else 'misses'} the SLO"

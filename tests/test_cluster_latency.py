@@ -78,9 +78,10 @@ def test_one_router_one_replica_is_the_single_server(single, tmp_path):
     assert _compare(held, "--policies", "fcfs,vtc", *GOODPUT, "--routers", "1", "--replicas", "1",
                     "--kv-threshold", "64")[0] == 0
     got_rows, got_bench, got_latency = _files(held)
-    # a cluster's rows add where each request ran and how long it waited at the gateway: replica 0, no wait
-    where = [(r.pop("replica"), r.pop("gateway_queue_us")) for r in got_rows]
-    assert set(where) == {("0", "0")}
+    # a cluster's rows add where each request ran, how long it waited at the gateway and how it ended: replica 0,
+    # no wait, finished
+    where = [(r.pop("replica"), r.pop("gateway_queue_us"), r.pop("status")) for r in got_rows]
+    assert set(where) == {("0", "0", "finished")}
     assert got_rows == rows and got_bench == bench
     assert got_latency["policies"] == latency["policies"]
     assert got_latency["load"]["offered_load"] == pytest.approx(latency["load"]["offered_load"], rel=1e-12)
@@ -89,7 +90,7 @@ def test_one_router_one_replica_is_the_single_server(single, tmp_path):
     assert _compare(tight, "--policies", "fcfs", *GOODPUT, "--routers", "1", "--replicas", "1")[0] == 0
     got_rows, got_bench, _ = _files(tight)
     assert {r.pop("replica") for r in got_rows} == {"0"}  # (the router may hold requests back: gateway waits)
-    got_rows = [{k: v for k, v in r.items() if k != "gateway_queue_us"} for r in got_rows]
+    got_rows = [{k: v for k, v in r.items() if k not in ("gateway_queue_us", "status")} for r in got_rows]
     assert got_rows == [r for r in rows if r["policy"] == "fcfs"] and got_bench["fcfs"] == bench["fcfs"]
 
 

@@ -16,6 +16,7 @@ from vtc_jax.engines.cluster_settings import (
     CHOICES,
     COUNTERS,
     MAX_DELAY,
+    MAX_GATEWAY_US,
     MAX_REPLICAS,
     MAX_ROUTERS,
     SATURATION,
@@ -32,9 +33,12 @@ DEFAULTS = {"gateway_policy": "fcfs", "counter": "per_router", "delay": 10, "cho
 # flags that shape the cluster beyond its size (None: not given)
 SHAPING = ("ingress", "skew", "counter", "delay", "no_holdback", "gateway_policy", "choice", "saturation",
            "kv_threshold", "queue_limit", "picker", "flow_control", "scrape_interval", "queue_depth_threshold",
-           "kv_cache_util_threshold")
+           "kv_cache_util_threshold", "flow_control_default_request_ttl", "flow_control_band_max_requests")
 LEGACY = ("ingress", "skew", "counter", "delay", "no_holdback", "choice", "saturation", "kv_threshold", "queue_limit")
-FLEET_DEFAULTS = {"scrape_interval": "0.05", "queue_depth_threshold": 5, "kv_cache_util_threshold": "0.8"}
+FLEET_DEFAULTS = {"scrape_interval": "0.05", "queue_depth_threshold": 5, "kv_cache_util_threshold": "0.8",
+                  "flow_control_default_request_ttl": "60", "flow_control_band_max_requests": 5000}
+FLOW_ONLY = ("queue_depth_threshold", "kv_cache_util_threshold", "flow_control_default_request_ttl",
+             "flow_control_band_max_requests")  # flags of llm-d's flow control
 # engine Settings fields a gateway policy may read where the engine policy does not
 SHARED_FIELDS = ("weights", "estimator", "estimate_guess", "estimate_error", "lift_last_left")
 REPLAY_OMITS = ("on a cluster, --json omits counters, max_drift, max_drift_step, bound_2u, max_drift_over_2u, "
@@ -94,6 +98,14 @@ def add_cluster_flags(parser: argparse.ArgumentParser, *, replay: bool = False) 
                    help="--flow-control: llm-d's saturation detector queueDepthThreshold (default 5)")
     f.add_argument("--kv-cache-util-threshold", type=number_text, default=None, metavar="X",
                    help="--flow-control: llm-d's saturation detector kvCacheUtilThreshold in (0, 1] (default 0.8)")
+    f.add_argument("--flow-control-default-request-ttl", type=number_text, default=None, metavar="S",
+                   help="--flow-control: seconds a request may wait at the gateway; one still queued S s after its "
+                        "enqueue is shed at the next TTL sweep (every 1 s) and counted, never served (llm-d's "
+                        "FlowControlConfig defaultRequestTTL; default 60; 0: never shed)")
+    f.add_argument("--flow-control-band-max-requests", type=int_arg(0, MAX_GATEWAY_US), default=None, metavar="N",
+                   help="--flow-control: requests the gateway's priority band may hold; an arrival that finds N "
+                        "queued is rejected and counted, never served (llm-d's PriorityBandConfig maxRequests; "
+                        "default 5000; 0: no limit; one band: every tenant's queue counts)")
 
 
 def given(args) -> bool:
@@ -151,9 +163,9 @@ def check_flags(args) -> None:
         if (args.routers or 1) != 1:
             raise InputError(f"--picker runs at one gateway: leave out --routers (got {args.routers})")
     if not args.flow_control:
-        for dest in ("queue_depth_threshold", "kv_cache_util_threshold"):
+        for dest in FLOW_ONLY:
             if getattr(args, dest) is not None:
-                raise InputError(f"{_flag(dest)} applies to --flow-control (the saturation detector)")
+                raise InputError(f"{_flag(dest)} applies to --flow-control (llm-d's flow control at the gateway)")
         if args.gateway_policy is not None and args.picker is not None:
             raise InputError("--gateway-policy: without --flow-control the gateway routes every request at its "
                              "arrival; with it, --policies are the gateway's")
@@ -202,8 +214,15 @@ def gateway_rules(args, per_second: int) -> Gateway | None:
     scrape = to_fraction(args.scrape_interval or FLEET_DEFAULTS["scrape_interval"], "--scrape-interval")
     if not 0 <= scrape <= 60:
         raise InputError(f"--scrape-interval must be in [0, 60] seconds, got {args.scrape_interval}")
+    ttl = to_fraction(args.flow_control_default_request_ttl or FLEET_DEFAULTS["flow_control_default_request_ttl"],
+                      "--flow-control-default-request-ttl")
+    if not 0 <= ttl * per_second <= MAX_GATEWAY_US:
+        raise InputError(f"--flow-control-default-request-ttl must be in [0, {MAX_GATEWAY_US // per_second}] seconds, "
+                         f"got {args.flow_control_default_request_ttl}")
+    capacity = args.flow_control_band_max_requests
     return Gateway(picker=args.picker, flow_control=bool(args.flow_control), scrape_us=round(scrape * per_second),
-                   tick_us=max(1, per_second // 1000),
+                   tick_us=max(1, per_second // 1000), request_ttl_us=round(ttl * per_second), sweep_us=per_second,
+                   band_capacity=FLEET_DEFAULTS["flow_control_band_max_requests"] if capacity is None else capacity,
                    queue_depth=args.queue_depth_threshold or FLEET_DEFAULTS["queue_depth_threshold"],
                    kv_threshold=to_fraction(args.kv_cache_util_threshold or FLEET_DEFAULTS["kv_cache_util_threshold"],
                                             "--kv-cache-util-threshold"))
@@ -246,6 +265,11 @@ def describe(args, gateway: str) -> dict:
                 "flow_control": bool(args.flow_control),
                 "gateway_policy": "the row's policy" if args.flow_control else "none (routed at arrival)",
                 "scrape_interval_s": str(args.scrape_interval or FLEET_DEFAULTS["scrape_interval"]),
+                **({"request_ttl_s": str(args.flow_control_default_request_ttl
+                                         or FLEET_DEFAULTS["flow_control_default_request_ttl"]),
+                    "band_max_requests": FLEET_DEFAULTS["flow_control_band_max_requests"]
+                    if args.flow_control_band_max_requests is None else args.flow_control_band_max_requests}
+                   if args.flow_control else {}),
                 "counters": "per_router"}
     counter = _value(args, "counter")
     out = {"routers": args.routers or 1, "replicas": args.replicas or 1, "gateway_policy": gateway,

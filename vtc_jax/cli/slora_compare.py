@@ -42,6 +42,7 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
     capacity on the log's mix (study_plan.capacity_of); `shown`: (the step-time model, the
     settings a report prints) of a server without a clock of its own (vLLM's)."""
     from vtc_jax.cli import timed_compare
+    from vtc_jax.driver.cluster_latency import format_replicas, replica_report
     from vtc_jax.driver.server_latency import record_table
 
     k = len(names)
@@ -53,14 +54,20 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
     out = {"log": str(args.log), "server": args.server, "step_time": clock, "settings": options,
            "tenants": names, **({} if cluster is None else {"cluster": cluster}),
            "load": timed_compare.load_report(measured, arrival_us, where), "policies": {}}
-    tables, bench = {}, {}
+    tables, bench, replicas = {}, {}, {}
     for row in rows:
-        table = record_table(recorder.records[id(row)], trace, k, arrival_us)
+        record = recorder.records[id(row)]
+        table = record_table(record, trace, k, arrival_us)
         finished = recorder.finished[id(row)]
         out["policies"][row.label] = dict(summarize(table, tenant, names, prompt, slos), finished_all=finished)
         bench[row.label] = dict(bench_serve(table, tenant, names, prompt, slos), finished_all=finished)
         tables[row.label] = table
+        per_replica = replica_report(record, table, prompt, out["policies"][row.label]["duration_s"])
+        if per_replica is not None:  # a fleet: its replicas' requests, busy share, KV use, prefix hits
+            replicas[row.label] = bench[row.label]["replicas"] = out["policies"][row.label]["replicas"] = per_replica
     print(("latency of the log as it is (seed 0):\n" if args.seeds > 1 else "") + timed_compare.format_report(out, names))
+    if replicas:
+        print(format_replicas(replicas))
     if result is not None:
         result["latency"] = out
     files = [(Path(args.out) / "bench_serve.json", lambda p: p.write_text(json.dumps(bench, indent=1)))]

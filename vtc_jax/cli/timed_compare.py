@@ -21,7 +21,7 @@ from vtc_jax.cli import input_flags
 from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import capacity
-from vtc_jax.driver.latency import DEFAULT_SLO, PERCENTILES, per_tenant
+from vtc_jax.driver.latency import DEFAULT_SLO, PERCENTILES, gateway_drops, per_tenant
 from vtc_jax.servers import step_time
 
 RECORD_BYTES = 1 << 30  # the most memory the per-token record (ITL percentiles) may take, every lane together
@@ -29,7 +29,8 @@ H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
 CACHE_COLUMNS = ("cached_tokens", "recomputed_tokens")  # with prefix caching (vLLM's name: cached_tokens)
-FLEET_COLUMNS = ("replica", "gateway_queue_us")  # on a cluster: where it ran, how long it waited at the gateway
+FLEET_COLUMNS = ("replica", "gateway_queue_us", "status")  # on a cluster: where it ran, how long it waited at the
+#                                                             gateway, finished / shed / rejected / unfinished
 
 
 def read_timed_log(args):
@@ -178,7 +179,11 @@ def format_report(report: dict, names) -> str:
             hit = g.get("prefix_cache_hit_rate")
             rows.append((policy, name, _reqs(g), cells, f"{g['output_tokens_per_s']:.1f}", goodput, str(g["preemptions"]),
                          "" if hit is None else f"{100 * hit:.1f}%"))
-        left = [(name, g) for name, g, _ in groups[:-1] if g["finished"] < g["requests"]]
+        dropped = [(name, g) for name, g, _ in groups[:-1] if g.get("shed") or g.get("rejected")]
+        if dropped:  # a fleet gateway's flow control: counted, never served
+            rows.append(f"{policy}: gateway flow control shed (TTL) / rejected (band full): "
+                        + ", ".join(f"{name} {g['shed']} / {g['rejected']}" for name, g in dropped))
+        left = [(name, g) for name, g, _ in groups[:-1] if g.get("unfinished", g["requests"] - g["finished"]) > 0]
         if left or not summary["finished_all"]:
             rows.append(f"{policy}: NOT FINISHED: " + (", ".join(f"{name} {g['finished']} of {g['requests']}"
                                                                 for name, g in left) or "the run")
@@ -259,10 +264,13 @@ def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, fi
         return int(x) if x >= 0 else ""
 
     for policy, t in tables.items():
+        shed, rejected = gateway_drops(t)
+        status = np.where(t["finished"], "finished", np.where(shed, "shed", np.where(rejected, "rejected",
+                                                                                      "unfinished")))
         for i in np.argsort(file_row, kind="stable"):
             w.writerow((policy, int(file_row[i]), names[tenant[i]], int(t["arrival_us"][i]), stamp(t["scheduled_us"][i]),
                         stamp(t["first_token_us"][i]), stamp(t["finish_us"][i]), us(t["ttft_us"][i]), us(t["tpot_us"][i]),
                         us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i]))
                        + ((stamp(t["cached_tokens"][i]), int(t["recomputed_tokens"][i])) if cache else ())
-                       + ((stamp(t["replica"][i]), us(t["gateway_queue_us"][i])) if fleet else ()))
+                       + ((stamp(t["replica"][i]), us(t["gateway_queue_us"][i]), status[i]) if fleet else ()))
     return out.getvalue()

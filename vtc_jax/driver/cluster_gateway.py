@@ -92,4 +92,6 @@ def encode_gateway(clusters: Sequence[ClusterSettings], picker_shape: tuple, ser
                        scrape_us=stack(lambda x: x[2].scrape_us), tick_us=stack(lambda x: x[2].tick_us),
                        usable=jnp.asarray(np.asarray([usable_kv(c, server) for c in clusters], np.int32)),
                        block=jnp.asarray(np.asarray([engine_block(c) for c in clusters], np.int32)),
-                       blocks=jnp.asarray(blocks), offsets=jnp.asarray(offsets))
+                       blocks=jnp.asarray(blocks), offsets=jnp.asarray(offsets),
+                       ttl_us=stack(lambda x: x[2].request_ttl_us), sweep_us=stack(lambda x: x[2].sweep_us),
+                       capacity=stack(lambda x: x[2].band_capacity))

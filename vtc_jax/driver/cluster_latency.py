@@ -26,7 +26,7 @@ from vtc_jax.driver.server_latency import RecordingEngine
 from vtc_jax.inputs.workload import INT32_MAX
 
 RECORD_TIMES = ("scheduled", "first", "finish", "token_offset")  # per request; "token_at" is per token
-RECORD_EXTRAS = ("preemptions", "cached", "recomputed", "replica", "dispatched")  # per request, where kept
+RECORD_EXTRAS = ("preemptions", "cached", "recomputed", "replica", "dispatched", "status")  # per request, where kept
 
 
 def lane_request_record(results: ClusterResults, lane: int) -> dict:
@@ -35,7 +35,8 @@ def lane_request_record(results: ClusterResults, lane: int) -> dict:
     never), "token_offset" (into "token_at", -1: no whole per-token record): int64[G * N],
     request numbers past the lane's requests -1; "token_at": int64[R * T] every replica's
     per-token record end to end. Needs a run that kept the record (ClusterEngine's
-    `server_record`)."""
+    `server_record`). Behind an endpoint picker also "replica_busy", "replica_kv_time"
+    int64[R] and "replica_usable" int (ClusterResults.replica_use: `replica_report`)."""
     record, rows = results.request_record, results.rows
     if record is None or rows is None:
         raise ValueError("the cluster run kept no per-request record (ClusterEngine(server_record=...))")
@@ -48,7 +49,52 @@ def lane_request_record(results: ClusterResults, lane: int) -> dict:
         col[number] = np.asarray(record[name][lane], np.int64)[real]
         out[name] = col
     out["token_at"] = np.asarray(record["token_at"][lane], np.int64)
+    use = results.replica_use
+    if use is not None:
+        r = int(use["replicas"][lane])  # the lane's own replicas (a batch has the most of any lane)
+        out.update(replica_busy=np.asarray(use["busy"][lane][:r], np.int64),
+                   replica_kv_time=np.asarray(use["kv_time"][lane][:r], np.int64),
+                   replica_usable=int(use["usable"][lane]))
     return out
+
+
+def replica_report(record: dict, table: dict, prompt: np.ndarray, duration_s: float) -> list | None:
+    """Per replica of a fleet lane (None without `lane_request_record`'s replica sums):
+    requests (routed there), busy_share (time in its steps that ran something over the
+    run's span, `duration_s`: latency.summarize's first arrival to last finish),
+    mean_kv_use (the KV each such step ended with, weighted by its duration, over usable KV
+    x the span: its time-average occupancy) and, with prefix caching, prefix_cache_hit_rate
+    (prompt tokens its requests got from cache at their first admission over their prompt
+    tokens). `table`: server_latency.record_table's (its replica, cached_tokens columns)."""
+    if "replica_busy" not in record:
+        return None
+    span = max(duration_s * 1e6, 1.0)
+    out = []
+    for r, (busy, kv) in enumerate(zip(record["replica_busy"], record["replica_kv_time"])):
+        mine = table["replica"] == r
+        entry = {"replica": r, "requests": int(mine.sum()), "busy_share": float(busy) / span,
+                 "mean_kv_use": float(kv) / (record["replica_usable"] * span)}
+        if "cached_tokens" in table:
+            admitted = mine & (table["cached_tokens"] >= 0)
+            sent = int(prompt[admitted].sum())
+            entry["prefix_cache_hit_rate"] = int(table["cached_tokens"][admitted].sum()) / sent if sent else None
+        out.append(entry)
+    return out
+
+
+def format_replicas(replicas: dict) -> str:
+    """The per-replica table ({policy: replica_report's list}), printed after the tenant table."""
+    cache = any("prefix_cache_hit_rate" in e for entries in replicas.values() for e in entries)
+    width = max([6] + [len(p) for p in replicas])
+    lines = [f"{'policy':{width}} replica requests busy kv-use" + (" cache-hit" if cache else "")
+             + "  (busy: share of the run's span in steps that ran; kv-use: time-average KV occupancy)"]
+    for policy, entries in replicas.items():
+        for e in entries:
+            hit = e.get("prefix_cache_hit_rate")
+            lines.append(f"{policy:{width}} {e['replica']:>7} {e['requests']:>8} {100 * e['busy_share']:>5.1f}% "
+                         f"{100 * e['mean_kv_use']:>5.1f}%"
+                         + ((f" {'n/a':>9}" if hit is None else f" {100 * hit:>8.1f}%") if cache else ""))
+    return "\n".join(lines)
 
 
 class ClusterRecordingEngine(RecordingEngine):
@@ -66,4 +112,4 @@ class ClusterRecordingEngine(RecordingEngine):
         return lambda lane: lane_request_record(results.cluster, lane)
 
 
-__all__ = ["ClusterRecordingEngine", "lane_request_record"]
+__all__ = ["ClusterRecordingEngine", "format_replicas", "lane_request_record", "replica_report"]

@@ -291,6 +291,7 @@ def lane_bytes(cfg: ClusterConfig) -> int:
     g, k, r = cfg.routers, cfg.num_clients, cfg.replicas
     rows = cfg.num_rows
     words = ROW_FIELDS * rows + (4 * rows if cfg.record else 0) + 11 * cfg.tenant_rows  # + the generator's
+    words += rows if cfg.flow_control else 0  # the gateway's per-row status (cluster_shed)
     tables = 4 * rows if any(registry.get(p).arrival_rows for p in cfg.gateway_policies) else 0
     replica = r * ((POOL_FIELDS + 3) * cfg.wait_slots + cfg.calendar_rows + 6 * cfg.slots + 20 * k
                    + (4 * table_rows(cfg) if any(registry.get(p).arrival_rows for p in cfg.engine_policies) else 0))
@@ -357,7 +358,8 @@ def _request_record(host: ClusterState, horizon, rows, server_record: Callable |
     replica and the time it left the gateway, -1: never) int64[B, rows]; token_at int64[B, R * T]:
     the replicas' per-token records end to end; token_offset int64[B, rows]: where each
     row's tokens start in it (-1: no whole record: one that ran past its replica's T
-    entries must not read the next replica's)."""
+    entries must not read the next replica's); under flow control "status" int64[B, rows]
+    (cluster_shed: SHED, REJECTED at the gateway, 0 otherwise)."""
     if host.rec is None or server_record is None:
         return None
     rec = np.asarray(host.rec, np.int64)
@@ -367,6 +369,8 @@ def _request_record(host: ClusterState, horizon, rows, server_record: Callable |
     dispatched = rec[..., REC_SEQ] >= 0
     out["replica"] = np.where(dispatched, rec[..., REC_REPLICA], -1)
     out["dispatched"] = np.where(dispatched, rec[..., REC_DISPATCH], -1)
+    if host.fleet is not None and "status" in host.fleet:
+        out["status"] = np.asarray(host.fleet["status"], np.int64)
     at = np.asarray(got["token_at"], np.int64)
     b, r, t = at.shape
     out["token_at"] = at.reshape(b, r * t)
@@ -377,6 +381,23 @@ def _request_record(host: ClusterState, horizon, rows, server_record: Callable |
     whole = (offset >= 0) & (offset + np.asarray(rows, np.int64)[..., OUTPUT] <= t)
     out["token_offset"] = np.where(whole, np.maximum(rec[..., REC_REPLICA], 0) * t + offset, -1)
     return out
+
+
+def _drops(host: ClusterState, lanes: int, k: int) -> dict:
+    """shed, gateway_rejected int64[B, K] (cluster_shed's counts; zeros without flow control)."""
+    fleet = host.fleet if host.fleet is not None and "shed" in host.fleet else None
+    return {name: np.zeros((lanes, k), np.int64) if fleet is None else np.asarray(fleet[key], np.int64)
+            for name, key in (("shed", "shed"), ("gateway_rejected", "rejected"))}
+
+
+def _replica_use(host: ClusterState, host_params: ClusterParams) -> dict | None:
+    """ClusterResults.replica_use (cluster_fleet.account's sums), None without a picker."""
+    if host.fleet is None:
+        return None
+    return {"busy": np.asarray(host.fleet["busy"], np.int64),
+            "kv_time": WIDE.to_int(host.fleet["kv_time"]).astype(np.int64),
+            "usable": np.asarray(host_params.fleet.usable, np.int64),
+            "replicas": np.asarray(host_params.replicas, np.int64)}
 
 
 def _exact(a) -> np.ndarray:
@@ -405,7 +426,13 @@ class ClusterResults:
     row, -1 not yet); rejected: int64[B, K] (rpm reject mode); iterations: int64[B];
     request_record: the replicas' servers' per-request record per cluster row (admission,
     first token, finish, each token's time: `_request_record`), or None (kept with records
-    when the run asked for it: run_lanes' `server_record`)."""
+    when the run asked for it: run_lanes' `server_record`); shed, gateway_rejected:
+    int64[B, K] the requests the fleet gateway's flow control shed at its TTL and rejected
+    at its band capacity (zeros without flow control: cluster_shed.py); replica_use: behind
+    an endpoint picker, per replica "busy" int64[B, R] (time in steps that ran something),
+    "kv_time" int64[B, R] (the KV used each such step ended with x its duration, summed;
+    exact), "usable" int64[B] (a replica's usable KV) and "replicas" int64[B] (the lane's R),
+    else None."""
 
     steps: np.ndarray
     finished: np.ndarray
@@ -432,6 +459,9 @@ class ClusterResults:
     finish: np.ndarray | None = None
     rejected: np.ndarray | None = None
     request_record: dict | None = None
+    shed: np.ndarray | None = None
+    gateway_rejected: np.ndarray | None = None
+    replica_use: dict | None = None
 
     @classmethod
     def collect(cls, host: ClusterState, finished, clusters, cfg: ClusterConfig, rows,
@@ -467,7 +497,8 @@ class ClusterResults:
             rows=None if rows is None else np.asarray(rows, np.int64), iterations=np.asarray(host.iterations, np.int64),
             **_request_times(host, cfg, host_params.horizon),
             rejected=np.zeros((len(tenants), k), np.int64) if rejected is None else np.asarray(rejected, np.int64),
-            request_record=_request_record(host, host_params.horizon, rows, server_record))
+            request_record=_request_record(host, host_params.horizon, rows, server_record),
+            **_drops(host, len(tenants), k), replica_use=_replica_use(host, host_params))
 
     # ---- derived measures (float64) ----
 

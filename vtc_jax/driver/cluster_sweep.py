@@ -54,7 +54,8 @@ class TenantResults(ServedShares):
     steps: int64[B] the horizon run (a cluster lane does not stop at its last completion:
       in drain mode this is the drain bound); finished: bool[B] (drain: every request
       completed); service: [B, K] W_k summed over replicas; arrived, admitted, completed,
-      waiting: int64[B, K] (waiting: at a router or a replica, not yet admitted);
+      waiting: int64[B, K] (waiting: at a router or a replica, not yet admitted; a fleet
+      gateway's shed and rejected requests are not waiting: ClusterResults.shed);
       offered: [B, K] the full cost of the requests that arrived; offered_steps: int64[B]
       the span the load line reads (drain: the last arrival + 1, else `steps`);
       span_service: [B, K] W after that span; span_waiting: int64[B] requests not admitted
@@ -120,15 +121,17 @@ def simulate_tenants(srcs, clusters: Sequence[ClusterSettings], seeds: Sequence[
     main = _lanes(res, slice(0, b))
     ends = _lanes(res, slice(b, 2 * b)) if drain else main
     admitted, completed = main.admitted.sum(axis=1), main.completed.sum(axis=1)
+    dropped = main.shed + main.gateway_rejected  # a fleet gateway's flow control: never served, never waiting
     finished = main.finished & ends.finished
-    if drain:  # a drained lane counts only once every request completed
-        finished &= completed.sum(axis=1) == arrived.sum(axis=1)
+    if drain:  # a drained lane counts only once every request completed (or was dropped at the gateway)
+        finished &= (completed + dropped).sum(axis=1) == arrived.sum(axis=1)
     scale = np.asarray(main.cost_scale, np.float64)[:, None]
     return TenantResults(
         cluster=main, steps=main.steps, finished=finished, service=main.service.sum(axis=1), arrived=arrived,
-        admitted=admitted, completed=completed, waiting=arrived - admitted, offered=offered_units / scale,
+        admitted=admitted, completed=completed, waiting=arrived - admitted - dropped, offered=offered_units / scale,
         offered_steps=span.astype(np.int64), span_service=ends.service.sum(axis=1),
-        span_waiting=(arrived - ends.admitted.sum(axis=1)).sum(axis=1), wait_hist=main.wait_hist)
+        span_waiting=(arrived - ends.admitted.sum(axis=1) - ends.shed - ends.gateway_rejected).sum(axis=1),
+        wait_hist=main.wait_hist)
 
 
 def tenant_metrics(results: TenantResults, rows) -> dict:

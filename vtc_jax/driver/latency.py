@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from vtc_jax.core.errors import InputError
+from vtc_jax.engines.cluster_shed import REJECTED, SHED
 from vtc_jax.inputs.workload import Trace, trace_rows
 
 METRICS = ("ttft", "tpot", "e2el", "queue")
@@ -185,6 +186,7 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
     finished = table["finished"]
     if not finished.any():
         raise InputError("no request finished: nothing to summarize (run longer)")
+    shed, rejected = gateway_drops(table)
     start = int(table["arrival_us"].min())
     end = int(table["finish_us"][finished].max())
     seconds = max(end - start, 1) / 1e6
@@ -197,7 +199,9 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
 
     def group(mask):
         done = mask & finished
-        return {"requests": int(mask.sum()), "finished": int(done.sum()), "unfinished": int((mask & ~finished).sum()),
+        return {"requests": int(mask.sum()), "finished": int(done.sum()),
+                "unfinished": int((mask & ~finished & ~shed & ~rejected).sum()),
+                "shed": int((mask & shed).sum()), "rejected": int((mask & rejected).sum()),
                 **{name: _stats(np.where(done, table[f"{name}_us"], np.nan)) for name in METRICS},
                 "output_tokens_per_s": float(table["output"][done].sum() / seconds),
                 "total_tokens_per_s": float((table["output"][done] + prompt[done]).sum() / seconds),
@@ -209,6 +213,17 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
 
+
+
+def gateway_drops(table: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(shed, rejected) bool[N]: the requests a fleet gateway's flow control shed at its TTL
+    or rejected at its band capacity (table["gateway_status"]; none without it). Neither
+    ever finishes: each is counted as such, never averaged in nor counted unfinished."""
+    status = table.get("gateway_status")
+    if status is None:
+        none = np.zeros(len(table["finished"]), bool)
+        return none, none
+    return status == SHED, status == REJECTED
 
 
 def _cache_counts(table: dict, mask: np.ndarray, prompt: np.ndarray) -> dict:
@@ -249,7 +264,9 @@ def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, sl
     itl, e2el), overall and per tenant, over the same finished requests and duration as
     `summarize`; ITL over the pooled gaps between tokens (its mean only, the rest None,
     where the run kept no per-token record). Also `num_prompts`, `failed` (requests that
-    never finished: vLLM's benchmark counts them as unsuccessful too) and `preemptions`."""
+    never finished: vLLM's benchmark counts them as unsuccessful too; a fleet's shed and
+    rejected requests among them), `shed`, `rejected` (a fleet gateway's flow control: 0
+    elsewhere) and `preemptions`."""
     base = summarize(table, tenant, tenants, prompt, slos)
     finished = table["finished"]
 
@@ -260,7 +277,7 @@ def bench_serve(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, sl
                "total_output_tokens": int(table["output"][done].sum()),
                "request_throughput": summary["request_throughput"], "request_goodput": summary["goodput"],
                "output_throughput": summary["output_tokens_per_s"], "total_token_throughput": summary["total_tokens_per_s"],
-               "preemptions": summary["preemptions"],
+               "shed": summary["shed"], "rejected": summary["rejected"], "preemptions": summary["preemptions"],
                **{k: summary[k] for k in ("cached_tokens", "prefix_cache_hit_rate", "recomputed_tokens") if k in summary}}
         for name in BENCH_METRICS:
             if name == "itl":

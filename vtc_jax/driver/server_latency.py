@@ -68,6 +68,8 @@ def record_table(record: dict, trace: Trace, num_clients: int, arrival_us: np.nd
     for name, column in RECORD_COLUMNS.items():
         if name in record:
             table[column] = np.asarray(record[name], np.int64)[number]
+    if "status" in record:  # a fleet's flow control: shed or rejected at the gateway (cluster_shed's codes)
+        table["gateway_status"] = np.asarray(record["status"], np.int64)[number]
     if "dispatched" in record:  # a fleet's gateway: the time a request waited there (NaN: never dispatched)
         sent = np.asarray(record["dispatched"], np.int64)[number]
         table["gateway_queue_us"] = np.where(sent >= 0, (sent - np.asarray(arrival_us, np.int64)).astype(np.float64),

@@ -52,6 +52,7 @@ from vtc_jax.core.rows import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT
 from vtc_jax.core.wide import WIDE
 from vtc_jax.engines import cluster_fleet as fleet_mod
 from vtc_jax.engines import cluster_replica as replica
+from vtc_jax.engines import cluster_shed
 from vtc_jax.engines.cluster_router import (
     Offer,
     Routers,
@@ -211,7 +212,8 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     the new step are applied."""
     t = state.step
     horizon = params.horizon
-    waiting = (state.rarrived - state.rhead).sum(axis=0) + state.reps.nw.sum(axis=0)  # [K]
+    queued = cluster_shed.waiting(state.rhead, state.rarrived, state.fleet)
+    waiting = queued.sum(axis=0) + state.reps.nw.sum(axis=0)  # [K]
     running = jax.vmap(functools.partial(replica.rep_load, cfg=cfg))(state.reps).running
     # the replicas at a boundary (docs/CLUSTER.md, "Replica clocks"); on ideal: all of them
     bound = state.boundary <= t
@@ -226,7 +228,7 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
         asleep = asleep | (stepping & ~busy)
     ahead = boundary > t
     soonest = jnp.minimum(jnp.where(ahead, boundary, INT32_MAX).min(), jnp.minimum(next_arrival.min(), horizon))
-    routed = (state.rarrived - state.rhead).sum() > 0
+    routed = queued.sum() > 0
     waits_for_tick = jnp.zeros((), bool)
     if state.fleet is not None:  # under flow control a waiting request goes at a tick (at the latest)
         soonest = jnp.minimum(soonest, fleet_mod.next_event(t, routed, params.fleet))
@@ -242,7 +244,7 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
         live = fleet_mod.live_stats(reps, params.engine, cfg)
         stats, stats_at = fleet_mod.step_stats(reps.stats, reps.stats_at, live, stepped, boundary)
         reps = dataclasses.replace(reps, stats=stats, stats_at=stats_at)
-        fleet = fleet_mod.new_time(fleet, t, next_t, params.fleet)
+        fleet = fleet_mod.account(fleet_mod.new_time(fleet, t, next_t, params.fleet), live, stepped, work.elapsed)
     # measures over steps in which every tenant is backlogged (after the admissions)
     tenant = jnp.arange(cfg.num_clients) < params.tenants
     flag = mask & ((waiting > 0) | ~tenant).all() & (t >= params.measure_from)
@@ -337,6 +339,10 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
     # under flow control one arrival per event: each enqueue runs its dispatch cycle before the next
     one = jnp.zeros((), bool) if state.fleet is None else params.fleet.flow
     width = jnp.where(one, 1, w)
+    refuse = None  # flow control: the band's capacity (one arrival per event: the window's first)
+    if state.fleet is not None and "held" in state.fleet:
+        refuse = cluster_shed.refused(cluster_shed.waiting(state.rhead, state.rarrived, state.fleet).sum(),
+                                      params.fleet, one)
 
     def body(j, carry):
         rarrived, rnext, rcounter, rpolicy, prior = carry
@@ -345,11 +351,12 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
         go = mask & pending & prior
         rest = jnp.where(one, wa[1], wa[w]) <= t
         prior = prior & (~pending | (go & ~rest))
-        joins = go & (wa[:w] <= t) & (jnp.arange(w) < width)  # in arrival order: a prefix of the window
+        taken = go & (wa[:w] <= t) & (jnp.arange(w) < width)  # in arrival order: a prefix of the window
+        joins = taken if refuse is None else taken & ~(refuse & (jnp.arange(w) == 0))  # a rejected one never joins
         index, client = ent[:w, 0], ent[:w, 1]
         mine = (client[:, None] == jnp.arange(k)[None, :]) & joins[:, None]  # [W, K]
         joining = mine.sum(axis=0, dtype=I32)
-        back = state.rhead < rarrived
+        back = cluster_shed.waiting(state.rhead, rarrived, state.fleet) > 0
         backlogged = jnp.where(union, back.any(axis=0), back[j]) if cfg.union else back[j]
         newcomer = ~backlogged & (joining > 0)
         opens = mine & (jnp.cumsum(mine, axis=0) == 1) & newcomer[None, :]
@@ -371,14 +378,19 @@ def _arrive(state: ClusterState, wl: ClusterWorkload, heads, head_index, params:
             rpolicy[n] = rput(rpolicy[n], flags[n], p, new, go)
         counter = pick(gp.policy_id, counters)
         rcounter = rcounter.at[p].set(WIDE.where(go, counter, rcounter[p]))
-        return (rarrived.at[j].add(joining), rnext.at[j].add(joins.sum(dtype=I32)), rcounter, rpolicy, prior)
+        took = ((client[:, None] == jnp.arange(k)[None, :]) & taken[:, None]).sum(axis=0, dtype=I32)
+        return (rarrived.at[j].add(took), rnext.at[j].add(taken.sum(dtype=I32)), rcounter, rpolicy, prior)
 
     carry = (state.rarrived, state.rnext, state.rcounter, dict(state.rpolicy), jnp.asarray(True))
     carry = body(0, carry) if g == 1 else jax.lax.fori_loop(0, g, body, carry)
     rarrived, rnext, rcounter, rpolicy, _ = carry
     fleet = state.fleet
-    if fleet is not None:  # each enqueue brings a dispatch cycle
-        fleet = dict(fleet, cycles=fleet["cycles"] + jnp.where(one, (rnext - state.rnext).sum(dtype=I32), 0))
+    if fleet is not None:  # each enqueue brings a dispatch cycle (a rejected arrival enqueues nothing)
+        refused = jnp.zeros((), bool) if refuse is None else refuse & (rnext[0] > state.rnext[0])  # one router
+        enqueued = (rnext - state.rnext).sum(dtype=I32) - refused.astype(I32)
+        fleet = dict(fleet, cycles=fleet["cycles"] + jnp.where(one, enqueued, 0))
+        if refuse is not None:
+            fleet = cluster_shed.reject(fleet, 0, entries[0, 0, 0], entries[0, 0, 1], refused)
     return dataclasses.replace(state, rarrived=rarrived, rnext=rnext, rcounter=rcounter, rpolicy=rpolicy,
                                fleet=fleet)
 
@@ -398,6 +410,10 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     r, w = cfg.replicas, cfg.arrival_width
     flags = _flags(params, cfg)
     t = state.step
+    if state.fleet is not None and "held" in state.fleet:  # a due TTL sweep; heads past rejected rows
+        fleet, rhead = cluster_shed.drop_heads(state.fleet, state.rhead, state.rarrived, wl.first, wl.requests, t,
+                                               ~state.done, params.fleet)
+        state = dataclasses.replace(state, fleet=fleet, rhead=rhead)
     active = ~state.done
     in_horizon = t < params.horizon
     # replicas

@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, PROMPT
-from vtc_jax.engines import flow_control
+from vtc_jax.engines import cluster_shed, flow_control
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterParams
+from vtc_jax.engines.cluster_state import wadd
 from vtc_jax.pickers import registry as pickers
 from vtc_jax.pickers.base import Request, Shape, Snapshot
 from vtc_jax.servers import registry as servers
@@ -48,13 +49,19 @@ def init(cfg: ClusterConfig, params: ClusterParams) -> dict:
     the last scrape), scrape_at int32[] (the next scrape time), cycles int32[] (the
     enqueues' dispatch cycles not yet run at this time), tick bool[] (this time's tick
     cycle not yet run), prefill, decode int32[R]
-    (Dynamo's P_r and D_r in engine blocks). Time 0 is a tick."""
+    (Dynamo's P_r and D_r in engine blocks); per replica for its report (`account`): busy
+    int32[R] the time in steps that ran something, kv_time int32[R, 2] (WIDE) the sum over
+    those steps of the KV used they ended with x their duration. Time 0 is a tick. Under
+    flow control also the queue's drops (cluster_shed.init: TTL sweeps, band-capacity
+    rejections)."""
     r = cfg.replicas
     zr = jnp.zeros(r, I32)
     fp = params.fleet
+    drops = cluster_shed.init(cfg.num_rows, cfg.routers, cfg.num_clients, fp) if cfg.flow_control else {}
     return {"picker": pickers.get(cfg.picker).init(picker_shape(cfg), fp.picker),
             "scraped": jnp.zeros((r, 2), I32), "scrape_at": jnp.zeros((), I32), "cycles": jnp.zeros((), I32),
-            "tick": jnp.ones((), bool), "prefill": zr, "decode": zr}
+            "tick": jnp.ones((), bool), "prefill": zr, "decode": zr, "busy": zr, "kv_time": jnp.zeros((r, 2), I32),
+            **drops}
 
 
 def kv_used(server_state, eparams, cfg: ClusterConfig):
@@ -79,6 +86,16 @@ def step_stats(rep_stats, rep_at, live, stepped, next_t):
     at `next_t` int32[R]."""
     new = jnp.stack([rep_stats[:, 1], live], axis=1)
     return jnp.where(stepped[:, None, None], new, rep_stats), jnp.where(stepped, next_t, rep_at)
+
+
+def account(fleet: dict, live, stepped, elapsed) -> dict:
+    """The replicas' report after a FINISH: where a replica `stepped` (bool[R]: its step ran
+    something), its step's `elapsed` int32[R] joins its busy time and the KV its step ended
+    with (`live` int32[R, 2], (W, KV used)) x elapsed its KV time (exact for KV used below
+    2^24 units, the saturation detector's bound too; clamped there)."""
+    used = jnp.where(stepped, jnp.minimum(live[:, 1], flow_control.MAX_USABLE - 1), 0)
+    return dict(fleet, busy=fleet["busy"] + jnp.where(stepped, elapsed, 0),
+                kv_time=wadd(fleet["kv_time"], flow_control.wide_product(used, jnp.where(stepped, elapsed, 0))))
 
 
 def scrape(fleet: dict, rep_stats, rep_at, now, fp) -> dict:
@@ -155,9 +172,11 @@ def finished(fleet: dict, prompts, done, fp) -> dict:
 
 
 def next_event(t, queued, fp):
-    """int32[]: the next tick after t when requests wait at the gateway under flow control
-    (ticks at multiples of tick_us), else INT_MAX (a tick with nothing queued does nothing)."""
-    return jnp.where(fp.flow & queued, (t // fp.tick_us + 1) * fp.tick_us, INT_MAX)
+    """int32[]: the next tick or TTL sweep after t when requests wait at the gateway under
+    flow control (ticks at multiples of tick_us), else INT_MAX (a tick with nothing queued
+    does nothing)."""
+    tick = jnp.where(fp.flow & queued, (t // fp.tick_us + 1) * fp.tick_us, INT_MAX)
+    return jnp.minimum(tick, cluster_shed.next_sweep(t, queued, fp))
 
 
 def cycles_now(fleet: dict, pending):

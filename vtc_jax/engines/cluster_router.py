@@ -14,6 +14,7 @@ import numpy as np
 
 from vtc_jax.core import wide as wide_mod
 from vtc_jax.core.wide import WIDE
+from vtc_jax.engines import cluster_shed
 from vtc_jax.engines.cluster_settings import (
     AFFINITY_SALT,
     LEAST_KV,
@@ -102,8 +103,8 @@ class Routers:
 
 def router_arrays(state: ClusterState, heads, head_index, params: ClusterParams, cfg: ClusterConfig) -> Routers:
     g, k = cfg.routers, cfg.num_clients
-    back = state.rhead < state.rarrived
-    waiting = state.rarrived - state.rhead
+    waiting = cluster_shed.waiting(state.rhead, state.rarrived, state.fleet)
+    back = waiting > 0
     any_back = back.any(axis=0)
     vb, vh, vi, vw = back, heads, head_index, waiting
     if cfg.union:

@@ -52,6 +52,13 @@ class Gateway:
       tick_us: the flow-control tick (1 ms).
       queue_depth, kv_threshold: the saturation detector's thresholds (5, 4/5).
       ties: "random" (seeded from the lane's seed and the request) or "lowest" (tests).
+      request_ttl_us: under flow control, a request still queued this long after its
+        enqueue is shed at the next TTL sweep (llm-d's FlowControlConfig.defaultRequestTTL,
+        60 s; 0: never shed).
+      sweep_us: the TTL sweep interval (llm-d's ExpiryCleanupInterval, 1 s).
+      band_capacity: under flow control, an arriving request whose priority band already
+        holds this many queued requests is rejected (llm-d's PriorityBandConfig.maxRequests,
+        5000; 0: no limit). One band: every tenant's queue counts.
     """
 
     picker: str = "llm-d"
@@ -61,6 +68,9 @@ class Gateway:
     queue_depth: int = 5
     kv_threshold: Fraction = Fraction(4, 5)
     ties: str = "random"
+    request_ttl_us: int = 60_000_000
+    sweep_us: int = 1_000_000
+    band_capacity: int = 5000
 
     def __post_init__(self):
         from vtc_jax.engines import flow_control
@@ -72,13 +82,21 @@ class Gateway:
             raise InputError(f"flow_control must be True or False, got {self.flow_control!r}")
         _int_in(self.scrape_us, "scrape interval", 0, MAX_GATEWAY_US)
         _int_in(self.tick_us, "flow-control tick", 1, MAX_GATEWAY_US)
+        _int_in(self.request_ttl_us, "flow-control request TTL", 0, MAX_GATEWAY_US)
+        _int_in(self.sweep_us, "flow-control TTL sweep interval", 1, MAX_GATEWAY_US)
+        _int_in(self.band_capacity, "flow-control band capacity", 0, MAX_GATEWAY_US)
         flow_control.saturation_params(self.queue_depth, self.kv_threshold)  # validates
         object.__setattr__(self, "kv_threshold", to_fraction(self.kv_threshold, "KV threshold"))
         if self.ties not in ("random", "lowest"):
             raise InputError(f"picker ties must be random or lowest, got {self.ties!r}")
 
     def setting_keys(self) -> dict:
-        return {"picker": self.picker, "flow_control": bool(self.flow_control), "scrape_us": self.scrape_us}
+        out = {"picker": self.picker, "flow_control": bool(self.flow_control), "scrape_us": self.scrape_us}
+        default = Gateway()
+        for name in ("request_ttl_us", "band_capacity"):  # named where a run changes llm-d's default
+            if self.flow_control and getattr(self, name) != getattr(default, name):
+                out[name] = getattr(self, name)
+        return out
 
 
 def _int_in(value, name: str, lo: int, hi: int) -> int:
@@ -348,7 +366,8 @@ class ClusterParams:
 class FleetParams:
     """A lane's gateway rules as arrays (Gateway; a batch adds a lane axis). picker: the
     picker's Params (pickers/base.py); saturation: flow_control.SaturationParams; flow:
-    bool[] flow control on; scrape_us, tick_us: int32[]; usable: int32[] a
+    bool[] flow control on; scrape_us, tick_us, ttl_us, sweep_us, capacity: int32[] (the
+    TTL and the band capacity: Gateway's request_ttl_us and band_capacity); usable: int32[] a
     replica's usable KV (blocks on vLLM: num_gpu_blocks - 1; tokens elsewhere: M); block:
     int32[] the engine's KV block size in tokens (Dynamo's request blocks); blocks, offsets:
     the requests' picker block ids end to end by request number (ORDER): request n's are
@@ -364,3 +383,6 @@ class FleetParams:
     block: jax.Array
     blocks: jax.Array
     offsets: jax.Array
+    ttl_us: jax.Array | None = None
+    sweep_us: jax.Array | None = None
+    capacity: jax.Array | None = None

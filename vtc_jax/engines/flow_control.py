@@ -72,7 +72,7 @@ def saturation_params(queue_depth: int = LLMD_QUEUE_DEPTH, kv_threshold=LLMD_KV_
     return SaturationParams(np.int32(queue_depth), np.int32(kv.numerator), np.int32(kv.denominator))
 
 
-def _product(x, y):
+def wide_product(x, y):
     """x * y in two words (WIDE: int32[..., 2], high then low), exact for int32 arrays with
     0 <= x < 2^24, 0 <= y < 2^31 and x * y < 2^55 (each partial product fits int32)."""
     mask = (1 << HALF) - 1
@@ -99,15 +99,15 @@ def saturation(waiting, kv_used, kv_usable, present, params: SaturationParams, s
     n = present.sum(axis=-1, dtype=I32)
     w = jnp.clip(waiting, 0, (n * q)[..., None])
     u = jnp.clip(kv_used, 0, (n * usable)[..., None])
-    queue_term = _product(a[..., None] * w, usable[..., None])  # a U W_r
-    kv_term = _product((q * b)[..., None], u)  # q b u_r
+    queue_term = wide_product(a[..., None] * w, usable[..., None])  # a U W_r
+    kv_term = wide_product((q * b)[..., None], u)  # q b u_r
     score = WIDE.maximum(queue_term, kv_term)
     if stale is not None:
-        score = jnp.where(stale[..., None], _product((q * a)[..., None], usable[..., None]), score)  # D: score 1
+        score = jnp.where(stale[..., None], wide_product((q * a)[..., None], usable[..., None]), score)  # D: score 1
     score = jnp.where(present[..., None], score, 0)
     high, low = score[..., 0].sum(axis=-1), score[..., 1].sum(axis=-1)  # < 2^28, < 2^30
     total = jnp.stack([high + (low >> LOW_BITS), low & LOW_MASK], axis=-1)
-    bound = _product(n * q * a, usable)  # n D
+    bound = wide_product(n * q * a, usable)  # n D
     return (n == 0) | ~WIDE.less(total, bound)
 
 
