@@ -17,7 +17,7 @@ from vtc_jax import InputError
 from vtc_jax.cli.input_flags import server_trace
 from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.request_log import read_requests
-from vtc_jax.servers import registry, vllm_blocks, vllm_prefix
+from vtc_jax.servers import registry, vllm_blocks, vllm_prefix, vllm_v1
 from vtc_jax.testing.vllm_reference import WaitingOrder, simulate
 
 
@@ -237,3 +237,59 @@ def test_a_prefix_len_without_an_id_is_shared_within_its_client(tmp_path):
     # 42 tokens each: two full blocks. a's 32-token prefix (ids 0, 1), b's (2, 3); row 2
     # shares a's first block only (its own second: 4); row 3's 8 tokens hold no whole block
     assert got[0].tolist() == [0, 2, 4, 6, 8] and got[1].tolist() == [0, 1, 2, 3, 0, 4, 5, 6]
+
+
+def test_kv_blocks_in_use_are_vllms_where_nothing_is_shared():
+    """vllm_prefix's `kv_blocks` (the fleet's KV metric: blocks held by requests over
+    num_gpu_blocks - 1, cached free blocks free): on random lanes whose requests share no
+    content, stopped mid-run at a fixed horizon, it equals vllm's on every lane where the
+    schedules agree (at least 16 of 24: a request preempted and readmitted hits its own
+    blocks, which vllm recomputes), and is 0 on a drained lane (every block freed, some
+    kept cached)."""
+    import random
+
+    import jax
+
+    from vtc_jax import MeasureConfig, Settings, Trace, run_traces
+    from vtc_jax.inputs import prefix_blocks
+
+    rng = random.Random(5)
+    traces, plain, cached = [], [], []
+    for _ in range(24):
+        n = rng.randint(3, 10)
+        trace = Trace.from_rows([(rng.randint(0, 20), rng.randint(0, 1), rng.randint(1, 40), rng.randint(1, 12))
+                                 for _ in range(n)])
+        options = vllm_v1.fuzz_options(rng, trace.prompt, trace.output)
+        options.pop("victim", None)
+        ident = prefix_blocks.groups([None] * n, np.zeros(n, np.int64), np.zeros(n, np.int64))
+        traces.append(trace)
+        plain.append(Settings(policy="fcfs", kv_budget=1 << 20, server_options=tuple(options.items())))
+        extra = vllm_prefix.prefix_options(trace.arrival, trace.prompt, trace.output, ident)
+        cached.append(Settings(policy="fcfs", kv_budget=1 << 20, server_options=tuple((options | extra).items())))
+    k = 2
+    for steps in (12, None):
+        a = run_traces(traces, plain, num_clients=k, server="vllm", steps=steps, measures=MeasureConfig())
+        b = run_traces(traces, cached, num_clients=k, server="vllm_prefix", steps=steps, measures=MeasureConfig())
+        same = held = 0
+        for lane in range(len(traces)):
+            if not all(np.array_equal(np.asarray(getattr(a.server_state.out, f))[lane],
+                                      np.asarray(getattr(b.server_state.out, f))[lane]) for f in ("scheduled", "finish")):
+                continue  # a preempted request hit its own blocks again: another schedule
+            same += 1
+            pick = lambda tree, lane=lane: jax.tree_util.tree_map(lambda x: np.asarray(x)[lane], tree)  # noqa: E731
+            params_a = registry.get("vllm").encode(dict(plain[lane].server_options))
+            params_b = registry.get("vllm_prefix").encode(dict(cached[lane].server_options))
+            used_a, usable_a = vllm_v1.kv_blocks(pick(a.server_state), _Params(params_a))
+            used_b, usable_b = vllm_prefix.kv_blocks(pick(b.server_state), _Params(params_b))
+            assert (int(used_b), int(usable_b)) == (int(used_a), int(usable_a)), (steps, lane)
+            held += int(used_b) > 0
+            if steps is None:
+                assert int(used_b) == 0
+        assert same >= 16 and (held >= 8 if steps else held == 0)
+
+
+class _Params:
+    """The lane's engine Params as a server's kv_blocks reads them (only `.server`)."""
+
+    def __init__(self, server):
+        self.server = server

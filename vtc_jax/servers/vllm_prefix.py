@@ -508,6 +508,13 @@ def prefix_record(host) -> dict:
                 recomputed=np.asarray(host.recomputed, np.int64))
 
 
+def kv_blocks(state: PrefixState, params):
+    """(used, usable) int32[]: blocks held by requests and the pool's usable blocks
+    (num_gpu_blocks - 1); a cached block in the LRU is free (vLLM's kv_cache_usage_perc)."""
+    usable = params.server["num_blocks"] - 1
+    return usable - vb.num_free(state.pool, params.server["num_blocks"]), usable
+
+
 VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with prefix caching: the vllm server and "
                      "KV blocks shared by common prefixes, an LRU cache of freed blocks (docs/VLLM.md)",
                      init=init, load=load, fits=fits, admit=admit, end_step=end_step, due=due, complete=complete,
@@ -516,4 +523,5 @@ VLLM_PREFIX = Server(name="vllm_prefix", description="vLLM V1's scheduler with p
                      fuzz_options=fuzz_options, static_options=static_options, keeps_time=timed_by_options,
                      request_record=prefix_record, record_index="row", prefix_hit=prefix_hit, default_memory=vllm_memory,
                      trace_columns=("priority", "prefix_id", "prefix_len"), step_time_model=True,
-                     flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity, wide_clock=True)
+                     flags=tuple(VLLM_FLAGS.items()), batch_options=common_capacity, wide_clock=True,
+                     kv_blocks=kv_blocks)
