@@ -163,6 +163,7 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_policies.py::test_gateway_vtc_forgets_only_after_gc_steps", "engine runs"),
     ("test_wide_clock.py::test_a_shifted_trace_runs_the_same_schedule_shifted*", "160 lanes, narrow and wide"),
     ("test_wide_clock.py::test_a_log_past_the_int32_clock_runs_in_one_pass", "two compare runs"),
+    ("test_fleet_shedding.py::test_latency_over_seeds_behind_a_gateway", "two fleet compares of 3 seeds"),
     ("test_policy_modules.py::test_a_renamed_builtin_passes_the_checks*", "6-14 s each: check_policy"),
     ("test_policy_modules.py::test_a_policy_cannot_bypass_the_limits*", "13-20 s each"),
     ("test_policy_modules.py::test_a_replica_admits_only_a_backlogged_tenant", "30 s"),

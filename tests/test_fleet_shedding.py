@@ -268,3 +268,37 @@ def test_compare_reports_shed_requests_per_tenant_and_per_replica(tmp_path, caps
     assert [e["replica"] for e in replicas] == [0, 1]
     assert sum(e["requests"] for e in replicas) == sum(r["replica"] != "" for r in rows) == len(rows) - bench["shed"]
     assert all(0 < e["busy_share"] <= 1 and 0 < e["mean_kv_use"] <= 1 for e in replicas)
+
+
+def test_latency_over_seeds_behind_a_gateway(tmp_path):
+    """A fleet's latency figures over --seeds, as on one server: results.json's
+    latency["over_seeds"] per policy, tenant and figure (mean, 95% CI, min, max over the
+    seeds) and the rows' ttft_p99_ms[TENANT] metrics. With --phase-unit 1 every seed
+    replays the log as it is, and the round-robin picker draws no ties: each seed's table
+    (cluster_latency.seed_table, from the lane's own rows) then gives exactly seed 0's
+    report (min = max = the log's figure); with the default unit (one second) and llm-d's
+    picker (seeded ties) the seeds differ."""
+    import json
+
+    def run(name, picker, *flags):
+        out = tmp_path / name
+        argv = ["compare", str(LOG), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--replicas", "2", "--picker",
+                picker, "--flow-control", "--load-scale", "30", "--time-window", "0,20", "--num-gpu-blocks", "400",
+                "--policies", "fcfs,vtc", "--no-plots", "--seeds", "3", "--out", str(out), *flags]
+        assert commands.main(argv) == 0
+        return json.loads((out / "results.json").read_text())
+
+    same = run("same", "round-robin", "--phase-unit", "1")
+    latency = same["latency"]
+    for policy, summary in latency["policies"].items():
+        spread = latency["over_seeds"][policy]
+        for name in [*latency["tenants"]]:
+            for metric, q in (("ttft", "p99"), ("ttft", "mean"), ("e2el", "p50")):
+                want = summary["tenants"][name][metric][q]
+                got = spread["tenants"][name][metric][q]
+                assert got["n"] == 3 and got["min"] == got["max"] == pytest.approx(want, rel=1e-12), (policy, name)
+        row = next(r for r in same["rows"] if r["label"] == policy)
+        assert row["metrics"]["ttft_p99_ms[all]"]["mean"] == pytest.approx(summary["overall"]["ttft"]["p99"])
+    drawn = run("drawn", "llm-d")["latency"]["over_seeds"]
+    spans = [drawn[p]["overall"]["ttft"]["p99"] for p in drawn]
+    assert all(s["n"] == 3 for s in spans) and any(s["max"] > s["min"] for s in spans)

@@ -23,9 +23,18 @@ from pathlib import Path
 import numpy as np
 
 from vtc_jax.driver.latency import bench_serve, summarize
+from vtc_jax.driver.study import latency_metrics, over_seeds
 from vtc_jax.servers import registry as servers
 
 OUTPUTS = ["bench_serve.json"]  # written in --out beside compare's files (the latency: results.json's "latency")
+
+
+def _summary(table: dict | None, names: list[str], slos: dict) -> dict | None:
+    """latency.summarize of one seed's table (cluster_latency.seed_table), None when the seed
+    finished no request (it reports nothing to average) or was not run."""
+    if table is None or not table["finished"].any():
+        return None
+    return summarize(table, table["tenant"], names, table["prompt"], slos)
 
 
 def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, slos: dict, settings, measured,
@@ -65,7 +74,14 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
         per_replica = replica_report(record, table, prompt, out["policies"][row.label]["duration_s"])
         if per_replica is not None:  # a fleet: its replicas' requests, busy share, KV use, prefix hits
             replicas[row.label] = bench[row.label]["replicas"] = out["policies"][row.label]["replicas"] = per_replica
-    print(("latency of the log as it is (seed 0):\n" if args.seeds > 1 else "") + timed_compare.format_report(out, names))
+        if args.seeds > 1 and hasattr(recorder, "tables"):  # a cluster's every seed: each figure's spread
+            per_seed = [_summary(recorder.tables.get((id(row), s)), names, slos) for s in range(args.seeds)]
+            out.setdefault("over_seeds", {})[row.label] = over_seeds(per_seed)
+            for entry in (result or {}).get("rows", []):  # as the row's metrics too (results.json rows, results.csv)
+                if entry["label"] == row.label:
+                    entry["metrics"].update(latency_metrics(per_seed, names))
+    heading = "latency of the log as it is (seed 0)" + (", and over seeds" if out.get("over_seeds") else "")
+    print((heading + ":\n" if args.seeds > 1 else "") + timed_compare.format_report(out, names))
     if replicas:
         print(format_replicas(replicas))
     if result is not None:

@@ -19,11 +19,11 @@ from typing import Callable
 
 import numpy as np
 
-from vtc_jax.core.rows import ARRIVAL, ORDER
+from vtc_jax.core.rows import ARRIVAL, ORDER, OUTPUT, PROMPT
 from vtc_jax.driver.cluster_run import ClusterResults
 from vtc_jax.driver.cluster_sweep import ClusterEngine
-from vtc_jax.driver.server_latency import RecordingEngine
-from vtc_jax.inputs.workload import INT32_MAX
+from vtc_jax.driver.server_latency import RecordingEngine, record_table
+from vtc_jax.inputs.workload import INT32_MAX, Trace
 
 RECORD_TIMES = ("scheduled", "first", "finish", "token_offset")  # per request; "token_at" is per token
 RECORD_EXTRAS = ("preemptions", "cached", "recomputed", "replica", "dispatched", "status")  # per request, where kept
@@ -97,19 +97,47 @@ def format_replicas(replicas: dict) -> str:
     return "\n".join(lines)
 
 
+def seed_table(record: dict, rows: np.ndarray, first: np.ndarray, tenant_rows: int, num_clients: int) -> dict:
+    """One lane's server_latency.record_table over its own requests, whatever its seed drew:
+    the trace in request-number order from the lane's cluster rows (int64[G * N, 6]: a seed
+    past 0 redraws arrivals inside their phase unit, which renumbers requests), each row's
+    tenant from its block (`first`: int64[K] the tenants' first rows in a router's N =
+    `tenant_rows`; cluster.layout_lane). Its latencies are the lane's as it ran; with
+    "tenant" and "prompt" int64[N] per request number."""
+    real = rows[:, ORDER] != INT32_MAX  # padding's ORDER, either clock
+    order = np.argsort(rows[real, ORDER], kind="stable")
+    at = np.flatnonzero(real)[order]
+    tenant = np.searchsorted(first, at % tenant_rows, side="right") - 1
+    trace = Trace(rows[at, ARRIVAL], tenant, rows[at, PROMPT], rows[at, OUTPUT], np.zeros(len(at), np.int64))
+    return dict(record_table(record, trace, num_clients, trace.arrival), tenant=trace.client, prompt=trace.prompt)
+
+
 class ClusterRecordingEngine(RecordingEngine):
     """server_latency.RecordingEngine on the cluster engine with per-tenant results
     (ClusterEngine(per_tenant=True)): per sweep row, its lane with seed 0's per-request
-    record by request number (`lane_request_record`) and whether that lane finished.
-    `server_record`: the replicas' server's record (host server state -> dict,
-    servers/slora.py request_record). The run is the cluster engine's, unchanged but for
-    the dispatch records it keeps."""
+    record by request number (`lane_request_record`) and whether that lane finished, and
+    every seed's table (`seed_table`: `tables`, {(id(row), seed): table}) for the figures'
+    spread over seeds. `server_record`: the replicas' server's record (host server state ->
+    dict, servers/slora.py request_record). The run is the cluster engine's, unchanged but
+    for the dispatch records it keeps."""
 
     def __init__(self, server_record: Callable):
         super().__init__(server_record, ClusterEngine(per_tenant=True, server_record=server_record))
+        self.tables = {}
+
+    def run(self, rows, seeds, config, base_seed: int, mesh, progress):
+        from vtc_jax.inputs import sources
+
+        results = super().run(rows, seeds, config, base_seed, mesh, progress)
+        first = np.asarray(sources.layout(sources.unique([r.source for r in rows]), config.arrival_width + 2).first)
+        for lane, (row, seed) in enumerate(zip(rows, seeds)):
+            record = lane_request_record(results.cluster, lane)
+            self.tables[(id(row), int(seed))] = seed_table(record, np.asarray(results.cluster.rows[lane], np.int64),
+                                                           first, config.tenant_rows, config.num_clients)
+        return results
 
     def _lane_records(self, results) -> Callable[[int], dict]:
         return lambda lane: lane_request_record(results.cluster, lane)
 
 
-__all__ = ["ClusterRecordingEngine", "format_replicas", "lane_request_record", "replica_report"]
+__all__ = ["ClusterRecordingEngine", "format_replicas", "lane_request_record", "replica_report", "seed_table"]
