@@ -156,27 +156,6 @@ def test_the_smallest_lru_ring_is_compacted_without_changing_anything(monkeypatc
     assert sum(w["total_preemptions"] > 0 for w in want) >= 10
 
 
-def test_a_lookup_reads_all_its_positions_only_past_the_first_ones(monkeypatch):
-    """vllm_blocks.lookup reads its first LOOKUP_FIRST positions and all W only when some
-    lane of the batch hit every one of them: at LOOKUP_FIRST = 2 (these lanes' requests
-    hold up to 26 blocks), lookups end in either branch, and batches where only some lanes
-    take the long one; 30 fcfs and 20 priority lanes still match the reference step for
-    step, and some request hits more than 2 blocks."""
-    import jax
-
-    monkeypatch.setattr(vllm_blocks, "LOOKUP_FIRST", 2)
-    jax.clear_caches()  # programs traced with the default must not be reused
-    rng = np.random.default_rng(31)
-    lanes = _lanes(rng, "fcfs", 30, _hits_matter) + _lanes(rng, "priority", 20, _hits_matter)
-    want = [simulate(reqs, config) for reqs, config in lanes]
-    got = engine_schedules(lanes, max(w["num_steps"] for w in want) + 1, policy="fcfs")
-    jax.clear_caches()
-    for k, (mine, real) in enumerate(zip(got, want)):
-        assert_same(mine, real, f"lane {k} ({lanes[k][1]})")
-    blocks = [max(r.prefix_len // c["block_size"] for r in reqs) for reqs, c in lanes]
-    assert max(blocks) > 2
-
-
 def test_content_tables_are_indexed_by_order():
     """Rows out of arrival order: the block tables follow (arrival, row) order; a
     prefix_len without an id is its client's group; the ids are the blocks' contents

@@ -46,7 +46,6 @@ from vtc_jax.core.lanes import batch_any
 
 I32 = jnp.int32
 TAKE_CHUNK = 64  # blocks a take or a hash handles per pass
-LOOKUP_FIRST = 64  # positions a lookup reads before it reads all W (`lookup`)
 LRU_WINDOW = 2 * TAKE_CHUNK  # ring entries a take's pass looks at (stale ones among them are skipped)
 
 
@@ -346,28 +345,18 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
     blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
     (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
-    needed). Its first LOOKUP_FIRST positions at once, then, only when some lane of the
-    batch hit all of them, all W positions at once (one `lax.cond` on a batch-wide
-    predicate: a per-lane one would run both): a request whose hit ends early (most do)
-    reads LOOKUP_FIRST entries of the content table, not W (7,908 on Mooncake's trace). No
-    loop: the gathers do not depend on `tokens`, so every lookup of one request in an event
-    (the engine's `prefix_hit`, the admission's, `touch`'s) is one computation after XLA's
-    CSE, ordered before the pool's in-place updates; a read of the content table in a loop
-    or apart from them made XLA:CPU copy the table (U entries) twice an event."""
+    needed). All W positions at once, no loop: the gathers do not depend on `tokens`, so
+    every lookup of one request in an event (the engine's `prefix_hit`, the admission's,
+    `touch`'s) is one computation after XLA's CSE, ordered before the pool's in-place
+    updates; a read of the content table in a loop or apart from them made XLA:CPU copy
+    the table (U entries) twice an event."""
     w = pool.table.shape[1]
     limit = jnp.minimum((tokens - 1) // block_size, nids)  # <= W: a request's blocks
-
-    def first(width):
-        j = jnp.arange(width, dtype=I32)
-        copy = pool.head[_content(ids, off, j)]
-        ok = (j < limit) & (copy >= 0)
-        run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
-        return run, ((j < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
-
-    if w <= LOOKUP_FIRST:
-        return first(w)
-    short = first(LOOKUP_FIRST)  # exact unless every one of its positions hit
-    return jax.lax.cond(batch_any(short[0] == LOOKUP_FIRST), lambda: first(w), lambda: short)
+    j = jnp.arange(w, dtype=I32)
+    copy = pool.head[_content(ids, off, j)]
+    ok = (j < limit) & (copy >= 0)
+    run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+    return run, ((j < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
 
 
 def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
