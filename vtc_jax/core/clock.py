@@ -36,8 +36,14 @@ def dtype(wide: bool):
 
 def context(wide: bool):
     """JAX's 64-bit mode for a wide clock's run (arrays made and programs traced in it keep
-    int64); nothing for a narrow one."""
-    return jax.enable_x64(True) if wide else contextlib.nullcontext()
+    int64); nothing for a narrow one. (`jax.enable_x64` in jax 0.10; older releases had it
+    in jax.experimental.)"""
+    if not wide:
+        return contextlib.nullcontext()
+    enable = getattr(jax, "enable_x64", None)
+    if enable is None:
+        from jax.experimental import enable_x64 as enable
+    return enable(True)
 
 
 def needs_wide(largest: int) -> bool:
