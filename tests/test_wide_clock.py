@@ -133,3 +133,17 @@ def test_a_log_past_the_int32_clock_runs_in_one_pass(tmp_path):
             assert int(x[stamp]) == int(y[stamp]) + int(gap * 1e6), stamp
         for value in ("ttft_us", "e2e_us", "prompt", "output", "preemptions"):
             assert x[value] == y[value], value
+
+
+def test_a_cluster_refuses_a_log_past_its_clock_in_one_line(tmp_path, capsys):
+    """The cluster engine keeps an int32 clock: a fleet run of a log past 2^30 us is refused
+    before any work, one line naming the way out, exit 2 (one server runs it whole)."""
+    from vtc_jax.cli.commands import main
+
+    path = tmp_path / "long.csv"
+    path.write_text("timestamp,tenant,prompt,output\n0.0,a,100,10\n1500.0,b,100,10\n")
+    argv = ["compare", str(path), "--server", "vllm", "--preset", "qwen2.5-7b-h100", "--replicas", "2", "--picker",
+            "round-robin", "--policies", "fcfs", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--time-window" in err[0] and "cluster" in err[0]

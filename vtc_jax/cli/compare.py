@@ -71,7 +71,7 @@ def command(args) -> int:
     from vtc_jax.driver import sweep as sweep_mod
     from vtc_jax.driver import sweep_outputs
     from vtc_jax.driver.run import horizon_limit, server_drain, validate_fits
-    from vtc_jax.inputs.workload import wide_clock_for
+    from vtc_jax.inputs.workload import MAX_ARRIVAL, wide_clock_for
     from vtc_jax.inputs.sources import TraceSource
 
     for p in args.policies:
@@ -94,7 +94,11 @@ def command(args) -> int:
         settings = study_plan.with_token_times(settings, trace.output, len(settings) * args.seeds
                                                * study_plan.record_copies(args, cluster))
     horizon = args.steps or max(server_drain(trace, s, plan.server) for s in settings)
-    limit = horizon_limit(plan.server, drains=args.steps is None, wide_clock=wide_clock_for(trace))
+    wide_clock = wide_clock_for(trace)
+    if cluster and wide_clock:  # the cluster engine keeps an int32 clock (core/clock.py is one server's)
+        raise InputError(f"{args.log}: a cluster of replicas runs arrivals up to {MAX_ARRIVAL / 1e6:,.0f} s of its "
+                         "clock: take a window of the log (--time-window START,SECONDS); one server takes it whole")
+    limit = horizon_limit(plan.server, drains=args.steps is None, wide_clock=wide_clock)
     if horizon > limit:  # a cut drain bound would leave requests unserved
         raise InputError(f"{args.log}: draining the log needs up to {horizon:,} steps, past the limit of "
                          f"{limit:,}: give --steps")
