@@ -268,3 +268,30 @@ def test_sweeps_fleet_writes_its_table(tmp_path, capsys):
     assert (out / "replicas_needed.png").stat().st_size > 1000 and "fewest replicas" in capsys.readouterr().out
     assert fleet.main(argv[:-2] + ["--slo", "nope", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x" / "results.json").exists()
+
+
+def test_sweeps_fleet_decides_on_every_seed_and_the_ci_upper_end():
+    """sweeps.fleet's decision, by hand: seed 0 within 500 ms meets the SLO alone; over 3
+    seeds a tenant whose TTFT p99 CI reaches 600 ms misses it, one at 450 ms meets it, and a
+    request shed in any seed (max over seeds 1) misses it whatever the latencies."""
+    from sweeps.fleet import _meets
+
+    report = {"finished_all": True, "tenants": {"a": {"p99_ttft_ms": 100.0, "failed": 0},
+                                                "b": {"p99_ttft_ms": 300.0, "failed": 0}}}
+
+    def flat(v):
+        return {"mean": v, "max": v, "min": v, "n": 3, "ci95": [v, v]}
+
+    def spread(hi_b, shed=0):
+        def tenant(hi):
+            return {"ttft": {"p99": {"mean": hi / 2, "n": 3, "ci95": [0.0, hi]}}, "unfinished": flat(0),
+                    "shed": flat(shed), "rejected": flat(0), "requests": flat(5)}
+        return {"tenants": {"a": tenant(400.0), "b": tenant(hi_b)}}
+
+    assert _meets(report, {"*": 500.0}) == (True, {"a": 100.0, "b": 300.0}, {})
+    assert not _meets(report, {"*": 500.0}, spread(600.0), 3)[0]
+    ok, _, ci = _meets(report, {"*": 500.0}, spread(450.0), 3)
+    assert ok and ci == {"a": [0.0, 400.0], "b": [0.0, 450.0]}
+    assert not _meets(report, {"*": 500.0}, spread(450.0, shed=1), 3)[0]
+    assert not _meets(report, {"*": 500.0, "b": 400.0}, spread(450.0), 3)[0]  # b's own target
+    assert not _meets(report, {"*": 500.0}, spread(450.0), 4)[0]  # a seed that finished nothing
