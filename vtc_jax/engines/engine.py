@@ -41,7 +41,8 @@ server schedules its running requests and hands back its victims, which go to th
 of their clients' queues (engines/requeue.py); it is taken at the end of the event that
 settles the step's completions and arrivals (no event of its own but a run's first); a
 step then lasts what the server says (`Work.elapsed`: 1 on `ideal`).
-All quantities are int32 in the exact units of settings.py.
+All quantities are int32 in the exact units of settings.py; times (the step, arrivals, stamps)
+are int64 on a wide clock (EngineConfig.wide_clock, core/clock.py).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class State:
     """One lane's state (a batch adds a leading lane axis to every field).
 
     Attributes:
-      step: int32[]  t, the step in progress (the steps run, once `done`).
+      step: int32[]  t, the step in progress (the steps run, once `done`); int64 on a wide clock.
       horizon: int32[]  T: steps to run (drain mode: a bound that suffices).
       done: bool[]  reached the horizon (or, drain mode, every request completed).
       head: int32[K]  position in client k's block of its next request to admit.
