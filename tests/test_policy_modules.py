@@ -30,8 +30,8 @@ SMALL_TRACE = ROOT / "examples" / "small_trace.csv"
 def clean_registry(monkeypatch):
     """The registry as it was before the test (a module a test loads does not leak into
     the random-lane tests, which iterate every registered name)."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_SOURCES", dict(getattr(registry, "_SOURCES", {})), raising=False)
+    monkeypatch.setattr(registry.POLICIES, "_items", registry.POLICIES.snapshot())
+    monkeypatch.setattr(registry, "_SOURCES", dict(registry._SOURCES))
 
 
 def _load(name: str) -> str:
