@@ -211,8 +211,9 @@ def test_replay_writes_json_to_stdout_and_dev_null(tmp_path):
 _SLOW_MODULE = textwrap.dedent("""
     import pathlib, sys, time
     pathlib.Path(sys.argv[0] if False else {marker!r}).write_text("importing")
-    try:
-        time.sleep(60)
+    try:  # an import runs bytecode: short sleeps, so the main thread sees a signal another thread took
+        for _ in range(1200):
+            time.sleep(0.05)
     except BaseException as err:   # as C extensions do (jaxlib: "error while initializing the extension")
         raise ImportError("the extension failed to initialize") from err
 """)
@@ -254,7 +255,8 @@ _EARLY = textwrap.dedent("""
     import sys, time
     from vtc_jax.core import fileio
     print(fileio.stop_early_on_signals(["python3", "-m", "sweeps.rpm", "--seeds", "4"]), flush=True)
-    time.sleep(60)   # the imports a command makes before its own handler (jax: seconds)
+    for _ in range(1200):   # the imports a command makes before its own handler (jax: seconds), which run
+        time.sleep(0.05)    # bytecode: a signal one of jax's threads took reaches the main thread's handler
 """)
 
 
@@ -334,7 +336,7 @@ def test_a_huge_step_time_model_is_refused_before_the_run(tmp_path):
     with pytest.raises(InputError) as err:
         model.check_drain(arrival, prompt, output, 2048)
     assert str(err.value) == ("step-time model huge.json: this log needs at least 8,420,000,000 us (140.3 minutes) of "
-                              "the server's clock to drain, past the 1,073,741,823 us a timed run's int32 clock holds: "
+                              "the server's clock to drain, past the 1,073,741,823 us a timed run's clock holds: "
                               "give smaller coefficients (a0, b0, b1, b2) or a shorter log (--time-window)")
     step_time.preset("qwen2.5-7b-h100").check_drain(arrival, prompt, output, 2048)  # a real model: fine
 
