@@ -211,12 +211,21 @@ def test_replay_writes_json_to_stdout_and_dev_null(tmp_path):
 _SLOW_MODULE = textwrap.dedent("""
     import pathlib, sys, time
     pathlib.Path(sys.argv[0] if False else {marker!r}).write_text("importing")
-    try:  # an import runs bytecode: short sleeps, so the main thread sees a signal another thread took
+    try:  # an import runs bytecode between its C calls: short sleeps
         for _ in range(1200):
             time.sleep(0.05)
     except BaseException as err:   # as C extensions do (jaxlib: "error while initializing the extension")
         raise ImportError("the extension failed to initialize") from err
 """)
+
+def _default_signals():
+    """In the child before exec: Ctrl-C, SIGTERM and SIGHUP at their defaults, as a shell
+    starts a command. An ignored signal is inherited across exec, and the command rightly
+    leaves it ignored (fileio.stop_early_on_signals): a test worker whose SIGINT some other
+    test left ignored made these tests wait out their subprocess (CI, two stops)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
 
 _IN_PROCESS = textwrap.dedent("""
     import sys
@@ -236,7 +245,7 @@ def test_ctrl_c_in_a_policy_modules_import_is_one_line_and_130(tmp_path, how):
     command = ([sys.executable, "-c", _IN_PROCESS, str(module)] if how == "in_process"
                else [sys.executable, "-m", "vtc_jax", "policies", "--policy-module", str(module)])
     proc = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 240
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -255,8 +264,8 @@ _EARLY = textwrap.dedent("""
     import sys, time
     from vtc_jax.core import fileio
     print(fileio.stop_early_on_signals(["python3", "-m", "sweeps.rpm", "--seeds", "4"]), flush=True)
-    for _ in range(1200):   # the imports a command makes before its own handler (jax: seconds), which run
-        time.sleep(0.05)    # bytecode: a signal one of jax's threads took reaches the main thread's handler
+    for _ in range(1200):   # the imports a command makes before its own handler (jax: seconds): bytecode
+        time.sleep(0.05)    # between C calls
 """)
 
 
@@ -279,7 +288,7 @@ def test_a_signal_during_a_commands_imports_is_one_line(signum, status, name):
     installs the handler first thing (fileio.stop_early_on_signals; vtc_jax/__init__.py
     calls it): one line and 128 + signal."""
     proc = subprocess.Popen([sys.executable, "-c", _EARLY], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         assert proc.stdout.readline().strip() == "True"
         proc.send_signal(signum)
