@@ -74,8 +74,8 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
         per_replica = replica_report(record, table, prompt, out["policies"][row.label]["duration_s"])
         if per_replica is not None:  # a fleet: its replicas' requests, busy share, KV use, prefix hits
             replicas[row.label] = bench[row.label]["replicas"] = out["policies"][row.label]["replicas"] = per_replica
-        if args.seeds > 1 and hasattr(recorder, "tables"):  # a cluster's every seed: each figure's spread
-            per_seed = [_summary(recorder.tables.get((id(row), s)), names, slos) for s in range(args.seeds)]
+        if args.seeds > 1 and hasattr(recorder, "table"):  # a cluster's every seed: each figure's spread
+            per_seed = [_summary(recorder.table(row, s), names, slos) for s in range(args.seeds)]
             out.setdefault("over_seeds", {})[row.label] = over_seeds(per_seed)
             for entry in (result or {}).get("rows", []):  # as the row's metrics too (results.json rows, results.csv)
                 if entry["label"] == row.label:

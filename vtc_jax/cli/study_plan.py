@@ -192,14 +192,14 @@ def plan(args, cluster: bool = False) -> Plan:
     check_slo_tenants(slos, tenants)
     if model is not None:
         arrival_us = log.arrival_us()
+        end = int(arrival_us.max()) + offset  # past MAX_ARRIVAL: a wide clock (core/clock.py)
         longest = MAX_ARRIVAL if not servers.get(server).wide_clock else clock.WIDE_LIMIT
-        if int(arrival_us.max()) + offset > longest:
+        if end > longest:
             raise InputError(f"{args.log}: the log spans {arrival_us.max() / 1e6:,.1f} s; a timed run on --server "
                              f"{server} holds up to {longest / 1e6:,.0f} s of arrivals: take a window of it "
                              "(--time-window START,SECONDS)")
         model.check_drain(arrival_us, log.prompt, log.output, options.get("max_num_batched_tokens", 2048),
-                          limit=servers.get(server).max_horizon if int(arrival_us.max()) + offset <= MAX_ARRIVAL
-                          else clock.WIDE_LIMIT,
+                          limit=servers.get(server).max_horizon if end <= MAX_ARRIVAL else clock.WIDE_LIMIT,
                           cached=_cached_tokens(log) if "prefix_id" in columns else None)
         check_size(args, options, log, "prefix_id" in columns, model, arrival_us)
         client = np.asarray(log.client, np.int64)

@@ -116,14 +116,14 @@ class ClusterRecordingEngine(RecordingEngine):
     """server_latency.RecordingEngine on the cluster engine with per-tenant results
     (ClusterEngine(per_tenant=True)): per sweep row, its lane with seed 0's per-request
     record by request number (`lane_request_record`) and whether that lane finished, and
-    every seed's table (`seed_table`: `tables`, {(id(row), seed): table}) for the figures'
-    spread over seeds. `server_record`: the replicas' server's record (host server state ->
+    what every seed's table is made of (`table(row, seed)`: `seed_table`, built only when a
+    report asks for the figures' spread over seeds). `server_record`: the replicas' server's record (host server state ->
     dict, servers/slora.py request_record). The run is the cluster engine's, unchanged but
     for the dispatch records it keeps."""
 
     def __init__(self, server_record: Callable):
         super().__init__(server_record, ClusterEngine(per_tenant=True, server_record=server_record))
-        self.tables = {}
+        self._seed_lanes = {}  # {(id(row), seed): seed_table's arguments}
 
     def run(self, rows, seeds, config, base_seed: int, mesh, progress):
         from vtc_jax.inputs import sources
@@ -131,10 +131,15 @@ class ClusterRecordingEngine(RecordingEngine):
         results = super().run(rows, seeds, config, base_seed, mesh, progress)
         first = np.asarray(sources.layout(sources.unique([r.source for r in rows]), config.arrival_width + 2).first)
         for lane, (row, seed) in enumerate(zip(rows, seeds)):
-            record = lane_request_record(results.cluster, lane)
-            self.tables[(id(row), int(seed))] = seed_table(record, np.asarray(results.cluster.rows[lane], np.int64),
-                                                           first, config.tenant_rows, config.num_clients)
+            self._seed_lanes[(id(row), int(seed))] = (lane_request_record(results.cluster, lane),
+                                                      np.asarray(results.cluster.rows[lane], np.int64), first,
+                                                      config.tenant_rows, config.num_clients)
         return results
+
+    def table(self, row, seed: int) -> dict | None:
+        """`seed_table` of the row's lane with `seed`, None if it was not run."""
+        args = self._seed_lanes.get((id(row), int(seed)))
+        return None if args is None else seed_table(*args)
 
     def _lane_records(self, results) -> Callable[[int], dict]:
         return lambda lane: lane_request_record(results.cluster, lane)

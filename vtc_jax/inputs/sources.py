@@ -32,7 +32,6 @@ from vtc_jax.inputs import traffic as traffic_mod
 from vtc_jax.inputs.workload import (
     ARRIVAL,
     INT32_MAX,
-    MAX_ARRIVAL,
     NUM_FIELDS,
     ORDER,
     Trace,
@@ -41,10 +40,11 @@ from vtc_jax.inputs.workload import (
     layout_trace,
     padding_rows,
     requests_per_client,
+    wide_clock_for,
 )
 
 I32 = jnp.int32
-MAX_PHASE_UNIT = INT32_MAX // 2  # arrivals are <= 2^30 (workload.MAX_ARRIVAL): start + unit fits int32
+MAX_PHASE_UNIT = INT32_MAX // 2  # int32 arrivals are <= 2^30 (workload.MAX_ARRIVAL): start + unit fits (a wide clock: int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +134,8 @@ class TraceSource:
 
     @property
     def wide_clock(self) -> bool:
-        """Its arrivals pass an int32 clock's (workload.MAX_ARRIVAL): core/clock.py."""
-        return self.last_arrival > MAX_ARRIVAL
+        """Its arrivals pass an int32 clock's (workload.wide_clock_for): core/clock.py."""
+        return wide_clock_for(self.trace)
 
     def params(self):
         t, clock = self.trace, np.int64 if self.wide_clock else np.int32  # arrival times: the clock's dtype
