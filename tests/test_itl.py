@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from vtc_jax import MeasureConfig, Settings, run_traces
 from vtc_jax.cli import timed_compare
 from vtc_jax.driver import latency
 from vtc_jax.driver.run import workload_pad
-from vtc_jax.servers import base, vllm_v1
+from vtc_jax.servers import base, step_time, vllm_v1
 from vtc_jax.testing.vllm_reference import TraceRequest, linear_step_time, simulate, token_times
 
 # The hand-worked lane: two requests of prompt 4 and output 4 at t = 0, blocks of 4 tokens,
@@ -33,7 +34,15 @@ HAND_STEPS = [[0, 1, 2, 3], [0, 4, 5, 6]]
 # a's decode takes the last free block and b preempts itself; b comes back at step 8.
 EARLY = [TraceRequest(arrival=0, client="a", prompt=4, output=8), TraceRequest(arrival=0, client="b", prompt=8, output=2)]
 EARLY_CONFIG = {"block_size": 4, "num_blocks": 4, "max_num_batched_tokens": 6, "max_num_seqs": 4}
-TIME_NAMES = ("time_b0", "time_b1", "time_b2", "time_scale")
+
+
+def _time_options(timing: tuple) -> dict:
+    """The `time_model` option of (b0, b1, b2, scale): steps of (b0 + b1 p + b2 d) / scale us
+    (scale 0: untimed)."""
+    b0, b1, b2, scale = timing
+    if not scale:
+        return {"time_model": ""}
+    return dict(step_time.StepTime.linear(*(Fraction(b, scale) for b in (b0, b1, b2))).options())
 
 
 def _timing(rng: np.random.Generator) -> tuple:
@@ -67,7 +76,7 @@ def run_lanes(lanes: list[tuple], server: str = "vllm", record: list[int] | None
     rows = max(len(reqs) for reqs, _, _ in lanes)
     record = record or [sum(r.output for r in reqs) for reqs, _, _ in lanes]
     settings = [Settings(policy="fcfs", kv_budget=1 << 29, bands=None if b is None else tuple(b + [0] * (k - len(b))),
-                         server_options=tuple({**lane_options(reqs, config, rows), **dict(zip(TIME_NAMES, timing)),
+                         server_options=tuple({**lane_options(reqs, config, rows), **_time_options(timing),
                                                "token_times": size}.items()))
                 for (_, b), (reqs, config, timing), size in zip(inputs, lanes, record)]
     res = run_traces([t for t, _ in inputs], settings, num_clients=k, server=server, measures=MeasureConfig())

@@ -171,7 +171,7 @@ def test_servers_declare_what_they_are():
     with a step-time model), their per-request records, memory and trace columns."""
     assert servers.DEFAULT_SERVER == servers.names()[0] == "ideal"
     assert not servers.keeps_time("ideal") and servers.keeps_time("slora")
-    assert servers.keeps_time("vllm", {"time_scale": 100}) and not servers.keeps_time("vllm", {})
+    assert servers.keeps_time("vllm", {"time_model": "per_step=1"}) and not servers.keeps_time("vllm", {})
     assert servers.request_record("ideal") is None and servers.request_record("vllm")[1] == "row"
     assert servers.request_record("slora")[1] == "order"
     assert servers.default_memory("vllm", {"num_gpu_blocks": 5, "block_size": 16}) == 64

@@ -79,7 +79,7 @@ def test_two_requests_share_a_step_and_goodput(tmp_path, capsys):
 
 def test_presets_are_exact_decimals():
     model = step_time.preset(PRESET)
-    assert dict(model.options()) == {"time_b0": 705180, "time_b1": 1954, "time_b2": 2543, "time_scale": 100}
+    assert dict(model.options()) == {"time_model": "per_step=7051.8,per_prefill_token=19.54,per_decode_token=25.43"}
     assert model.a0 == 4680 and model.num_gpu_blocks == 67660
 
 
@@ -105,7 +105,7 @@ def test_a_users_step_time_file(tmp_path):
     good = tmp_path / "m.json"
     good.write_text('{"b0": "1000", "b1": "2.5", "b2": "10", "a0": 0, "num_gpu_blocks": 100}')
     model = step_time.read_step_time(good)
-    assert dict(model.options()) == {"time_b0": 10000, "time_b1": 25, "time_b2": 100, "time_scale": 10}
+    assert dict(model.options()) == {"time_model": "per_step=1000,per_prefill_token=2.5,per_decode_token=10"}
     bad = tmp_path / "bad.json"
     bad.write_text('{"b0": "1000", "b1": "2.5", "a0": 0}')
     with pytest.raises(InputError, match="missing key 'b2'"):

@@ -102,7 +102,7 @@ def check_latency_flags(args, server: str, latency: bool) -> dict:
     server reports no latency."""
     for flag in ("goodput", "requests_out"):
         if getattr(args, flag, None) and not latency:
-            timed = [n for n in servers.names() if servers.keeps_time(n, {"time_scale": 1})]
+            timed = [n for n in servers.names() if servers.keeps_time(n, {"time_model": "per_step=1"})]
             raise InputError(f"--{flag.replace('_', '-')} applies to a timed server ({', '.join(timed)}; "
                              f"--server {server} is untimed)")
     return parse_goodput(args.goodput) if latency else {}

@@ -137,7 +137,7 @@ class SaturatingLane:
         live = rows >= 0
         finish = np.asarray(out.finish, np.int64)[lane][:len(rows)][live]
         scheduled = np.asarray(out.scheduled, np.int64)[lane][:len(rows)][live]
-        timed = dict(self.settings.server_options).get("time_scale", 0) > 0
+        timed = bool(dict(self.settings.server_options).get("time_model", ""))
         if not timed:  # untimed stamps are a step's index, the start of it; the step ends one later
             finish = finish + 1
         rate, window, inside = saturated_rate(finish, scheduled, self.hold)

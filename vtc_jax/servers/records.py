@@ -30,8 +30,8 @@ def outcome_record(host) -> dict:
 
 
 def timed_by_options(options: dict) -> bool:
-    """A vLLM lane keeps time when its step-time model is set (time_scale > 0: us)."""
-    return int(dict(options).get("time_scale", 0)) > 0
+    """A vLLM lane keeps time when its step-time model is set (`time_model`: us)."""
+    return bool(dict(options).get("time_model", ""))
 
 
 def vllm_memory(options: dict) -> int | None:

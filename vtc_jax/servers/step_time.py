@@ -1,16 +1,30 @@
-"""How long a server's step takes: a linear model in exact integer microseconds.
+"""How long a server's step takes: exact integer microseconds from a model of the step.
 
-A step that computes `prefill` prompt tokens (recomputed ones included) and `decode`
-decode tokens lasts T = max(1, trunc(b0 + b1 * prefill + b2 * decode)) us, and a request
-joins the waiting queue a0 us after it arrives (the API server's and tokenizer's share of
-the latency). The coefficients are exact decimals: each is scaled by a common power of ten
-to an integer, so T is exact integer arithmetic in int32 (a model whose largest step could
-wrap is refused before the run, naming the limit). Presets are data
-(`presets/step_time.json`: BLIS's fits of vLLM on an H100), and a user gives their own in
-a file of the same keys.
+A step's duration is T = max(1, trunc(S)) us, S the largest of a model's forms (one form,
+or two for a roofline: compute and bytes), each a sum of exact decimal coefficients times
+the step's FEATURES:
 
-Options (Settings.server_options of a timed server): time_b0, time_b1, time_b2 (scaled
-integers) and time_scale (the power of ten; 0: untimed, a step lasts 1).
+- per_step: 1; per_request: the requests the step schedules;
+- per_prefill_token / per_decode_token: the prompt tokens it computes (recomputed ones
+  included) / the requests it decodes one token for;
+- per_chunk_attention: sum over prefill chunks of t x (P + t/2), a chunk of t tokens of a
+  sequence of P tokens (the whole prompt, for every chunk: BLIS's physics model);
+- per_decode_context: sum over decoding requests of P + g (the context a decode reads,
+  g tokens generated);
+- per_prefill_context: sum over prefill chunks of the context each chunk token reads,
+  t x c + t (t + 1) / 2 for a chunk starting after c computed tokens (a roofline's KV reads).
+
+A request joins the waiting queue a0 us after it arrives; a delivered token costs a2 us
+and a finished request a1 us more (BLIS's counting: TTFT = the end of the step that
+computes the last prompt token + a2 - arrival; E2E = the end of the finishing step +
+a2 x output + a1 - arrival). Presets are data (`presets/step_time.json`), a user gives
+their own in a file of the same keys.
+
+The lane evaluates S exactly, in int32 limbs of base 10^4 (`duration`): every coefficient is
+an integer of 10^-24 us, every feature a sum of int32 products, and the truncation reads
+the whole limbs: no float rounding (in float32, 7 of BLIS's 37,493 physics steps are 1 us
+off). Options (Settings.server_options of a timed server): `time_model`, the model's
+canonical text (`StepTime.text`; "": untimed, a step lasts 1).
 """
 
 from __future__ import annotations
@@ -32,54 +46,97 @@ I32 = jnp.int32
 INT32_MAX = 2**31 - 1
 MAX_STEP_US = 1 << 30  # a step longer than ~18 minutes is refused
 MAX_CLOCK_US = INT32_MAX // 2  # a timed lane's longest drain horizon (servers.base.Server.max_horizon)
-KEYS = ("b0", "b1", "b2", "a0")
+FEATURES = ("per_step", "per_request", "per_prefill_token", "per_decode_token", "per_chunk_attention",
+            "per_decode_context", "per_prefill_context")
+DOUBLED = ("per_chunk_attention", "per_prefill_context")  # the lane sums twice these (integers), at half the coefficient
+LINEAR = {"b0": "per_step", "b1": "per_prefill_token", "b2": "per_decode_token"}  # the blackbox fits' keys
+MAX_FORMS = 2  # a roofline: compute and bytes
+BASE = 10_000  # limbs of the exact sum
+FRAC_LIMBS = 6  # 24 decimal places of a microsecond
+COEF_LIMBS = FRAC_LIMBS + 2  # a coefficient below 10^8 us
+FEATURE_LIMBS = 6  # a feature below 10^24
+DELAYS = ("a0", "a1", "a2")
+Form = tuple  # one Fraction per FEATURES name
 
 
 @dataclasses.dataclass(frozen=True)
 class StepTime:
-    """b0 (us per step), b1 (us per prefill token), b2 (us per decode token): exact
-    Fractions; a0: int us from arrival to the waiting queue; num_gpu_blocks: the KV pool the
-    fit was measured with (None if not given); name: where it came from."""
+    """forms: tuple of 1 or MAX_FORMS forms, each a tuple of exact Fractions (us per unit
+    of each FEATURES name; a step lasts the largest form's sum); a0, a1, a2: int us (queue
+    entry after arrival; per delivered token; per finished request); num_gpu_blocks: the KV
+    pool the model was measured with (None if not given); name: where it came from."""
 
-    b0: Fraction
-    b1: Fraction
-    b2: Fraction
-    a0: int
+    forms: tuple
+    a0: int = 0
+    a1: int = 0
+    a2: int = 0
     num_gpu_blocks: int | None = None
     name: str = "custom"
 
+    @classmethod
+    def linear(cls, b0, b1, b2, a0: int = 0, **kw) -> "StepTime":
+        """The blackbox fit T = trunc(b0 + b1 x prefill + b2 x decode)."""
+        return cls(forms=(_form({"per_step": b0, "per_prefill_token": b1, "per_decode_token": b2}),), a0=a0, **kw)
+
+    @property
+    def b0(self) -> Fraction:
+        return self.forms[0][FEATURES.index("per_step")]
+
+    @property
+    def b1(self) -> Fraction:
+        return self.forms[0][FEATURES.index("per_prefill_token")]
+
+    @property
+    def b2(self) -> Fraction:
+        return self.forms[0][FEATURES.index("per_decode_token")]
+
+    @property
+    def text(self) -> str:
+        """The canonical text (the `time_model` option): forms joined by ';', each
+        `name=decimal,...` of its nonzero terms in FEATURES order."""
+        return ";".join(",".join(f"{n}={_exact_decimal(c)}" for n, c in zip(FEATURES, form) if c)
+                        or "per_step=0" for form in self.forms)
+
     def options(self) -> tuple:
-        """The server options that encode it (scaled integers, exact)."""
-        scale = 1
-        for b in (self.b0, self.b1, self.b2):
-            while (b * scale).denominator != 1:
-                scale *= 10
-        return (("time_b0", int(self.b0 * scale)), ("time_b1", int(self.b1 * scale)),
-                ("time_b2", int(self.b2 * scale)), ("time_scale", scale))
+        """The server options that encode it."""
+        return (("time_model", self.text),)
 
-    def check(self, budget: int, seats: int) -> None:
-        """InputError if the longest step (a full budget of prefill, every seat decoding)
-        could pass int32 arithmetic or MAX_STEP_US."""
-        _, b0, _, b1, _, b2, _, scale = (x for pair in self.options() for x in pair)
-        worst = b0 + b1 * budget + b2 * seats
-        if worst > INT32_MAX or worst // scale > MAX_STEP_US:
+    def step_us(self, prefill: int = 0, decode: int = 0, **features) -> int:
+        """The duration in us of a step of these features (prefill / decode tokens and any
+        other FEATURES by name, their true values, not doubled), as the lane computes it:
+        max(1, trunc(largest form))."""
+        x = {"per_step": 1, "per_prefill_token": prefill, "per_decode_token": decode, **features}
+        unknown = sorted(set(x) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"unknown step feature {unknown[0]!r}")
+        return max(1, max(int(sum(c * Fraction(x.get(n, 0)) for n, c in zip(FEATURES, form))) for form in self.forms))
+
+    def longest_step(self, budget: int, seats: int, longest: int = 0) -> int:
+        """An upper bound in us on any step: a full token budget of prefill (chunks of
+        sequences of up to `longest` tokens) with every seat scheduled and decoding."""
+        return self.step_us(budget, seats, per_request=seats, per_chunk_attention=budget * (longest + budget),
+                            per_decode_context=seats * longest, per_prefill_context=budget * (longest + budget))
+
+    def check(self, budget: int, seats: int, longest: int = 0) -> None:
+        """InputError if the longest step could pass MAX_STEP_US (the lane's exact sum then
+        no longer fits its int32 clock arithmetic)."""
+        worst = self.longest_step(budget, seats, longest)
+        if worst > MAX_STEP_US:
             raise InputError(f"step-time model {self.name}: its longest step ({budget} prefill tokens, {seats} "
-                             f"decoding) is {float(worst / scale):.4g} us in units of 1/{scale} us, past exact int32 "
-                             "arithmetic: give fewer decimals or smaller coefficients")
+                             f"decoding, sequences of {longest} tokens) is {worst:,} us, past the {MAX_STEP_US:,} us "
+                             "a step may take: give smaller coefficients or a smaller budget")
 
-
-    def step_us(self, prefill: int, decode: int) -> int:
-        """The duration in us of a step computing `prefill` prompt and `decode` decode
-        tokens, as the lane computes it: max(1, trunc(b0 + b1 prefill + b2 decode))."""
-        return max(1, int(self.b0 + self.b1 * prefill + self.b2 * decode))
-
-    def longest_step(self, budget: int, seats: int) -> int:
-        """The longest step in us: a full token budget of prefill with every seat decoding."""
-        return self.step_us(budget, seats)
+    def _linear_floor(self, form) -> "StepTime":
+        """The form's per-step, per-prefill-token and per-decode-token terms alone: a
+        lower bound on it (every other term is >= 0)."""
+        keep = [n in LINEAR.values() for n in FEATURES]
+        return dataclasses.replace(self, forms=(tuple(c if k else Fraction(0) for c, k in zip(form, keep)),))
 
     def drain_floor(self, arrival_us, prompt, output, budget: int, cached=None) -> int:
         """A lower bound in us on the clock when the log has drained (every request
-        finished), whatever the schedule: the larger of
+        finished), whatever the schedule; for a model of several forms or terms beyond
+        b0, b1, b2, the largest bound of each form's linear part (every other term is >= 0).
+        For the linear part b0 + b1 p + b2 d, the larger of
 
         - the last request alone: it joins at max(arrival) + a0, then its prompt needs
           ceil(prompt / budget) steps that prefill it (together at least
@@ -93,6 +150,8 @@ class StepTime:
         arrival_us, prompt, output: int arrays [n] (the log in us, before a0); cached: int
         array [n] of prompt tokens a prefix cache may hold (vllm_prefix: prefix_len), not
         counted as prefilled (at least one token of each prompt is)."""
+        if len(self.forms) > 1 or any(c for n, c in zip(FEATURES, self.forms[0]) if n not in LINEAR.values()):
+            return max(self._linear_floor(f).drain_floor(arrival_us, prompt, output, budget, cached) for f in self.forms)
         arrival = np.asarray(arrival_us, np.int64)
         prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
         if cached is not None:
@@ -105,15 +164,140 @@ class StepTime:
         whole = int(arrival.min()) + self.a0 + int(work if self.b0 >= 1 else work / 2)
         return max(alone, whole)
 
-    def check_drain(self, arrival_us, prompt, output, budget: int, limit: int = MAX_CLOCK_US, cached=None) -> None:
-        """InputError, one line, before the run, if the log cannot drain within `limit` us
-        of the lane's clock whatever the schedule (`drain_floor`): such a run would spend its
-        time only to end with every lane flagged as not finished."""
+    def check_drain(self, arrival_us, prompt, output, budget: int, limit: int = MAX_CLOCK_US, cached=None,
+                    seats: int = 256) -> None:
+        """InputError, one line, before the run, if a step could pass MAX_STEP_US (`check`,
+        sequences as long as the log's) or the log cannot drain within `limit` us of the
+        lane's clock whatever the schedule (`drain_floor`): such a run would spend its time
+        only to end with every lane flagged as not finished."""
         floor = self.drain_floor(arrival_us, prompt, output, budget, cached)
         if floor > limit:
             raise InputError(f"step-time model {self.name}: this log needs at least {floor:,} us ({floor / 6e7:,.1f} "
                              f"minutes) of the server's clock to drain, past the {limit:,} us a timed run's "
                              "clock holds: give smaller coefficients (a0, b0, b1, b2) or a shorter log (--time-window)")
+        self.check(budget, seats, int(np.max(np.asarray(prompt, np.int64) + np.asarray(output, np.int64))))
+
+
+def _form(terms: dict) -> Form:
+    return tuple(Fraction(terms.get(n, 0)) for n in FEATURES)
+
+
+def _exact_decimal(value: Fraction) -> str:
+    """A Fraction whose denominator divides a power of ten, as a plain decimal."""
+    digits = 0
+    while (value * 10**digits).denominator != 1:
+        digits += 1
+    text = str(int(value * 10**digits)).rjust(digits + 1, "0")
+    return text if digits == 0 else f"{text[:-digits]}.{text[-digits:]}"
+
+
+def parse_text(text: str) -> tuple:
+    """The forms of a canonical text (StepTime.text); InputError if malformed."""
+    forms = []
+    for part in str(text).split(";"):
+        terms = {}
+        for item in part.split(","):
+            name, _, value = item.partition("=")
+            if name not in FEATURES or name in terms:
+                raise InputError(f"time_model: unknown or repeated term {name!r} (terms: {', '.join(FEATURES)})")
+            terms[name] = _decimal(value, name, "time_model")
+        forms.append(_form(terms))
+    if not 1 <= len(forms) <= MAX_FORMS:
+        raise InputError(f"time_model: 1 to {MAX_FORMS} forms, got {len(forms)}")
+    return tuple(forms)
+
+
+def model_of_options(options: dict) -> StepTime | None:
+    """The step-time model a server's options carry (None: untimed)."""
+    text = dict(options).get("time_model", "")
+    return StepTime(forms=parse_text(text), name="time_model") if text else None
+
+
+def _coef_limbs(c: Fraction) -> list[int]:
+    scaled = c * BASE**FRAC_LIMBS
+    if scaled.denominator != 1 or not 0 <= scaled < BASE**COEF_LIMBS:
+        raise InputError(f"time_model: coefficient {float(c)!r} needs more than {4 * FRAC_LIMBS} decimals or is "
+                         f"past {BASE ** (COEF_LIMBS - FRAC_LIMBS):,} us")
+    n = int(scaled)
+    return [(n // BASE**j) % BASE for j in range(COEF_LIMBS)]
+
+
+def encode(text: str) -> dict:
+    """The traced form of a `time_model` option: `time_coef` int32[MAX_FORMS, F,
+    COEF_LIMBS] (each coefficient x 10^24 in base-10^4 limbs, least first; the doubled
+    features' halved; an absent form 0) and `timed` bool."""
+    coef = np.zeros((MAX_FORMS, len(FEATURES), COEF_LIMBS), np.int32)
+    if text:
+        for f, form in enumerate(parse_text(text)):
+            for i, (name, c) in enumerate(zip(FEATURES, form)):
+                coef[f, i] = _coef_limbs(c / 2 if name in DOUBLED else c)
+    return {"time_coef": coef, "timed": np.bool_(bool(text))}
+
+
+def _limbs(x, n: int):
+    """int32[..., n]: x (int32[...] >= 0) in base-10^4 limbs, least first."""
+    return jnp.stack([(x // BASE**j) % BASE if j < 3 else jnp.zeros_like(x) for j in range(n)], -1)
+
+
+def _carry(v):
+    """int32[..., n]: the same number with every limb but the last below BASE."""
+    out, c = [], jnp.zeros_like(v[..., 0])
+    for j in range(v.shape[-1] - 1):
+        s = v[..., j] + c
+        out.append(s % BASE)
+        c = s // BASE
+    return jnp.stack(out + [v[..., -1] + c], -1)
+
+
+def _mul(a, b):
+    """int32[..., n + m - 1]: the limb product of a int32[..., n] and b int32[..., m]
+    (each position a sum of at most min(n, m) products below 10^8: no carry)."""
+    n, m = a.shape[-1], b.shape[-1]
+    return jnp.stack([sum(a[..., j] * b[..., p - j] for j in range(max(0, p - m + 1), min(n, p + 1)))
+                      for p in range(n + m - 1)], -1)
+
+
+def _pad(v, n: int):
+    return jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (n - v.shape[-1],), v.dtype)], -1)
+
+
+def _features(tokens, decoding, length, computed):
+    """int32[F, FEATURE_LIMBS]: the step's FEATURES (the doubled ones twice) from its slots:
+    tokens int32[S] scheduled (0: none), decoding bool[S], length int32[S] (prompt +
+    generated: the sequence a chunk prefills, the context a decode reads), computed
+    int32[S] (tokens computed before the step)."""
+    on = tokens > 0
+    prefill = on & ~decoding
+    t = jnp.where(prefill, tokens, 0)
+    lt = _limbs(t, 3)
+
+    def summed(per_slot):  # int32[S, L] limbs -> int32[FEATURE_LIMBS], carried
+        return _carry(_pad(_carry(per_slot), FEATURE_LIMBS).sum(0))
+
+    attention = _mul(lt, _limbs(length, 3) * 2 + lt)  # t (2 P + t)
+    context = _mul(lt, _limbs(computed, 3) * 2 + lt + (jnp.arange(3) == 0))  # t (2 c + t + 1)
+    scalars = [jnp.ones((), I32), on.sum(dtype=I32), t.sum(dtype=I32), jnp.where(on & decoding, tokens, 0).sum(dtype=I32)]
+    rows = [_limbs(x, FEATURE_LIMBS) for x in scalars]
+    rows += [summed(attention), summed(_limbs(jnp.where(on & decoding, length, 0), 3)), summed(context)]
+    return jnp.stack(rows)
+
+
+def exact_us(coef, features):
+    """int32[MAX_FORMS]: each form's trunc(sum of coefficient x feature) in us, exact
+    (saturating at MAX_STEP_US: `StepTime.check` refuses a model that could reach it).
+    coef int32[MAX_FORMS, F, COEF_LIMBS]; features int32[F, FEATURE_LIMBS]."""
+    total = _carry(_carry(_mul(coef, features[None])).sum(1))  # [MAX_FORMS, COEF_LIMBS + FEATURE_LIMBS - 1]
+    whole = total[:, FRAC_LIMBS:]
+    over = (whole[:, 3:] != 0).any(-1) | (whole[:, 2] > MAX_STEP_US // BASE**2)
+    us = whole[:, 0] + whole[:, 1] * BASE + whole[:, 2] * BASE**2
+    return jnp.where(over, MAX_STEP_US, jnp.minimum(us, MAX_STEP_US)).astype(I32)
+
+
+def duration(p: dict, tokens, decoding, length, computed):
+    """int32[]: the step's duration in us (1 when the lane is untimed); the slots as in
+    `_features`."""
+    us = exact_us(p["time_coef"], _features(tokens, decoding, length, computed)).max()
+    return jnp.where(p["timed"], jnp.maximum(us, 1), 1).astype(I32)
 
 
 def _decimal(value, key: str, source: str) -> Fraction:
@@ -126,23 +310,55 @@ def _decimal(value, key: str, source: str) -> Fraction:
     return Fraction(d)
 
 
-def from_dict(data: dict, name: str, source: str) -> StepTime:
-    if not isinstance(data, dict):
-        raise InputError(f"{source}: a step-time model is an object with keys {', '.join(KEYS)}")
-    unknown = sorted(set(data) - set(KEYS) - {"num_gpu_blocks", "source"})
+def _terms(data, source: str) -> Form:
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"{source}: a form is an object of terms ({', '.join(FEATURES)}: us per unit)")
+    unknown = sorted(set(data) - set(FEATURES))
     if unknown:
-        raise InputError(f"{source}: unknown key {unknown[0]!r} (keys: {', '.join(KEYS)}, num_gpu_blocks, source)")
-    missing = [k for k in KEYS if k not in data]
-    if missing:
-        raise InputError(f"{source}: missing key {missing[0]!r}")
-    a0 = data["a0"]
-    if type(a0) is not int or not 0 <= a0 <= MAX_STEP_US:
-        raise InputError(f"{source}: a0 must be an integer number of us in [0, {MAX_STEP_US}], got {a0!r}")
+        raise InputError(f"{source}: unknown term {unknown[0]!r} (terms: {', '.join(FEATURES)})")
+    return _form({n: _decimal(v, n, source) for n, v in data.items()})
+
+
+def from_dict(data: dict, name: str, source: str) -> StepTime:
+    """A model from its JSON object: the linear keys b0, b1, b2, or `terms` (one form:
+    {FEATURES name: decimal us}), or `max_of` (a list of MAX_FORMS forms: the step lasts the
+    largest); a0 (int us, required), a1, a2 (int us, default 0), num_gpu_blocks, source."""
+    shapes = ("b0, b1, b2", "terms", "max_of")
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: a step-time model is an object with a0 and one of: {'; '.join(shapes)}")
+    known = {*LINEAR, "terms", "max_of", *DELAYS, "num_gpu_blocks", "source"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InputError(f"{source}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(known))})")
+    given = [s for s, keys in zip(shapes, (set(LINEAR), {"terms"}, {"max_of"})) if keys & set(data)]
+    if len(given) != 1:
+        raise InputError(f"{source}: give exactly one of: {'; '.join(shapes)}")
+    if given[0] == "b0, b1, b2":
+        missing = [k for k in LINEAR if k not in data]
+        if missing:
+            raise InputError(f"{source}: missing key {missing[0]!r}")
+        forms = (_form({LINEAR[k]: _decimal(data[k], k, source) for k in LINEAR}),)
+    elif given[0] == "terms":
+        forms = (_terms(data["terms"], f"{source}: terms"),)
+    else:
+        if not isinstance(data["max_of"], list) or not 1 <= len(data["max_of"]) <= MAX_FORMS:
+            raise InputError(f"{source}: max_of is a list of 1 to {MAX_FORMS} forms")
+        forms = tuple(_terms(f, f"{source}: max_of[{i}]") for i, f in enumerate(data["max_of"]))
+    if "a0" not in data:
+        raise InputError(f"{source}: missing key 'a0'")
+    delays = {}
+    for key in DELAYS:
+        v = data.get(key, 0)
+        if type(v) is not int or not 0 <= v <= MAX_STEP_US:
+            raise InputError(f"{source}: {key} must be an integer number of us in [0, {MAX_STEP_US}], got {v!r}")
+        delays[key] = v
     blocks = data.get("num_gpu_blocks")
     if blocks is not None and (type(blocks) is not int or not 2 <= blocks <= INT32_MAX // 4):
         raise InputError(f"{source}: num_gpu_blocks must be an integer >= 2, got {blocks!r}")
-    return StepTime(*(_decimal(data[k], k, source) for k in ("b0", "b1", "b2")), a0=a0, num_gpu_blocks=blocks,
-                    name=name)
+    for form in forms:
+        for c in form:
+            _coef_limbs(c / 2)  # every coefficient fits the lane's exact sum (one more place for the halved ones)
+    return StepTime(forms=forms, **delays, num_gpu_blocks=blocks, name=name)
 
 
 def presets() -> dict[str, StepTime]:
@@ -160,17 +376,10 @@ def preset(name: str) -> StepTime:
 
 
 def read_step_time(path) -> StepTime:
-    """A user's model: a JSON object with b0, b1, b2 (us, decimals) and a0 (int us)."""
+    """A user's model: a JSON object as `from_dict` reads."""
     text = read_text(path, what="step-time model")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
     return from_dict(data, Path(path).name, str(path))
-
-
-def duration(p: dict, prefill, decode):
-    """int32[]: the step's duration in us (1 when the lane is untimed: time_scale 0)."""
-    scale = jnp.maximum(p["time_scale"], 1)
-    total = p["time_b0"] + p["time_b1"] * prefill + p["time_b2"] * decode
-    return jnp.where(p["time_scale"] > 0, jnp.maximum(total // scale, 1), 1).astype(I32)

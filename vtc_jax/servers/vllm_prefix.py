@@ -426,9 +426,8 @@ def end_step(state: PrefixState, params, mask):
     finished = live & (generated == state.output) if state.asyncs else samples & (generated == state.output)
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
     decoding = live & (state.generated > 0) & (state.computed == total - 1)
-    elapsed = step_time.duration(p, jnp.where(live & ~decoding, state.tokens, 0).sum(dtype=I32),
-                                 jnp.where(decoding, state.tokens, 0).sum(dtype=I32))
-    stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)
+    elapsed = step_time.duration(p, jnp.where(live, state.tokens, 0), decoding, total, state.computed)
+    stamp = jnp.where(p["timed"], state.t + elapsed, state.t)
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
     ended = jnp.where(p["async"], state.stamp, stamp) if state.asyncs else stamp  # the last token's step

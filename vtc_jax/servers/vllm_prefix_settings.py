@@ -9,7 +9,7 @@ import numpy as np
 from vtc_jax.core.errors import InputError
 from vtc_jax.inputs import prefix_blocks
 from vtc_jax.inputs.prefix_blocks import ContentIdentity, PrefixTable, prefix_table
-from vtc_jax.servers import vllm_v1
+from vtc_jax.servers import step_time, vllm_v1
 from vtc_jax.servers.vllm_v1 import LIMIT
 
 PREFIX_OPTIONS = ("prefix_blocks", "prefix_capacity")
@@ -79,8 +79,7 @@ def encode(options: dict) -> dict:
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "victim": np.int32(VICTIMS.index(s["victim"])), "async": np.bool_(s["async_scheduling"]),
-            "block_offsets": offsets, "block_ids": ids,
-            **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
+            "block_offsets": offsets, "block_ids": ids, **step_time.encode(s["time_model"])}
 
 
 def prefix_options(arrival, prompt, output, ident: ContentIdentity) -> dict:

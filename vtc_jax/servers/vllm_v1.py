@@ -84,8 +84,7 @@ OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     "num_gpu_blocks": (None, 2), "block_size": (16, 1), "max_num_batched_tokens": (2048, 1),
     "max_num_seqs": (256, 1), "enable_chunked_prefill": (True, None), "long_prefill_token_threshold": (0, 0),
     "scheduling_policy": ("fcfs", None), "victim": (None, None),
-    # the step-time model (servers/step_time.py): scaled integers; time_scale 0: untimed
-    "time_b0": (0, 0), "time_b1": (0, 0), "time_b2": (0, 0), "time_scale": (0, 0),
+    "time_model": ("", None),  # the step-time model's text (servers/step_time.py); "": untimed
     "token_times": (0, 0),  # entries of the per-token time record (a static size: the most of any lane; 0: none)
     "async_scheduling": (False, None),  # vLLM's AsyncScheduler (docs/VLLM_ASYNC.md); vLLM's own default is on (GPU)
 }
@@ -103,7 +102,10 @@ def validate(options: dict) -> None:
     filled = settings(options)
     for name, (_, low) in OPTIONS.items():
         value = filled[name]
-        if name in CHOICES:
+        if name == "time_model":
+            if value:
+                step_time.parse_text(value)  # refuses a malformed model in one line
+        elif name in CHOICES:
             if value not in CHOICES[name]:
                 raise InputError(f"{name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
         elif low is None:
@@ -114,11 +116,6 @@ def validate(options: dict) -> None:
     if filled["max_num_batched_tokens"] < filled["max_num_seqs"]:  # vLLM's SchedulerConfig refuses it too
         raise InputError(f"max_num_batched_tokens ({filled['max_num_batched_tokens']}) is below max_num_seqs "
                          f"({filled['max_num_seqs']}): vLLM refuses a token budget smaller than its seats")
-    longest = filled["time_b0"] + filled["time_b1"] * filled["max_num_batched_tokens"] + (
-        filled["time_b2"] * filled["max_num_seqs"])
-    if longest > INT_MAX:
-        raise InputError("the step-time model's longest step (a full budget of prefill, every seat decoding) "
-                         "passes exact int32 arithmetic: give fewer decimals or smaller coefficients")
 
 
 def settings(options: dict) -> dict:
@@ -139,8 +136,7 @@ def encode(options: dict) -> dict:
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
-            "async": np.bool_(s["async_scheduling"]),
-            **{name: np.int32(s[name]) for name in ("time_b0", "time_b1", "time_b2", "time_scale")}}
+            "async": np.bool_(s["async_scheduling"]), **step_time.encode(s["time_model"])}
 
 
 def priority_queues(client, priority):
@@ -207,9 +203,11 @@ def drain_steps(options: dict, arrival, prompt, output, limit: int = INT_MAX // 
         steps += len(prompt) + 1
     if s["victim"] != "newest":
         steps = steps * (len(prompt) + 1)
-    if s["time_scale"] > 0:  # timed: each step lasts at most its longest (the full budget, every seat)
-        longest = (s["time_b0"] + s["time_b1"] * s["max_num_batched_tokens"] + s["time_b2"] * s["max_num_seqs"])
-        steps = int(np.max(arrival)) + steps * max(1, longest // s["time_scale"])
+    model = step_time.model_of_options(s)
+    if model is not None:  # timed: each step lasts at most its longest (the full budget, every seat)
+        longest = model.longest_step(s["max_num_batched_tokens"], s["max_num_seqs"],
+                                     int(np.max(np.asarray(prompt, np.int64) + np.asarray(output, np.int64))))
+        steps = int(np.max(arrival)) + steps * longest
     return min(steps, limit)
 
 
@@ -403,9 +401,9 @@ def end_step(state: VllmState, params, mask):
     # A decode computes the one token after every known one (c = P + g - 1); anything else
     # scheduled is prefill (a prompt, or a recompute after a preemption).
     decoding = listed & (state.generated > 0) & (state.computed == state.prompt + state.generated - 1)
-    elapsed = step_time.duration(p, jnp.where(listed & ~decoding, state.tokens, 0).sum(dtype=I32),
-                                 jnp.where(decoding, state.tokens, 0).sum(dtype=I32))
-    stamp = jnp.where(p["time_scale"] > 0, state.t + elapsed, state.t)  # timed: the end of the step
+    elapsed = step_time.duration(p, jnp.where(listed, state.tokens, 0), decoding, state.prompt + state.generated,
+                                 state.computed)
+    stamp = jnp.where(p["timed"], state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
     counted = mask & samples  # a masked-off call computes nothing
