@@ -40,8 +40,8 @@ def server_settings(args, settings_from_args, queue_bands, extra=None):
 
 
 def _timed(args, log):
-    """(a step-time model's options, its a0 in us) when --preset / --step-time is given
-    (a timed replay: arrivals are the log's timestamps in exact us, a0 later in the queue),
+    """(a step-time model's options, the model) when --preset / --step-time is given
+    (a timed replay: arrivals are the log's timestamps in exact us, its a0 later in the queue),
     else ({}, None); refused on a server that takes no step-time model or a log without times."""
     from vtc_jax.cli import timed_compare
 
@@ -54,7 +54,7 @@ def _timed(args, log):
     if not log.timed:
         raise InputError(f"{args.trace}: a trace in steps has no times; a timed replay needs timestamps")
     model = timed_compare.model_of(args)
-    return {**timed_compare.server_settings(args, model), **dict(model.options())}, model.a0
+    return {**timed_compare.server_settings(args, model), **dict(model.options())}, model
 
 
 def replay_on_server(args, settings_from_args):
@@ -63,7 +63,8 @@ def replay_on_server(args, settings_from_args):
     from vtc_jax.driver.run import run_traces, workload_pad
 
     log = input_flags.read_input(args, "trace")
-    timed, a0 = _timed(args, log)
+    timed, model = _timed(args, log)
+    a0 = None if model is None else model.a0
     source = input_flags.server_trace(log, 1e-6 if a0 is not None else input_flags.step_seconds_of(args, log))
     by_priority = getattr(args, "scheduling_policy", None) == "priority"
     queue, bands, tenant_of = source.queues(by_priority)
@@ -106,7 +107,8 @@ def replay_on_server(args, settings_from_args):
         from vtc_jax.cli.timed_compare import requests_csv
         from vtc_jax.driver.latency import request_table
 
-        table = request_table(result, trace, num_clients, workload_pad(), trace.arrival - a0, 0)
+        table = request_table(result, trace, num_clients, workload_pad(), trace.arrival - a0, 0,
+                              (model.a1, model.a2))
         tenant = np.asarray(tenant_of, np.int64)[np.asarray(queue, np.int64)]
         requests = requests_csv({args.policy: table}, tenant, list(source.tenants), np.asarray(source.prompt, np.int64),
                                 input_flags.file_rows(log))

@@ -38,7 +38,8 @@ class Plan:
     int64[K] each client's tenant; tenants: the tenants' names; bands: per client, under
     priority scheduling (None otherwise); shared: options from the log's columns (shared
     prefixes); per_second: steps per second; step_seconds; file_row: int64[N] each
-    request's data row; latency: the server keeps time and a per-request record; slos."""
+    request's data row; latency: the server keeps time and a per-request record; slos;
+    delivery: the step-time model's (a1, a2) us (latency.outcome_table)."""
 
     server: str
     options: dict
@@ -57,6 +58,7 @@ class Plan:
     file_row: np.ndarray
     latency: bool
     slos: dict
+    delivery: tuple = (0, 0)
 
 
 def _refuse_model_flags(args, server: str) -> None:
@@ -226,7 +228,8 @@ def plan(args, cluster: bool = False) -> Plan:
         own = servers.get(server).own_clock
         clock_name, shown = ("the server's own clock", {}) if own is None else own(options)
     return Plan(server, options, shown, memory, clock_name, offset, trace, clients,
-                tenant_of, tenants, bands, shared, per_second, step_seconds, file_row, latency, slos)
+                tenant_of, tenants, bands, shared, per_second, step_seconds, file_row, latency, slos,
+                (0, 0) if model is None else (model.a1, model.a2))
 
 
 def lane_settings(args, plan: Plan, policy: str, settings_from_args):
@@ -271,7 +274,8 @@ def study_engine(plan: Plan):
     from vtc_jax.driver.study import LatencyPlan, StudyEngine
 
     record, index = servers.request_record(plan.server)
-    return StudyEngine(LatencyPlan(record, index, plan.trace, plan.offset, plan.tenant_of, plan.tenants, plan.slos))
+    return StudyEngine(LatencyPlan(record, index, plan.trace, plan.offset, plan.tenant_of, plan.tenants, plan.slos,
+                                   plan.delivery))
 
 
 def capacity_of(plan: Plan, settings):

@@ -107,7 +107,8 @@ def _itl_gaps(record: tuple, output: np.ndarray, finished: np.ndarray) -> tuple:
     return at[pos] - at[pos - 1], np.repeat(rows, counts)
 
 
-def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: np.ndarray, lane: int = 0) -> dict:
+def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: np.ndarray, lane: int = 0,
+                  delivery: tuple = (0, 0)) -> dict:
     """Per trace row (int64 / float64 arrays of N): arrival_us, first_token_us, finish_us,
     scheduled_us (-1: never), ttft_us, tpot_us, e2el_us, queue_us (NaN where undefined),
     output, preemptions, finished (bool); and the pooled ITL gaps of finished requests,
@@ -124,17 +125,26 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
         live = rows >= 0
         col[rows[live]] = v[live]
         table[name] = col
-    return outcome_table(table, arrival_us, trace.output, token_record(result, trace, num_clients, pad, lane))
+    return outcome_table(table, arrival_us, trace.output, token_record(result, trace, num_clients, pad, lane), delivery)
 
 
-def outcome_table(stamps: dict, arrival_us: np.ndarray, output: np.ndarray, record: tuple | None) -> dict:
+def outcome_table(stamps: dict, arrival_us: np.ndarray, output: np.ndarray, record: tuple | None,
+                  delivery: tuple = (0, 0)) -> dict:
     """`request_table`'s columns from per-request stamps ({"first_token_us", "finish_us",
     "scheduled_us", "preemptions"}: int64[N], -1: never), arrivals int64[N] (us), output
-    lengths int64[N] and the per-token record (at int64[T], first int64[N]; None: none)."""
+    lengths int64[N] and the per-token record (at int64[T], first int64[N]; None: none).
+    delivery: (a1, a2) us, a step-time model's delivery costs (BLIS's counting): the first
+    token reaches the client a2 after its step ends, a finished request a2 x output + a1
+    after its last step (TTFT and E2EL count them; ITL's gaps are the steps')."""
     table = dict(stamps)
     arrival = np.asarray(arrival_us, np.int64)
     finished = table["finish_us"] >= 0
     output = np.asarray(output, np.int64)
+    a1, a2 = delivery
+    if a1 or a2:
+        first = table["first_token_us"]
+        table["first_token_us"] = np.where(first >= 0, first + a2, first)
+        table["finish_us"] = np.where(finished, table["finish_us"] + a2 * output + a1, table["finish_us"])
 
     def since(col):
         return np.where(col >= 0, (col - arrival).astype(np.float64), np.nan)

@@ -39,6 +39,7 @@ from vtc_jax.inputs.workload import (MAX_ARRIVAL, ORDER, Trace, Workload, make_w
 from vtc_jax.measures.online import ALL, MeasureConfig
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
+from vtc_jax.servers.step_time import MAX_STEP_US
 from vtc_jax.policies.estimators import ESTIMATORS
 
 MAX_HORIZON = INT32_MAX // 2
@@ -65,7 +66,7 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
     wide clock's (microseconds over hours) would pass 2^55 with.
     """
     q, d, mult, scaled = lane_scales(settings, num_clients)
-    a_p, a_q, b = scaled
+    a_p, a_q, b, a_t = scaled
     mult = max(mult)
     running = min(settings.kv_budget // max(min_prompt, 1), max_requests)
     context = settings.kv_budget + running * (max_output - 1)
@@ -73,11 +74,15 @@ def check_exact_limits(settings: Settings, num_clients: int, *, min_prompt: int,
     service = horizon * per_step
     if work is not None:
         service = min(service, (a_p * work[0] + a_q * work[1] + b * work[2]) * mult)
+    # GPU time (--cost time): a step's shares add up to at most its duration (<= MAX_STEP_US), the
+    # run's to at most twice its clock (BLIS's idle rule lets a step start before the last one ends)
+    service += 2 * horizon * a_t * mult
     limits_ = [
         ("the running context", context, 1),
         ("one prefill charge (w_p x prompt, in exact units, x weight scale)", a_p * max_prompt * mult, 1),
         ("one step's decode charge (w_q x running + beta x context, in exact units, x weight scale)",
          (a_q * running + b * context) * mult, 1),
+        ("one step's time charge (w_time x its longest, in exact units, x weight scale)", a_t * MAX_STEP_US * mult, 1),
         ("the run's total service", service >> wide.LOW_BITS, 1),
     ]
     totals = [service, max_requests * horizon] + ([horizon * context] if context_totals else [])

@@ -40,7 +40,8 @@ class LatencyPlan:
       priority scheduling). offset: int, the lane clock's lead on the log's arrival (a
       step-time model's a0, us): latencies count from arrival_us = lane arrival - offset.
     tenant_of: int64[K] each engine client's tenant; names: the tenants' names.
-    slos: {"default": {metric: ms}, tenant name: {metric: ms}} (latency.parse_goodput)."""
+    slos: {"default": {metric: ms}, tenant name: {metric: ms}} (latency.parse_goodput).
+    delivery: (a1, a2) us, the step-time model's delivery costs (latency.outcome_table)."""
 
     record: Callable
     index: str
@@ -49,6 +50,7 @@ class LatencyPlan:
     tenant_of: np.ndarray
     names: list
     slos: dict
+    delivery: tuple = (0, 0)
 
     @property
     def by_arrival(self) -> np.ndarray:
@@ -106,7 +108,7 @@ def lane_table(plan: LatencyPlan, record: dict, requests: np.ndarray, first: np.
         start[num] = np.asarray(record["token_offset"], np.int64)[where]
         whole = (start >= 0) & (start + output <= at.shape[0])
         token = (at, np.where(whole, start, -1))
-    table = outcome_table(stamps, arrival_us, output, token)
+    table = outcome_table(stamps, arrival_us, output, token, plan.delivery)
     table.update(tenant=np.asarray(plan.tenant_of, np.int64)[client], prompt=prompt, file_row=perm)
     return table
 

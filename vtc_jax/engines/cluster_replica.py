@@ -22,7 +22,8 @@ from vtc_jax.engines.cluster_settings import KV, ClusterConfig, ClusterParams
 from vtc_jax.engines.cluster_state import EST, NUMBER, ORIG, POOL_FIELDS, ROW_FIELDS, ROWID, Replica, keep, pick
 from vtc_jax.engines.settings import Params
 from vtc_jax.policies import registry
-from vtc_jax.policies.base import Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, onehot
+from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, admissible, onehot,
+                                   step_charge)
 from vtc_jax.servers import registry as servers
 
 I32 = jnp.int32
@@ -222,7 +223,7 @@ def rep_finish(rep: Replica, heads, step, next_step, mask, moving, server, work,
     (the cluster's clock moves from `step` to `next_step`): the limits' rpm window."""
     view = _view(rep, heads, step, eparams.costs, cfg)
     costs = eparams.costs
-    decode = costs.decode * work.decoded + costs.context * work.attended
+    decode = step_charge(costs, work)
     weighted = decode * costs.counter_mult
     step_end = StepEnd(decode=decode, elapsed=elapsed, detail=work.detail)
     states = {n: registry.get(n).step(rep.policy[n], view, step_end, eparams.policy[n]) for n in cfg.engine_policies}

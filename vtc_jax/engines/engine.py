@@ -65,7 +65,7 @@ from vtc_jax.inputs.workload import TIMELINE_FIELDS, TIMELINE_PAD, Workload
 from vtc_jax.measures.online import Measures, init_measures, on_admit, on_finish
 from vtc_jax.policies import estimators, registry
 from vtc_jax.policies.base import (Admission, Arrivals, Completion, Shape, StepEnd, View, add_at, admissible,
-                                   head_arrivals, put_at)
+                                   head_arrivals, put_at, step_charge)
 from vtc_jax.servers import registry as servers
 from vtc_jax.servers.base import Work
 
@@ -308,9 +308,11 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
     t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
     server, work = servers.get(config.server).end_step(state.server, params, mask)
-    decode = params.costs.decode * work.decoded + params.costs.context * work.attended
+    decode = step_charge(params.costs, work)
     service = num.add(state.service, decode)
     idle = ~servers.get(config.server).busy(state.server) & ~over_clients.any_of(view.backlogged)
+    if work.emptied is not None:  # BLIS's event order: the engine is free from the step's start (servers/base.py)
+        idle = idle | (work.emptied & ~over_clients.any_of(view.backlogged))
     wake = servers.get(config.server).wake
     target = jnp.minimum(next_arrival if wake is None else wake(params, t, next_arrival), state.horizon)
     arrived, taken, at_ends = state.arrived, jnp.zeros((), I32), {}
@@ -324,7 +326,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
         stretch = quiet.stretch(config, params, state.step, state.horizon, view.backlogged, head_prompts,
                                 server, decode, mask & ~idle, ahead, chosen)
         server, arrived, taken = stretch.server, arrived + stretch.joined, stretch.taken
-        more = params.costs.decode * stretch.work.decoded + params.costs.context * stretch.work.attended
+        more = step_charge(params.costs, stretch.work)
         at_ends = dict(quiet_steps=stretch.steps, step_service=service,
                      arrival_service=num.add(service, decode * stretch.since_arrival))
         work = Work(decoded=work.decoded + stretch.work.decoded, attended=work.attended + stretch.work.attended,

@@ -92,6 +92,9 @@ class Settings:
         required RPM limit (MODEL.md's rpm policy); weighted VTC is "vtc" + weights.
       kv_budget: M, KV tokens the running batch may reach at admission.
       w_p, w_q, beta: prefill, decode and per-context-token decode costs (exact).
+      w_time: the cost of one us of GPU time (exact; --cost time): each step charges each
+        client its share of the step's time (servers' Work.time: step_time.slot_shares) on a
+        server that keeps them (the `time_shares` option of a timed vllm server).
       weights: per-client weights omega_k > 0, or None for all ones.
       rpm_limit: R admissions (delay) or accepted arrivals (reject) per client per window,
         with any policy; None: no limit.
@@ -127,6 +130,7 @@ class Settings:
     w_p: Fraction = Fraction(1)
     w_q: Fraction = Fraction(2)
     beta: Fraction = Fraction(0)
+    w_time: Fraction = Fraction(0)
     weights: tuple[Fraction, ...] | None = None
     rpm_limit: int | None = None
     rpm_window: int = DEFAULT_RPM_WINDOW
@@ -148,7 +152,7 @@ class Settings:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         policy = registry.get(self.policy)  # raises InputError naming the choices
         set_("kv_budget", positive_int(self.kv_budget, "kv_budget (M)"))
-        for name in ("w_p", "w_q", "beta"):
+        for name in COST_NAMES:
             frac = to_fraction(getattr(self, name), name)
             if frac < 0:
                 raise InputError(f"{name} must be >= 0, got {frac}")
@@ -287,6 +291,9 @@ class Scales:
     counter_scale: np.ndarray  # object[B] of ints
 
 
+COST_NAMES = ("w_p", "w_q", "beta", "w_time")  # Settings' prices, in Costs' order
+
+
 def lcm(values) -> int:
     out = 1
     for v in values:
@@ -295,14 +302,14 @@ def lcm(values) -> int:
 
 
 def lane_scales(s: Settings, num_clients: int) -> tuple[int, int, list[int], list[int]]:
-    """(Q, D, counter_mult per client, [w_p, w_q, beta] in cost units) of one lane."""
-    costs = (s.w_p, s.w_q, s.beta)
+    """(Q, D, counter_mult per client, [w_p, w_q, beta, w_time] in cost units) of one lane."""
+    costs = tuple(getattr(s, name) for name in COST_NAMES)
     q = lcm(c.denominator for c in costs)
     weights = s.client_weights(num_clients)
     d = lcm(w.numerator for w in weights)
     mult = [d * w.denominator // w.numerator for w in weights]
     scaled = [int(c * q) for c in costs]
-    for name, value in zip(("w_p", "w_q", "beta"), scaled):
+    for name, value in zip(COST_NAMES, scaled):
         if value > INT32_MAX:
             raise InputError(f"{name} needs {value} integer units per token; limit {INT32_MAX}")
     if max(mult) > INT32_MAX:
@@ -351,7 +358,8 @@ def encode_settings(settings: Sequence[Settings], num_clients: int,
         rows.append(dict(
             kv_budget=np.int32(s.kv_budget),
             costs=policy_base.Costs(prefill=np.int32(scaled[0]), decode=np.int32(scaled[1]),
-                                    context=np.int32(scaled[2]), counter_mult=policy_base.i32(mult),
+                                    context=np.int32(scaled[2]), time=np.int32(scaled[3]),
+                                    counter_mult=policy_base.i32(mult),
                                     charge_cached=np.bool_(s.charge_cached)),
             policy_id=np.int32(policies.index(s.policy)), policy=per_policy,
             rpm_limit=np.int32(s.rpm_limit if s.rpm_delays else INT32_MAX), rpm_window=np.int32(s.rpm_window),

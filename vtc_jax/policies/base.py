@@ -52,14 +52,23 @@ class Shape(NamedTuple):
 
 
 class Costs(NamedTuple):
-    """A lane's exact prices. prefill, decode, context: int32[] (w_p, w_q, beta in cost
-    units); counter_mult: int32[K] (D / omega_k); charge_cached: bool[]."""
+    """A lane's exact prices. prefill, decode, context, time: int32[] (w_p, w_q, beta,
+    w_time in cost units); counter_mult: int32[K] (D / omega_k); charge_cached: bool[]."""
 
     prefill: jax.Array
     decode: jax.Array
     context: jax.Array
+    time: jax.Array
     counter_mult: jax.Array
     charge_cached: jax.Array
+
+
+def step_charge(costs: Costs, work) -> jax.Array:
+    """int32[K]: what a step charges each client (servers/base.py Work): w_q x decoded +
+    beta x attended, plus w_time x its share of the step's time where the server keeps it
+    (Work.time)."""
+    charge = costs.decode * work.decoded + costs.context * work.attended
+    return charge if work.time is None else charge + costs.time * work.time
 
 
 class View(NamedTuple):

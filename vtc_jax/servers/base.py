@@ -168,12 +168,17 @@ class Work:
     int32[K] the context tokens those decodes read (the engine charges w_q * decoded +
     beta * attended); elapsed: int32[] the step's duration in the lane's time unit (the
     ideal server: 1 step); detail: optional server-specific facts of the step that a
-    policy may read (StepEnd.detail; None: none)."""
+    policy may read (StepEnd.detail; None: none); time: int32[K] each client's share of the
+    step's time in us (--cost time: step_time.slot_shares; None: not kept); emptied: bool[]
+    the step finished every request it ran, on a server that then frees the engine from the
+    step's start (BLIS's event order, the vllm servers' `blis_engine` option; None: never)."""
 
     decoded: jax.Array
     attended: jax.Array
     elapsed: jax.Array
     detail: Any = None
+    time: Any = None
+    emptied: Any = None
 
 
 @jax.tree_util.register_dataclass

@@ -63,14 +63,17 @@ Form = tuple  # one Fraction per FEATURES name
 class StepTime:
     """forms: tuple of 1 or MAX_FORMS forms, each a tuple of exact Fractions (us per unit
     of each FEATURES name; a step lasts the largest form's sum); a0, a1, a2: int us (queue
-    entry after arrival; per delivered token; per finished request); num_gpu_blocks: the KV
-    pool the model was measured with (None if not given); name: where it came from."""
+    entry after arrival; per finished request; per delivered token); num_gpu_blocks: the KV
+    pool the model was measured with (None if not given); blis_engine: the model is BLIS's,
+    run on BLIS's engine where it departs from vLLM's (the vllm server option of that name:
+    its idle rule and long-prefill cap); name: where it came from."""
 
     forms: tuple
     a0: int = 0
     a1: int = 0
     a2: int = 0
     num_gpu_blocks: int | None = None
+    blis_engine: bool = False
     name: str = "custom"
 
     @classmethod
@@ -99,7 +102,7 @@ class StepTime:
 
     def options(self) -> tuple:
         """The server options that encode it."""
-        return (("time_model", self.text),)
+        return (("time_model", self.text),) + ((("blis_engine", True),) if self.blis_engine else ())
 
     def step_us(self, prefill: int = 0, decode: int = 0, **features) -> int:
         """The duration in us of a step of these features (prefill / decode tokens and any
@@ -261,43 +264,65 @@ def _pad(v, n: int):
     return jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (n - v.shape[-1],), v.dtype)], -1)
 
 
-def _features(tokens, decoding, length, computed):
-    """int32[F, FEATURE_LIMBS]: the step's FEATURES (the doubled ones twice) from its slots:
-    tokens int32[S] scheduled (0: none), decoding bool[S], length int32[S] (prompt +
-    generated: the sequence a chunk prefills, the context a decode reads), computed
-    int32[S] (tokens computed before the step)."""
+def _slot_features(tokens, decoding, length, computed):
+    """int32[S, F, FEATURE_LIMBS]: each slot's own FEATURES in limbs (the doubled ones
+    twice; per_step 0: the step's, not a slot's): tokens int32[S] scheduled (0: none),
+    decoding bool[S], length int32[S] (prompt + generated: the sequence a chunk prefills,
+    the context a decode reads), computed int32[S] (tokens computed before the step)."""
     on = tokens > 0
-    prefill = on & ~decoding
-    t = jnp.where(prefill, tokens, 0)
+    dec = on & decoding
+    t = jnp.where(on & ~decoding, tokens, 0)
     lt = _limbs(t, 3)
-
-    def summed(per_slot):  # int32[S, L] limbs -> int32[FEATURE_LIMBS], carried
-        return _carry(_pad(_carry(per_slot), FEATURE_LIMBS).sum(0))
-
     attention = _mul(lt, _limbs(length, 3) * 2 + lt)  # t (2 P + t)
     context = _mul(lt, _limbs(computed, 3) * 2 + lt + (jnp.arange(3) == 0))  # t (2 c + t + 1)
-    scalars = [jnp.ones((), I32), on.sum(dtype=I32), t.sum(dtype=I32), jnp.where(on & decoding, tokens, 0).sum(dtype=I32)]
-    rows = [_limbs(x, FEATURE_LIMBS) for x in scalars]
-    rows += [summed(attention), summed(_limbs(jnp.where(on & decoding, length, 0), 3)), summed(context)]
-    return jnp.stack(rows)
+    rows = [jnp.zeros_like(t), on.astype(I32), t, jnp.where(dec, tokens, 0)]
+    rows = [_limbs(x, 5) for x in rows] + [attention, _limbs(jnp.where(dec, length, 0), 5), context]
+    return _pad(_carry(jnp.stack(rows, 1)), FEATURE_LIMBS)
+
+
+def _features(slots):
+    """int32[F, FEATURE_LIMBS]: the step's FEATURES from `_slot_features` (per_step 1)."""
+    total = _carry(slots.sum(0))
+    return total.at[0].set(_limbs(jnp.ones((), I32), FEATURE_LIMBS))
 
 
 def exact_us(coef, features):
     """int32[MAX_FORMS]: each form's trunc(sum of coefficient x feature) in us, exact
     (saturating at MAX_STEP_US: `StepTime.check` refuses a model that could reach it).
-    coef int32[MAX_FORMS, F, COEF_LIMBS]; features int32[F, FEATURE_LIMBS]."""
-    total = _carry(_carry(_mul(coef, features[None])).sum(1))  # [MAX_FORMS, COEF_LIMBS + FEATURE_LIMBS - 1]
-    whole = total[:, FRAC_LIMBS:]
-    over = (whole[:, 3:] != 0).any(-1) | (whole[:, 2] > MAX_STEP_US // BASE**2)
-    us = whole[:, 0] + whole[:, 1] * BASE + whole[:, 2] * BASE**2
+    coef int32[..., MAX_FORMS, F, COEF_LIMBS]; features int32[..., F, FEATURE_LIMBS]."""
+    total = _carry(_carry(_mul(coef, features[..., None, :, :])).sum(-2))  # [..., MAX_FORMS, limbs]
+    whole = total[..., FRAC_LIMBS:]
+    over = (whole[..., 3:] != 0).any(-1) | (whole[..., 2] > MAX_STEP_US // BASE**2)
+    us = whole[..., 0] + whole[..., 1] * BASE + whole[..., 2] * BASE**2
     return jnp.where(over, MAX_STEP_US, jnp.minimum(us, MAX_STEP_US)).astype(I32)
 
 
 def duration(p: dict, tokens, decoding, length, computed):
     """int32[]: the step's duration in us (1 when the lane is untimed); the slots as in
-    `_features`."""
-    us = exact_us(p["time_coef"], _features(tokens, decoding, length, computed)).max()
+    `_slot_features`."""
+    us = exact_us(p["time_coef"], _features(_slot_features(tokens, decoding, length, computed))).max()
     return jnp.where(p["timed"], jnp.maximum(us, 1), 1).astype(I32)
+
+
+def slot_shares(p: dict, tokens, decoding, length, computed):
+    """int32[S]: each slot's share of the step's time in us (--cost time), under the form
+    that sets the step's duration (the first of the largest): trunc(the form's terms of the
+    slot's own features), plus trunc(the form's per_step term) split evenly over the
+    scheduled slots (the first `remainder` of them in slot order 1 us more). 0 where the
+    slot is not scheduled or the lane untimed. The shares add up to the step's duration
+    less each slot's truncation (under 1 us a slot)."""
+    slots = _slot_features(tokens, decoding, length, computed)
+    whole = exact_us(p["time_coef"], _features(slots))  # [MAX_FORMS]
+    form = jnp.argmax(whole)
+    coef = jnp.asarray(p["time_coef"])[form]  # [F, COEF_LIMBS]
+    step_row = (jnp.arange(len(FEATURES)) == 0)[:, None]
+    own = exact_us(jnp.where(step_row, 0, coef)[None], slots)[:, 0]  # [S]: a form axis of one
+    base = exact_us(coef[None], jnp.where(step_row, _limbs(jnp.ones((), I32), FEATURE_LIMBS), 0))[0]
+    on = tokens > 0
+    n = jnp.maximum(on.sum(dtype=I32), 1)
+    rank = jnp.cumsum(on.astype(I32)) - 1
+    split = base // n + (rank < base % n).astype(I32)
+    return jnp.where(on & p["timed"], own + split, 0).astype(I32)
 
 
 def _decimal(value, key: str, source: str) -> Fraction:
@@ -322,11 +347,12 @@ def _terms(data, source: str) -> Form:
 def from_dict(data: dict, name: str, source: str) -> StepTime:
     """A model from its JSON object: the linear keys b0, b1, b2, or `terms` (one form:
     {FEATURES name: decimal us}), or `max_of` (a list of MAX_FORMS forms: the step lasts the
-    largest); a0 (int us, required), a1, a2 (int us, default 0), num_gpu_blocks, source."""
+    largest); a0 (int us, required), a1, a2 (int us, default 0), num_gpu_blocks, blis_engine
+    (bool, default false), source."""
     shapes = ("b0, b1, b2", "terms", "max_of")
     if not isinstance(data, dict):
         raise InputError(f"{source}: a step-time model is an object with a0 and one of: {'; '.join(shapes)}")
-    known = {*LINEAR, "terms", "max_of", *DELAYS, "num_gpu_blocks", "source"}
+    known = {*LINEAR, "terms", "max_of", *DELAYS, "num_gpu_blocks", "blis_engine", "source"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InputError(f"{source}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(known))})")
@@ -355,10 +381,12 @@ def from_dict(data: dict, name: str, source: str) -> StepTime:
     blocks = data.get("num_gpu_blocks")
     if blocks is not None and (type(blocks) is not int or not 2 <= blocks <= INT32_MAX // 4):
         raise InputError(f"{source}: num_gpu_blocks must be an integer >= 2, got {blocks!r}")
+    if type(data.get("blis_engine", False)) is not bool:
+        raise InputError(f"{source}: blis_engine must be true or false")
     for form in forms:
         for c in form:
             _coef_limbs(c / 2)  # every coefficient fits the lane's exact sum (one more place for the halved ones)
-    return StepTime(forms=forms, **delays, num_gpu_blocks=blocks, name=name)
+    return StepTime(forms=forms, **delays, num_gpu_blocks=blocks, blis_engine=data.get("blis_engine", False), name=name)
 
 
 def presets() -> dict[str, StepTime]:

@@ -126,6 +126,7 @@ class PrefixState:
     sampled: jax.Array
     lastpos: jax.Array
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})
+    shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
 
 
 def init(shape: ServerShape) -> PrefixState:
@@ -151,7 +152,7 @@ def init(shape: ServerShape) -> PrefixState:
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents), cached=none_r,
         recomputed=jnp.zeros(r, I32), stamp=jnp.zeros((), shape.clock), sampled=jnp.zeros(s, bool),
         lastpos=jnp.full(s, INT_MAX, I32),
-        asyncs=static.get("async_scheduling", False))
+        asyncs=static.get("async_scheduling", False), shares=static.get("time_shares", False))
 
 
 def _per_client(values, client, mask, k):
@@ -312,7 +313,8 @@ def begin_step(state: PrefixState, params, view, step, mask):
     slots = state.alive.shape[0]
     pos = jnp.arange(slots, dtype=I32)
     waiting = over_clients.total(view.waiting)
-    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    cap = jnp.where((p["long_cap"] > 0) & ((state.nrun + waiting > 1) | p["blis_engine"]), p["long_cap"],
+                    INT_MAX).astype(I32)
     walk = jnp.argsort(jnp.where(state.alive, state.adm, INT_MAX)).astype(I32)  # the running list's slots
     start = dataclasses.replace(state, tokens=jnp.zeros(slots, I32), spos=jnp.full(slots, INT_MAX, I32),
                                 nsched=jnp.zeros((), I32))
@@ -426,7 +428,8 @@ def end_step(state: PrefixState, params, mask):
     finished = live & (generated == state.output) if state.asyncs else samples & (generated == state.output)
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
     decoding = live & (state.generated > 0) & (state.computed == total - 1)
-    elapsed = step_time.duration(p, jnp.where(live, state.tokens, 0), decoding, total, state.computed)
+    slots_now = (jnp.where(live, state.tokens, 0), decoding, total, state.computed)
+    elapsed = step_time.duration(p, *slots_now)
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
@@ -463,7 +466,10 @@ def end_step(state: PrefixState, params, mask):
         **({"stamp": stamp, "sampled": samples, "lastpos": state.spos} if state.asyncs else {}))
     counted = mask & samples
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
-                attended=_per_client(total, state.client, counted, k), elapsed=elapsed)
+                attended=_per_client(total, state.client, counted, k), elapsed=elapsed,
+                emptied=mask & p["blis_engine"] & (state.nrun > 0) & (finished.sum(dtype=I32) == state.nrun),
+                time=_per_client(step_time.slot_shares(p, *slots_now), state.client, mask & live, k)
+                if state.shares else None)
     return _select(mask, new, state), work
 
 

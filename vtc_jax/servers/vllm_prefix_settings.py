@@ -79,7 +79,8 @@ def encode(options: dict) -> dict:
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "victim": np.int32(VICTIMS.index(s["victim"])), "async": np.bool_(s["async_scheduling"]),
-            "block_offsets": offsets, "block_ids": ids, **step_time.encode(s["time_model"])}
+            "block_offsets": offsets, "block_ids": ids, "blis_engine": np.bool_(s["blis_engine"]),
+            **step_time.encode(s["time_model"])}
 
 
 def prefix_options(arrival, prompt, output, ident: ContentIdentity) -> dict:
@@ -126,7 +127,8 @@ def static_options(options: list) -> tuple:
     return (("token_times", vllm["token_times"]),
             ("pool_blocks", max(vllm_v1.settings(_split(o)[0])["num_gpu_blocks"] for o in options)),
             ("table_width", max(w for w, _ in sizes)), ("contents", _pow2(max(u for _, u in sizes))),
-            *((("async_scheduling", True),) if vllm["async_scheduling"] else ()))
+            *((("async_scheduling", True),) if vllm["async_scheduling"] else ()),
+            *((("time_shares", True),) if vllm["time_shares"] else ()))
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:

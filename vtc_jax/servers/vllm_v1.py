@@ -85,6 +85,12 @@ OPTIONS = {  # name: (default, lowest; None: a flag or a choice)
     "max_num_seqs": (256, 1), "enable_chunked_prefill": (True, None), "long_prefill_token_threshold": (0, 0),
     "scheduling_policy": ("fcfs", None), "victim": (None, None),
     "time_model": ("", None),  # the step-time model's text (servers/step_time.py); "": untimed
+    "time_shares": (False, None),  # keep each client's share of each step's time (--cost time; static)
+    # BLIS's engine where it departs from vLLM's without preemption (docs/TIMED.md): a step that finishes every
+    # request it runs, with none waiting at its start, frees the engine from that start (a request queued before
+    # the step ends starts the next step then); the long-prefill threshold caps every chunk (vLLM: only while
+    # more than one request runs or waits)
+    "blis_engine": (False, None),
     "token_times": (0, 0),  # entries of the per-token time record (a static size: the most of any lane; 0: none)
     "async_scheduling": (False, None),  # vLLM's AsyncScheduler (docs/VLLM_ASYNC.md); vLLM's own default is on (GPU)
 }
@@ -136,7 +142,8 @@ def encode(options: dict) -> dict:
             "budget": np.int32(s["max_num_batched_tokens"]), "seats": np.int32(s["max_num_seqs"]),
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
-            "async": np.bool_(s["async_scheduling"]), **step_time.encode(s["time_model"])}
+            "async": np.bool_(s["async_scheduling"]), "blis_engine": np.bool_(s["blis_engine"]),
+            **step_time.encode(s["time_model"])}
 
 
 def priority_queues(client, priority):
@@ -236,11 +243,13 @@ def static_options(options: list) -> tuple:
     """(("walks", some lane's victim rule is not `newest`: else vLLM's walk, vllm_victims.py, is left out of
     the program), ("token_times", the most entries any lane asks for: 0, no record), ("pow2_blocks", every
     lane's block size is a power of two, as vLLM's are: block counts are then shifts), ("async_scheduling", some
-    lane schedules async: else servers/vllm_v1_async.py is left out of the program))."""
+    lane schedules async: else servers/vllm_v1_async.py is left out of the program), ("time_shares", some lane
+    keeps each client's share of each step's time: else step_time.slot_shares is left out))."""
     return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
             ("token_times", max(settings(o)["token_times"] for o in options)),
             ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)),
-            ("async_scheduling", any(settings(o)["async_scheduling"] for o in options)))
+            ("async_scheduling", any(settings(o)["async_scheduling"] for o in options)),
+            ("time_shares", any(settings(o)["time_shares"] for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -313,7 +322,8 @@ def begin_step(state: VllmState, params, view, step, mask):
     pos = jnp.arange(slots, dtype=I32)
     free = jnp.where(state.free == INT_MAX, p["num_blocks"] - 1, state.free)  # the first step: all but the null block
     waiting = over_clients.total(view.waiting)
-    cap = jnp.where((p["long_cap"] > 0) & (state.nrun + waiting > 1), p["long_cap"], INT_MAX).astype(I32)
+    cap = jnp.where((p["long_cap"] > 0) & ((state.nrun + waiting > 1) | p["blis_engine"]), p["long_cap"],
+                    INT_MAX).astype(I32)
     (tokens, nrun, free, left, out, nvic, gone), (first, pre, budget, unused) = _newest(state, p, cap, free)
     f, looping, survived = {}, jnp.zeros((), bool), pos < nrun
     if state.walks:
@@ -401,8 +411,8 @@ def end_step(state: VllmState, params, mask):
     # A decode computes the one token after every known one (c = P + g - 1); anything else
     # scheduled is prefill (a prompt, or a recompute after a preemption).
     decoding = listed & (state.generated > 0) & (state.computed == state.prompt + state.generated - 1)
-    elapsed = step_time.duration(p, jnp.where(listed, state.tokens, 0), decoding, state.prompt + state.generated,
-                                 state.computed)
+    slots_now = (jnp.where(listed, state.tokens, 0), decoding, state.prompt + state.generated, state.computed)
+    elapsed = step_time.duration(p, *slots_now)
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
@@ -419,7 +429,9 @@ def end_step(state: VllmState, params, mask):
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(state.prompt + state.generated, state.client, counted, k),
-                elapsed=elapsed)
+                elapsed=elapsed, emptied=mask & p["blis_engine"] & (state.nrun > 0) & (nfin == state.nrun),
+                time=_per_client(step_time.slot_shares(p, *slots_now), state.client, mask & listed, k)
+                if state.shares else None)
     return _select(mask, new, state), work
 
 

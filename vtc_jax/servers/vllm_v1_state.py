@@ -100,6 +100,7 @@ class VllmState:
     # every lane's block size is a power of two: block counts are shifts (`_blocks`)
     pow2_blocks: bool = dataclasses.field(default=False, metadata={"static": True})
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane schedules async
+    shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
 
 
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
@@ -122,7 +123,7 @@ def init(shape: ServerShape) -> VllmState:
                         preempted=jnp.full((steps, s), -1, I32)),
         victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True),
         pow2_blocks=dict(shape.static).get("pow2_blocks", False),
-        asyncs=dict(shape.static).get("async_scheduling", False))
+        asyncs=dict(shape.static).get("async_scheduling", False), shares=dict(shape.static).get("time_shares", False))
 
 
 
