@@ -192,3 +192,19 @@ def test_calibrate_recovers_the_efficiencies(tmp_path, capsys):
     assert calibrate_main(["--server", "vllm", str(decode_only), "--roofline", "llama-3.1-8b"]) == 2
     err = capsys.readouterr().err
     assert "the compute efficiency is not determined" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_fit_with_noise():
+    """2,000 steps of qwen3-14b on an H200 at efficiencies 0.45 and 0.7, times off by 2%
+    (normal): the fit is within 1% of both."""
+    from sweeps.calibrate import fit_roofline, roofline_bases
+
+    unit = roofline.roofline_model(roofline.model_presets()["qwen3-14b"], roofline.gpu("H200"))
+    rng = np.random.default_rng(1)
+    t = rng.integers(1, 8192, 2000) * (rng.random(2000) < 0.4)
+    c = rng.integers(0, 8000, 2000)
+    d = rng.integers(0, 256, 2000) + (t == 0)
+    rows = np.column_stack([t, d, t * c + t * (t + 1) // 2, d * rng.integers(100, 8000, 2000)]).astype(np.float64)
+    compute, memory = roofline_bases(unit.forms, rows)
+    times = np.maximum(compute / 0.45, memory / 0.7) * (1 + rng.normal(0, 0.02, len(rows)))
+    assert fit_roofline(compute, memory, times) == pytest.approx((0.45, 0.7), rel=0.01)
