@@ -28,11 +28,22 @@ refused. a0 (us from arrival to the waiting queue) is no step's time: give it wi
 (default 0); --num-gpu-blocks records the KV pool the profile was measured with. The JSON
 (--out) is what `python -m vtc_jax compare LOG --server vllm --step-time FILE.json` reads.
 
+--server vllm --roofline MODEL --gpu G fits a roofline's two efficiency factors instead
+(vtc_jax/servers/roofline.py, docs/ROOFLINE.md: a step lasts max(compute / eff_c, bytes /
+eff_m)). Input: a CSV with header prefill_tokens,decode_tokens,prefill_context,
+decode_context and ONE of step_time_us or step_time_s (prefill_context: over the step's
+prefill chunks, the sum of t c + t (t + 1) / 2 for a chunk of t tokens after c computed
+ones; decode_context: over its decoding requests, the sum of prompt + generated tokens).
+Each step is classed by the form that binds it, each factor fitted by least squares on its
+class (no intercept), alternately until no step changes class; the factors are written
+to 4 decimals and the coefficients as the roofline writes them (12 decimals of a us).
+
 Any bad input ends in one line `python -m sweeps.calibrate: error: ...` (naming the file
 and line) and exit status 2.
 
   python -m sweeps.calibrate my_profile.csv --out step_time.json
   python -m sweeps.calibrate --server vllm vllm_steps.csv --a0 4680 --num-gpu-blocks 67660 --out qwen.json
+  python -m sweeps.calibrate --server vllm steps.csv --roofline llama-3.1-8b --gpu H100 --out roof.json
 """
 
 from __future__ import annotations
@@ -56,6 +67,9 @@ COLUMNS = ("batch_size", "context_tokens", "prompt_tokens", "step_time_s")
 VLLM_COLUMNS = ("prefill_tokens", "decode_tokens")
 VLLM_TIMES = {"step_time_us": 1.0, "step_time_s": 1e6}  # column: its factor to microseconds
 VLLM_KEYS = ("b0", "b1", "b2")
+ROOFLINE_COLUMNS = ("prefill_tokens", "decode_tokens", "prefill_context", "decode_context")
+EFFICIENCY_DECIMALS = 4
+MIN_BOUND = 2  # steps each roofline form must bind for its factor to count as fitted
 MAX_COUNT = 1 << 40  # batch sizes, contexts, prompts: far beyond any engine
 _INT = re.compile(r"^[+]?\d{1,13}$")
 _NUMBER = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d{1,3})?$")
@@ -216,6 +230,95 @@ def _main_vllm(args) -> int:
     return 0
 
 
+def read_roofline_csv(path) -> np.ndarray:
+    """A roofline step profile: float64[n, 5] of ROOFLINE_COLUMNS and the step time in us;
+    InputError as `read_vllm_csv`."""
+    source = os.fspath(path)
+    text = fileio.read_text(path, limit=1 << 28, what="profile")
+    header, records = fileio.csv_table(text, source, ROOFLINE_COLUMNS, tuple(VLLM_TIMES))
+    times = [c for c in VLLM_TIMES if c in header]
+    if len(times) != 1:
+        raise InputError(f"{source}: give exactly one step-time column, step_time_us or step_time_s "
+                         f"(header: {','.join(header)[:200]})")
+    names = ROOFLINE_COLUMNS + (times[0],)
+    return _parse_rows(records, source, names, [header.index(c) for c in names], VLLM_TIMES)
+
+
+def roofline_bases(forms: tuple, rows: np.ndarray) -> np.ndarray:
+    """float64[2, n]: each form's sum (us) on each row (ROOFLINE_COLUMNS first)."""
+    from vtc_jax.servers import step_time
+
+    x = {"per_step": np.ones(len(rows)), "per_prefill_token": rows[:, 0], "per_decode_token": rows[:, 1],
+         "per_prefill_context": rows[:, 2], "per_decode_context": rows[:, 3]}
+    return np.stack([sum(float(c) * x[n] for n, c in zip(step_time.FEATURES, form) if c) for form in forms])
+
+
+def fit_roofline(compute: np.ndarray, memory: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(eff_c, eff_m) of t = max(compute / eff_c, memory / eff_m), compute and memory the
+    forms at efficiency 1: start from the tightest factors (t >= each form / its factor),
+    then class each step by its binding form and fit 1 / factor by least squares (no
+    intercept) on each class, until no step changes class. InputError when a form binds
+    fewer than MIN_BOUND steps (its factor is then not determined) or a factor passes 1
+    (faster than the peak)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.min(np.where(compute > 0, t / compute, np.inf))
+        v = np.min(np.where(memory > 0, t / memory, np.inf))
+    binds = None
+    for _ in range(100):
+        now = u * compute >= v * memory
+        if binds is not None and (now == binds).all():
+            break
+        binds = now
+        for mask, base, label in ((binds, compute, "compute"), (~binds, memory, "memory")):
+            if (base[mask] > 0).sum() < MIN_BOUND:
+                raise InputError(f"fewer than {MIN_BOUND} steps of the profile are {label}-bound under the fit, so the "
+                                 f"{label} efficiency is not determined: measure " + (
+                                     "steps with long prefills" if label == "compute" else "steps of few decodes"))
+        u = float((t[binds] * compute[binds]).sum() / (compute[binds] ** 2).sum())
+        v = float((t[~binds] * memory[~binds]).sum() / (memory[~binds] ** 2).sum())
+    effs = (1 / u, 1 / v)
+    for label, e in zip(("compute", "memory"), effs):
+        if not e <= 1 + 10**-EFFICIENCY_DECIMALS:
+            raise InputError(f"the fit gives a {label} efficiency of {e:.4g} > 1 (faster than the GPU's peak): check "
+                             "--gpu, --tensor-parallel-size and the profile's units")
+    return effs
+
+
+def _main_roofline(args) -> int:
+    from vtc_jax.servers import roofline, step_time
+
+    if args.decimals is not None:
+        raise InputError("--decimals applies to b0, b1, b2; a roofline writes its coefficients to "
+                         f"{roofline.DECIMALS} decimals and the efficiencies to {EFFICIENCY_DECIMALS}")
+    shape, gpu, tp = roofline.model_shape(args.roofline), roofline.gpu(args.gpu), args.tensor_parallel_size or 1
+    rows = read_roofline_csv(args.profile)
+    unit = roofline.roofline_model(shape, gpu, 1, 1, tp, args.block_size, args.gpu_memory_utilization)
+    ec, em = fit_roofline(*roofline_bases(unit.forms, rows), rows[:, 4])
+    effs = [f"{min(round(e, EFFICIENCY_DECIMALS), 1.0):.{EFFICIENCY_DECIMALS}f}" for e in (ec, em)]
+    if min(float(e) for e in effs) <= 0:
+        raise InputError(f"the fit gives efficiencies {ec:.3g}, {em:.3g}: too small to write in "
+                         f"{EFFICIENCY_DECIMALS} decimals")
+    data = roofline.roofline_dict(shape, gpu, effs[0], effs[1], tp, args.block_size, args.gpu_memory_utilization,
+                                  args.a0)
+    if args.num_gpu_blocks is not None:
+        data["num_gpu_blocks"] = args.num_gpu_blocks
+    data["source"] += f"; fitted by sweeps.calibrate to {Path(args.profile).name}, {len(rows)} steps"
+    model = step_time.from_dict(data, "fit", str(args.profile))  # what compare --step-time will read
+    pred = roofline_bases(model.forms, rows).max(0)
+    y = rows[:, 4]
+    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
+    rel = np.sqrt(np.mean(((pred - y) / y) ** 2))
+    bound = int((roofline_bases(model.forms, rows).argmax(0) == 0).sum())
+    print(f"roofline {shape.name} on {tp} x {gpu.name}: {len(rows)} steps ({bound} compute-bound), efficiency compute "
+          f"{effs[0]} memory {effs[1]}, R^2 {r2:.4f}, RMS relative error {100 * rel:.2f}%")
+    text = json.dumps(data, indent=1)
+    print(text)
+    if args.out is not None:
+        fileio.write_text_atomically(args.out, text + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     return guarded("python -m sweeps.calibrate", lambda: _main(argv))
 
@@ -239,11 +342,34 @@ def _main(argv) -> int:
     vllm.add_argument("--decimals", type=int_arg(0, 6), default=None,
                       help="decimals of a us kept in b0, b1, b2 (default 2; more decimals shorten the longest "
                            "step the server can time exactly)")
+    roof = parser.add_argument_group("--server vllm --roofline (vtc_jax/servers/roofline.py)")
+    roof.add_argument("--roofline", default=None, metavar="MODEL",
+                      help="fit a roofline's efficiency factors: a model preset or a config.json")
+    roof.add_argument("--gpu", default=None, metavar="NAME|FILE.json", help="the roofline's GPU (default H100)")
+    roof.add_argument("--tensor-parallel-size", type=int_arg(1, 64), default=None, metavar="N",
+                      help="GPUs the model is split across (default 1)")
+    roof.add_argument("--block-size", type=int_arg(1, 1 << 20), default=None, metavar="B",
+                      help="tokens per KV block, for num_gpu_blocks (default 16)")
+    roof.add_argument("--gpu-memory-utilization", default=None, metavar="U",
+                      help="the fraction of GPU memory for weights and KV, for num_gpu_blocks (default 0.9)")
     args = parser.parse_args(argv)
+    own = ("gpu", "tensor_parallel_size", "block_size", "gpu_memory_utilization")
+    if args.roofline is None and any(getattr(args, f) is not None for f in own):
+        flag = next(f for f in own if getattr(args, f) is not None)
+        raise InputError(f"--{flag.replace('_', '-')} applies to --server vllm --roofline MODEL")
     if args.out is not None:
         fileio.check_writable_file(args.out)
+    if args.roofline is not None and args.server != "vllm":
+        raise InputError("--roofline applies to --server vllm")
     if args.server == "vllm":
         args.a0 = 0 if args.a0 is None else args.a0
+        if args.roofline is not None:
+            args.block_size = args.block_size or 16
+            args.gpu_memory_utilization = args.gpu_memory_utilization or "0.9"
+            for flag in ("overhead", "prefill_base"):
+                if getattr(args, flag) != {"overhead": 1.0, "prefill_base": False}[flag]:
+                    raise InputError(f"--{flag.replace('_', '-')} is the artifact profile's, not the roofline's")
+            return _main_roofline(args)
         args.decimals = 2 if args.decimals is None else args.decimals
         return _main_vllm(args)
     given = [flag for flag in ("a0", "num_gpu_blocks", "decimals") if getattr(args, flag) is not None]

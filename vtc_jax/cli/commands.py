@@ -28,7 +28,7 @@ from vtc_jax.driver import policy_modules
 from vtc_jax.driver.devices import DEFAULT_CACHE_DIR, enable_compilation_cache
 from vtc_jax.policies import registry
 from vtc_jax.servers import registry as servers
-from vtc_jax.servers import step_time
+from vtc_jax.servers import roofline, step_time
 
 PROG = "vtc_jax"
 __all__ = ["main", "EXIT_BAD_INPUT"]
@@ -48,6 +48,24 @@ def _share_window(text: str) -> tuple[int, int]:
     if not 0 <= a < b <= 1 << 30:
         raise argparse.ArgumentTypeError(f"need 0 <= START < END, got {a},{b}")
     return a, b
+
+
+def _roofline_flags(parser) -> None:
+    """--roofline and its GPU, TP and efficiencies (servers/roofline.py, docs/ROOFLINE.md)."""
+    parser.add_argument("--roofline", default=None, metavar="MODEL",
+                        help="server vllm: a roofline step-time model of MODEL, a preset (" + ", ".join(
+                            roofline.model_presets()) + ") or a Hugging Face config.json, on --gpu")
+    parser.add_argument("--gpu", default=None, metavar="NAME|FILE.json",
+                        help="--roofline's GPU: " + ", ".join(roofline.gpu_presets()) + " (default H100), or a JSON "
+                             "file of peak_flops, hbm_bytes_per_s, memory_bytes")
+    parser.add_argument("--tensor-parallel-size", type=int_arg(1, 64), default=None, metavar="N",
+                        help="--roofline: GPUs the model is split across (default 1; no communication modelled)")
+    parser.add_argument("--roofline-efficiency", default=None, metavar="COMPUTE,MEMORY",
+                        help="--roofline: fractions of the peak FLOP/s and bandwidth reached (default 1,1; fit them "
+                             "with sweeps.calibrate --server vllm --roofline)")
+    parser.add_argument("--gpu-memory-utilization", default=None, metavar="U",
+                        help="--roofline: the fraction of GPU memory for weights and KV (default 0.9), which sizes "
+                             "num_gpu_blocks")
 
 
 # ---- the parser -----------------------------------------------------------------------
@@ -75,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "timestamps in us")
     rp.add_argument("--step-time", default=None, metavar="FILE.json",
                     help="a timed replay with your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
+    _roofline_flags(rp)
     rp.add_argument("--requests-out", default=None, metavar="FILE.csv",
                     help="a timed replay: one row per request (arrival, first token, finish, TTFT, TPOT, E2E in us, "
                          "output, preemptions), as compare writes it")
@@ -114,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         step_time.presets()) + "): step durations in us, arrivals from the log's timestamps")
     cp.add_argument("--step-time", default=None, metavar="FILE.json",
                     help="server vllm: your own step-time model (keys b0, b1, b2, a0: us; see docs/VLLM.md)")
+    _roofline_flags(cp)
     cp.add_argument("--goodput", nargs="+", default=None, metavar="[TENANT:]NAME:MS",
                     help="a timed server (vllm with a step-time model, slora): SLOs for goodput, vLLM's form (e.g. "
                          "ttft:500 tpot:50; NAME ttft, tpot, e2el), or per tenant (chat:ttft:500 batch:e2el:120000, "

@@ -53,14 +53,34 @@ def note_unused_columns(log, server: str, shares: bool) -> None:
 
 
 def model_of(args) -> step_time.StepTime:
-    if args.preset and args.step_time:
-        raise InputError("give --preset or --step-time, not both")
+    """The step-time model of --preset NAME, --step-time FILE.json or --roofline MODEL (one
+    of the three; --roofline's --gpu, --tensor-parallel-size, --roofline-efficiency and
+    --gpu-memory-utilization only with it)."""
+    given = [f for f in ("preset", "step_time", "roofline") if getattr(args, f, None)]
+    if len(given) > 1:
+        raise InputError(f"give one of --preset, --step-time, --roofline, not --{given[0].replace('_', '-')} and "
+                         f"--{given[1].replace('_', '-')}")
+    own = ("gpu", "tensor_parallel_size", "roofline_efficiency", "gpu_memory_utilization")  # --roofline's flags
+    extra = [f for f in own if getattr(args, f, None) is not None]
+    if extra and given != ["roofline"]:
+        raise InputError(f"--{extra[0].replace('_', '-')} applies to --roofline MODEL")
     if args.preset:
         return step_time.preset(args.preset)
     if args.step_time:
         return step_time.read_step_time(args.step_time)
+    if getattr(args, "roofline", None):
+        from vtc_jax.servers import roofline
+
+        shape, gpu = roofline.model_shape(args.roofline), roofline.gpu(args.gpu)
+        text = args.roofline_efficiency or "1,1"
+        parts = text.split(",")
+        if len(parts) != 2:
+            raise InputError(f"--roofline-efficiency: expected COMPUTE,MEMORY (e.g. 0.5,0.8), got {text[:40]!r}")
+        tp = args.tensor_parallel_size or 1
+        return roofline.roofline_model(shape, gpu, parts[0].strip(), parts[1].strip(), tp,
+                                       getattr(args, "block_size", None) or 16, args.gpu_memory_utilization or "0.9")
     raise InputError(f"compare --server {args.server} needs a step-time model: --preset NAME (e.g. "
-                     f"{next(iter(step_time.presets()))}) or --step-time FILE.json")
+                     f"{next(iter(step_time.presets()))}), --step-time FILE.json or --roofline MODEL")
 
 
 def server_settings(args, model: step_time.StepTime) -> dict:
