@@ -4,12 +4,14 @@ give: a flag the chosen policy would ignore is refused, never silently dropped."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 from vtc_jax.cli.common import int_arg, list_arg, number_text
 from vtc_jax.core.errors import InputError
 from vtc_jax.engines.settings import DEFAULT_RPM_WINDOW, RPM_MODES, Settings
 from vtc_jax.policies import registry
+from vtc_jax.servers import registry as servers
 from vtc_jax.policies.estimators import ESTIMATORS
 
 # Clients are laid out densely (ids 0..K-1): a stray huge id must not allocate K blocks.
@@ -32,12 +34,52 @@ def _option(text: str) -> tuple[str, object]:
     return name.strip(), value
 
 
+COSTS = ("tokens", "time")
+PRICE_DEFAULTS = {"w_p": "1", "w_q": "2", "beta": "0"}
+
+
+def cost_settings(args, policy: str) -> dict:
+    """Settings' prices for --cost: the token prices as given, or under `time` w_time = 1
+    (one unit per us of a tenant's share of each step) and no token prices. InputError
+    for token prices given with --cost time and for a policy that prices requests by their
+    tokens (its `reads` has "prices")."""
+    if getattr(args, "cost", "tokens") != "time":
+        return dict(w_p=args.w_p, w_q=args.w_q, beta=args.beta)
+    given = [f"--{k.replace('_', '-')}" for k, v in PRICE_DEFAULTS.items() if str(getattr(args, k)) != v]
+    if given:
+        raise InputError(f"{given[0]}: --cost time charges GPU time, not tokens: leave the token prices out")
+    if "prices" in registry.get(policy).reads:
+        able = ", ".join(n for n in registry.names() if "prices" not in registry.get(n).reads)
+        raise InputError(f"--cost time: policy {policy} prices each request by its tokens apart from the steps that "
+                         f"run it (GPU time is known only as they run): choose one of {able}")
+    return dict(w_p=0, w_q=0, beta=0, w_time=1)
+
+
+def with_time_shares(settings: Settings, server: str) -> Settings:
+    """`settings` asking its server to keep each tenant's share of each step's time when
+    it charges GPU time (w_time > 0: --cost time); InputError where the server keeps no
+    step-time model (only a timed vllm server has the shares)."""
+    if not settings.w_time:
+        return settings
+    options = dict(settings.server_options)
+    if not servers.takes_step_time(server):
+        raise InputError(f"--cost time needs a timed vllm server (--server vllm with --preset, --step-time or "
+                         f"--roofline), not --server {server}")
+    if not servers.keeps_time(server, options):
+        raise InputError("--cost time needs a step-time model: give --preset, --step-time or --roofline")
+    return dataclasses.replace(settings, server_options=tuple(sorted({**options, "time_shares": True}.items())))
+
+
 def add_scheduler_flags(parser: argparse.ArgumentParser, *, kv_budget_required: bool = True) -> None:
     parser.add_argument("--kv-budget", required=kv_budget_required, type=int_arg(1, 1 << 30), metavar="M",
                         help="KV budget in tokens")
     parser.add_argument("--w-p", default="1", type=number_text, help="cost of a prefill token (exact, default 1)")
     parser.add_argument("--w-q", default="2", type=number_text, help="cost of a decode token (default 2)")
     parser.add_argument("--beta", default="0", type=number_text, help="decode surcharge per context token (default 0)")
+    parser.add_argument("--cost", choices=COSTS, default="tokens",
+                        help="what service costs: tokens (w_p per prompt token at admission, w_q + beta x context per "
+                             "decode token; default) or time: each step charges each tenant its share of the step's "
+                             "GPU time in us under the step-time model (a timed vllm server; docs/TIMED.md)")
     parser.add_argument("--weights", type=list_arg(number_text, name="weights", max_items=MAX_CLIENTS),
                         help="client weights w0,w1,... (default all 1; refused by policies that ignore weights)")
     parser.add_argument("--rpm", type=int_arg(1, 1 << 30), metavar="R",
@@ -119,7 +161,7 @@ def settings_from_args(args, policy: str, share_window=(0, 0), *, lenient: bool 
             if getattr(args, flag) is not None:
                 estimator[key] = getattr(args, flag)
     weights = tuple(args.weights) if args.weights and "--weights" not in drop else None
-    return Settings(policy=policy, kv_budget=args.kv_budget, w_p=args.w_p, w_q=args.w_q, beta=args.beta,
+    return Settings(policy=policy, kv_budget=args.kv_budget, **cost_settings(args, policy),
                     weights=weights, rpm_limit=args.rpm, rpm_window=args.rpm_window, rpm_mode=args.rpm_mode,
                     kv_cap=args.kv_cap, bands=tuple(args.bands) if args.bands else None,
                     lift_last_left=not (args.no_last_left and "--no-last-left" not in drop),

@@ -11,6 +11,7 @@ import numpy as np
 
 from vtc_jax.cli import input_flags
 from vtc_jax.cli.common import in_file
+from vtc_jax.cli.scheduler_flags import with_time_shares
 from vtc_jax.cli.server_flags import content_options, prefix_caching_default, server_options
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
@@ -35,8 +36,9 @@ def server_settings(args, settings_from_args, queue_bands, extra=None):
     if args.bands and queue_bands is not None:
         raise InputError("--bands and --scheduling-policy priority both set priorities: use the trace's column")
     settings = settings_from_args(argparse.Namespace(**{**vars(args), "kv_budget": servers.default_memory(args.server, options)}))
-    return dataclasses.replace(settings, server_options=tuple(sorted(options.items())),
-                               bands=tuple(queue_bands) if queue_bands is not None else settings.bands)
+    settings = dataclasses.replace(settings, server_options=tuple(sorted(options.items())),
+                                   bands=tuple(queue_bands) if queue_bands is not None else settings.bands)
+    return with_time_shares(settings, args.server)
 
 
 def _timed(args, log):

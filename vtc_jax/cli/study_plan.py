@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vtc_jax.cli import input_flags, timed_compare
+from vtc_jax.cli.scheduler_flags import with_time_shares
 from vtc_jax.cli.server_flags import content_options, prefix_caching_default, server_options
 from vtc_jax.core import clock, fileio
 from vtc_jax.core.errors import InputError
@@ -237,7 +238,8 @@ def lane_settings(args, plan: Plan, policy: str, settings_from_args):
     priority bands under priority scheduling."""
     s = settings_from_args(argparse.Namespace(**{**vars(args), "kv_budget": plan.memory}), policy, lenient=True)
     options = tuple(sorted({**plan.options, **plan.shared}.items()))
-    return dataclasses.replace(s, server_options=options, bands=tuple(plan.bands) if plan.bands else s.bands)
+    s = dataclasses.replace(s, server_options=options, bands=tuple(plan.bands) if plan.bands else s.bands)
+    return with_time_shares(s, plan.server)
 
 
 def record_copies(args, cluster: bool) -> int:

@@ -192,7 +192,9 @@ class Policy:
       summary: one line for --help.
       reads: Settings fields the policy uses beyond M and the prices (for example
         "weights", "estimator", "lift_last_left", "options"); the CLIs refuse flags a
-        policy would ignore.
+        policy would ignore. "prices": it prices a request by its tokens (w_p, w_q, beta)
+        before or apart from the steps that run it, so it cannot charge GPU time
+        (--cost time, Settings.w_time: known only as the steps run).
       options: {name: default} policy-specific options (Settings.options).
       uses_estimator: the policy predicts outputs (the estimator settings apply).
       counters: if the policy keeps a virtual counter of its own, `counters(state)`

@@ -201,6 +201,6 @@ def fuzz_options(rng) -> dict:
 
 DRR = Policy(name="drr", summary="weighted deficit round robin (NVIDIA Dynamo's router): quantum x weight per visit",
              encode=encode, init=init, select=select, on_arrival=on_arrival, on_admit=on_admit, on_step=on_step,
-             reference=Reference, reads=("weights", "estimator", "options"),
+             reference=Reference, reads=("weights", "estimator", "options", "prices"),
              options=dict(OPTIONS), uses_estimator=True, validate=validate,
              fuzz_options=fuzz_options, arrival_rows=True)

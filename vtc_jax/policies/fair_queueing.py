@@ -131,7 +131,7 @@ class ReferenceWFQ(ReferenceSFQ):
 
 SFQ = Policy(name="sfq", summary="start-time fair queueing: smallest per-client start tag (cost / weight chained)",
              encode=no_params, init=init, select=_select("start"), on_arrival=on_arrival, on_admit=on_admit,
-             on_step=on_step, reference=ReferenceSFQ, reads=("weights", "estimator"), uses_estimator=True,
+             on_step=on_step, reference=ReferenceSFQ, reads=("weights", "estimator", "prices"), uses_estimator=True,
              arrival_rows=True)
 WFQ = dataclasses.replace(SFQ, name="wfq", summary="weighted fair queueing: smallest per-client finish tag",
                           select=_select("finish"), reference=ReferenceWFQ)

@@ -131,5 +131,5 @@ def fuzz_options(rng) -> dict:
 
 VTC_GATEWAY = Policy(name="vtc_gateway", summary="VTC at a gateway: an estimated cost charged once at dispatch (llm-d)",
                      encode=encode, init=init, select=select, on_admit=on_admit, on_step=on_step,
-                     reference=Reference, reads=("weights", "estimator", "options"), options=dict(OPTIONS),
+                     reference=Reference, reads=("weights", "estimator", "options", "prices"), options=dict(OPTIONS),
                      uses_estimator=True, counters=counters, validate=validate, fuzz_options=fuzz_options)

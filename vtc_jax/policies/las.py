@@ -174,5 +174,5 @@ def fuzz_options(rng) -> dict:
 
 LAS = Policy(name="las", summary="least attained service (llm-d): decayed completed service and head wait, min-max scored",
              encode=encode, init=init, select=select, on_arrival=on_arrival, on_step=on_step, on_complete=on_complete,
-             reference=Reference, reads=("weights", "options"), options=dict(OPTIONS), validate=validate,
+             reference=Reference, reads=("weights", "options", "prices"), options=dict(OPTIONS), validate=validate,
              fuzz_options=fuzz_options)

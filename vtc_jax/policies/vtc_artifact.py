@@ -207,5 +207,5 @@ def fuzz_options(rng) -> dict:
 VTC_ARTIFACT = Policy(name="vtc_artifact", summary="the VTC artifact's float32 counter queues (VTC, LCF, weighted, "
                       "oracle, predict): options lift, predict", encode=encode, init=init, select=select,
                       on_arrival=on_arrival, on_admit=on_admit, on_step=on_step, on_complete=on_complete,
-                      reference=Reference, reads=("weights", "options", "estimator"), options=dict(OPTIONS),
+                      reference=Reference, reads=("weights", "options", "estimator", "prices"), options=dict(OPTIONS),
                       validate=validate, fuzz_options=fuzz_options, uses_estimator=True, counters=counters)

@@ -107,5 +107,5 @@ class Reference:
 
 VTC_PREDICT = Policy(name="vtc_predict", summary="VTC charging a predicted output at admission, settled at completion",
                      encode=encode, init=init, select=select, on_arrival=on_arrival, on_admit=on_admit,
-                     on_complete=settle, reference=Reference, reads=("weights", "lift_last_left", "estimator"),
+                     on_complete=settle, reference=Reference, reads=("weights", "lift_last_left", "estimator", "prices"),
                      uses_estimator=True, counters=counters)
