@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vtc_jax.cli import cluster_flags, input_flags
+from vtc_jax.cli import cluster_flags, input_flags, timed_compare
 from vtc_jax.cli.common import CheckFailed, in_file
 from vtc_jax.cli.scheduler_flags import MAX_CLIENTS, settings_from_args
 from vtc_jax.cli.server_flags import server_options
@@ -53,9 +53,9 @@ def load_for_replay(args) -> tuple[Trace, int]:
 
 def replay_command(args) -> tuple[dict, dict, object]:
     """(the run's numbers, the per-client report, the LaneResults) of `replay`."""
-    if (args.preset or args.step_time) and not servers.takes_step_time(args.server):
-        raise InputError(f"--preset / --step-time: --server {args.server} takes no step-time model (servers that "
-                         f"do: {', '.join(n for n in servers.names() if servers.takes_step_time(n))})")
+    if timed_compare.model_given(args) and not servers.takes_step_time(args.server):
+        raise InputError(f"--preset / --step-time / --roofline: --server {args.server} takes no step-time model "
+                         f"(servers that do: {', '.join(n for n in servers.names() if servers.takes_step_time(n))})")
     if cluster_flags.given(args):
         return _cluster_replay(args)
     if servers.get(args.server).preempts:  # vllm: its memory is its own, not --kv-budget
@@ -298,8 +298,8 @@ def command(args) -> int:
     for path in fileio.check_distinct_outputs([args.json, args.details, args.schedule_out, args.requests_out]):
         fileio.check_writable_file(path)
     if args.requests_out and not servers.takes_step_time(args.server):
-        raise InputError(f"--requests-out needs a timed replay (--server with a step-time model: --preset or "
-                         f"--step-time; --server {args.server} has none)")
+        raise InputError(f"--requests-out needs a timed replay (--server with a step-time model: --preset, "
+                         f"--step-time or --roofline; --server {args.server} has none)")
     out, details, ran = replay_command(args)
     files = []
     if args.schedule_out:

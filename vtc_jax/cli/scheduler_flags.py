@@ -56,12 +56,15 @@ def cost_settings(args, policy: str) -> dict:
 
 
 def with_time_shares(settings: Settings, server: str) -> Settings:
-    """`settings` asking its server to keep each tenant's share of each step's time when
-    it charges GPU time (w_time > 0: --cost time); InputError where the server keeps no
-    step-time model (only a timed vllm server has the shares)."""
-    if not settings.w_time:
-        return settings
+    """`settings` asking a timed vllm server to keep each request's share of each step's
+    time (step_time.slot_shares: the report's GPU time per tenant, and what --cost time
+    charges); InputError where a lane charges GPU time (w_time > 0) on a server that keeps
+    no step-time model."""
     options = dict(settings.server_options)
+    if not settings.w_time:
+        if servers.takes_step_time(server) and servers.keeps_time(server, options):
+            return dataclasses.replace(settings, server_options=tuple(sorted({**options, "time_shares": True}.items())))
+        return settings
     if not servers.takes_step_time(server):
         raise InputError(f"--cost time needs a timed vllm server (--server vllm with --preset, --step-time or "
                          f"--roofline), not --server {server}")

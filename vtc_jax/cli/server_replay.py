@@ -47,12 +47,13 @@ def _timed(args, log):
     else ({}, None); refused on a server that takes no step-time model or a log without times."""
     from vtc_jax.cli import timed_compare
 
-    if not (getattr(args, "preset", None) or getattr(args, "step_time", None)):
+    if not timed_compare.model_given(args):
         if getattr(args, "requests_out", None):
-            raise InputError("--requests-out needs a timed run: give --preset NAME or --step-time FILE.json")
+            raise InputError("--requests-out needs a timed run: give --preset NAME, --step-time FILE.json or "
+                             "--roofline MODEL")
         return {}, None
     if not servers.takes_step_time(args.server):
-        raise InputError(f"--preset / --step-time: --server {args.server} takes no step-time model")
+        raise InputError(f"--preset / --step-time / --roofline: --server {args.server} takes no step-time model")
     if not log.timed:
         raise InputError(f"{args.trace}: a trace in steps has no times; a timed replay needs timestamps")
     model = timed_compare.model_of(args)

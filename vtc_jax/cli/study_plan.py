@@ -63,8 +63,9 @@ class Plan:
 
 
 def _refuse_model_flags(args, server: str) -> None:
-    for flag in ("preset", "step_time"):
-        if getattr(args, flag, None):
+    for flag in (*timed_compare.MODEL_FLAGS, "gpu", "tensor_parallel_size", "roofline_efficiency",
+                 "gpu_memory_utilization"):
+        if getattr(args, flag, None) is not None:
             kind = "has its own clock" if servers.keeps_time(server) else "is untimed"
             raise InputError(f"--{flag.replace('_', '-')} is a step-time model, which --server {server} does not "
                              f"take (it {kind}; servers that take one: "

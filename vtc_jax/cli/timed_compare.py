@@ -29,6 +29,7 @@ H100_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}  # vLLM's
 REQUEST_COLUMNS = ("row", "tenant", "arrival_us", "scheduled_us", "first_token_us", "finish_us", "ttft_us", "tpot_us",
                    "e2e_us", "prompt", "output", "preemptions")
 CACHE_COLUMNS = ("cached_tokens", "recomputed_tokens")  # with prefix caching (vLLM's name: cached_tokens)
+GPU_COLUMNS = ("gpu_time_us",)  # each request's share of the steps' time (where kept: step_time.slot_shares)
 FLEET_COLUMNS = ("replica", "gateway_queue_us", "status")  # on a cluster: where it ran, how long it waited at the
 #                                                             gateway, finished / shed / rejected / unfinished
 
@@ -52,11 +53,19 @@ def note_unused_columns(log, server: str, shares: bool) -> None:
                                       not shares else ")"), file=sys.stderr)
 
 
+MODEL_FLAGS = ("preset", "step_time", "roofline")  # the ways to give a step-time model
+
+
+def model_given(args) -> bool:
+    """Whether the flags give a step-time model (any of MODEL_FLAGS)."""
+    return any(getattr(args, f, None) for f in MODEL_FLAGS)
+
+
 def model_of(args) -> step_time.StepTime:
     """The step-time model of --preset NAME, --step-time FILE.json or --roofline MODEL (one
     of the three; --roofline's --gpu, --tensor-parallel-size, --roofline-efficiency and
     --gpu-memory-utilization only with it)."""
-    given = [f for f in ("preset", "step_time", "roofline") if getattr(args, f, None)]
+    given = [f for f in MODEL_FLAGS if getattr(args, f, None)]
     if len(given) > 1:
         raise InputError(f"give one of --preset, --step-time, --roofline, not --{given[0].replace('_', '-')} and "
                          f"--{given[1].replace('_', '-')}")
@@ -276,7 +285,9 @@ def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, fi
     w = csv.writer(out, lineterminator="\n")
     cache = all("cached_tokens" in t for t in tables.values())  # a prefix cache's counts (empty: never admitted)
     fleet = all("replica" in t for t in tables.values())  # a fleet's replica and gateway queue time
-    w.writerow(("policy",) + REQUEST_COLUMNS + (CACHE_COLUMNS if cache else ()) + (FLEET_COLUMNS if fleet else ()))
+    gpu = all("gpu_time_us" in t for t in tables.values())
+    w.writerow(("policy",) + REQUEST_COLUMNS + (CACHE_COLUMNS if cache else ()) + (FLEET_COLUMNS if fleet else ())
+               + (GPU_COLUMNS if gpu else ()))
     def us(x):
         return "" if not np.isfinite(x) else f"{x:.0f}" if float(x).is_integer() else f"{x:.3f}"
 
@@ -292,5 +303,6 @@ def requests_csv(tables: dict, tenant: np.ndarray, names, prompt: np.ndarray, fi
                         stamp(t["first_token_us"][i]), stamp(t["finish_us"][i]), us(t["ttft_us"][i]), us(t["tpot_us"][i]),
                         us(t["e2el_us"][i]), int(prompt[i]), int(t["output"][i]), int(t["preemptions"][i]))
                        + ((stamp(t["cached_tokens"][i]), int(t["recomputed_tokens"][i])) if cache else ())
-                       + ((stamp(t["replica"][i]), us(t["gateway_queue_us"][i]), status[i]) if fleet else ()))
+                       + ((stamp(t["replica"][i]), us(t["gateway_queue_us"][i]), status[i]) if fleet else ())
+                       + ((int(t["gpu_time_us"][i]),) if gpu else ()))
     return out.getvalue()

@@ -19,7 +19,8 @@ from vtc_jax.core.wide import WIDE
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import histogram_quantile
-from vtc_jax.driver.run import calendar_rows, check_exact_limits, lane_keys, reject_at_arrival, validate_fits
+from vtc_jax.driver.run import (calendar_rows, check_exact_limits, check_time_charges, lane_keys, reject_at_arrival,
+                                validate_fits)
 from vtc_jax.driver.cluster_gateway import encode_gateway, gateway_config
 from vtc_jax.engines.cluster import PROGRAM, layout_lanes
 from vtc_jax.engines.cluster_replica import table_rows
@@ -213,6 +214,7 @@ def simulate_traces(traces: Sequence[Trace], clusters: Sequence[ClusterSettings]
         never = chosen.never_served(dict(c.engine.server_options), t.prompt, t.output, c.engine.kv_budget)
         if never is not None:
             raise InputError(f"server {server}: {never}")
+        check_time_charges(c.engine, server)
     counts = [requests_per_client(t, k) for t in traces]
     rows = _pow2(max(int((c + pad).sum()) for c in counts))  # a bucket: nearby sizes share one program
     cfg = plan_config(clusters, num_clients=tenants, tenant_rows=rows,

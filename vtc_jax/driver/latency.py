@@ -118,9 +118,11 @@ def request_table(result, trace: Trace, num_clients: int, pad: int, arrival_us: 
     n = len(trace)
     fields = {"first_token_us": out.first_token, "finish_us": out.finish, "scheduled_us": out.scheduled,
               "preemptions": out.preemptions}
+    if getattr(out, "gpu_us", None) is not None:  # each request's share of the steps' time (servers' Outcome)
+        fields["gpu_time_us"] = out.gpu_us
     table = {}
     for name, values in fields.items():
-        col = np.full(n, -1, np.int64)
+        col = np.full(n, 0 if name == "gpu_time_us" else -1, np.int64)
         v = np.asarray(values, np.int64)[lane][:len(rows)]  # a batch of other traces may pad the lane's rows
         live = rows >= 0
         col[rows[live]] = v[live]
@@ -218,7 +220,7 @@ def summarize(table: dict, tenant: np.ndarray, tenants, prompt: np.ndarray, slos
                 "request_throughput": float(done.sum() / seconds),
                 "goodput": float((good & mask).sum() / seconds) if slos else None,
                 "preemptions": int(table["preemptions"][mask].sum()), "itl_mean": _itl_mean(table, done),
-                "itl": _itl_stats(table, done), **_cache_counts(table, mask, prompt)}
+                "itl": _itl_stats(table, done), **_cache_counts(table, mask, prompt), **_gpu_time(table, mask)}
 
     return {"duration_s": seconds, "slos_ms": slos, "overall": group(np.ones_like(finished)),
             "tenants": {name: group(tenant == k) for k, name in enumerate(tenants)}}
@@ -234,6 +236,17 @@ def gateway_drops(table: dict) -> tuple[np.ndarray, np.ndarray]:
         none = np.zeros(len(table["finished"]), bool)
         return none, none
     return status == SHED, status == REJECTED
+
+
+def _gpu_time(table: dict, mask: np.ndarray) -> dict:
+    """Where the server kept each request's share of the steps' time (gpu_time_us:
+    step_time.slot_shares): the group's GPU time in s and its share of all requests'; {}
+    otherwise. Every request counts, finished or not: the time was spent."""
+    if "gpu_time_us" not in table:
+        return {}
+    total = int(table["gpu_time_us"].sum())
+    mine = int(table["gpu_time_us"][mask].sum())
+    return {"gpu_time_s": mine / 1e6, "gpu_share": mine / total if total else None}
 
 
 def _cache_counts(table: dict, mask: np.ndarray, prompt: np.ndarray) -> dict:

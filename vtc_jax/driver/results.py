@@ -425,6 +425,8 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
     w_p = np.asarray([float(s.w_p) for s in settings])
     w_q = np.asarray([float(s.w_q) for s in settings])
     bound_u = np.maximum(w_p * max_prompt, w_q * kv_budget)
+    # GPU-time charges (--cost time) have no token bound: VTC's 2U is stated in tokens
+    bound_u = np.where([bool(s.w_time) for s in settings], np.nan, bound_u)
     per_step = np.maximum(steps, 1)
     shape_bk = service.shape
     qd = [int(a) * int(c) for a, c in zip(scales.cost_scale, scales.counter_scale)]

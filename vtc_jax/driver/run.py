@@ -300,6 +300,17 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
         raise InputError("a prompt larger than M never completes: give a fixed number of steps")
 
 
+def check_time_charges(settings: Settings, server: str) -> None:
+    """InputError where a lane charges GPU time (w_time > 0: --cost time) on a server that
+    keeps no time shares (a timed vllm server with the `time_shares` option)."""
+    options = dict(settings.server_options)
+    if settings.w_time and not (servers.takes_step_time(server) and servers.keeps_time(server, options)
+                                and options.get("time_shares")):
+        raise InputError(f"--cost time needs a timed vllm server keeping time shares (--server vllm with --preset, "
+                         f"--step-time or --roofline), not --server {server}"
+                         + (" without a step-time model" if servers.takes_step_time(server) else ""))
+
+
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,
                record_every: int, allow_unadmittable: bool = False, arrival_width: int = 4,
                measures: MeasureConfig = ALL, policies: Sequence[str] | None = None, wide: bool | None = None,
@@ -327,6 +338,7 @@ def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_client
         never = chosen.never_served(dict(s.server_options), trace.prompt, trace.output, s.kv_budget)
         if never is not None:
             raise InputError(f"server {server}: {never}")
+        check_time_charges(s, server)
         rpm_window = s.rpm_window if s.rpm_delays else 0
         horizons.append(int(steps) if steps is not None else server_drain(trace, s, server))
         expected.append(min(horizons[-1], int(trace.output.sum()) + len(trace) * (1 + rpm_window)) + 2 * len(trace))

@@ -59,7 +59,8 @@ class LatencyPlan:
         return np.argsort(np.asarray(self.trace.arrival), kind="stable").astype(np.int64)
 
 
-CACHE_COUNTS = {"cached": "cached_tokens", "recomputed": "recomputed_tokens"}  # record name -> table column
+CACHE_COUNTS = {"cached": "cached_tokens", "recomputed": "recomputed_tokens",  # record name -> table column
+                "gpu": "gpu_time_us"}  # a server's per-request counts
 
 
 def lane_table(plan: LatencyPlan, record: dict, requests: np.ndarray, first: np.ndarray, horizon: int) -> dict:
@@ -98,7 +99,7 @@ def lane_table(plan: LatencyPlan, record: dict, requests: np.ndarray, first: np.
     stamps["preemptions"] = preempt
     for name, column in CACHE_COUNTS.items():  # a caching server's per-request counts
         if name in record:
-            col = np.full(n, -1 if name == "cached" else 0, np.int64)
+            col = np.full(n, -1 if name == "cached" else 0, np.int64)  # never admitted: no cache read, no time
             col[num] = np.asarray(record[name], np.int64)[where]
             stamps[column] = col
     token = None
@@ -197,7 +198,9 @@ def latency_metrics(summaries: list, tenants) -> dict:
             for q in quantities:
                 out[f"{metric}_{q}_ms[{group}]"] = stats.summarize(
                     [np.nan if v is None or v[metric][q] is None else v[metric][q] for v in values])
-        for name in ("goodput", "output_tokens_per_s", "unfinished"):
-            out[f"{name}[{group}]"] = stats.summarize([np.nan if v is None or v[name] is None else v[name]
+        for name in ("goodput", "output_tokens_per_s", "unfinished", "gpu_share"):
+            if name == "gpu_share" and not any(v is not None and name in v for v in values):
+                continue  # no time shares kept
+            out[f"{name}[{group}]"] = stats.summarize([np.nan if v is None or v.get(name) is None else v[name]
                                                        for v in values])
     return out

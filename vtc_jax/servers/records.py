@@ -17,10 +17,13 @@ VLLM_FLAGS = {  # setting -> vLLM's engine-argument flag (cli/server_flags.py ad
 
 def outcome_record(host) -> dict:
     """{"scheduled", "first", "finish", "preemptions": int64[B, R] by workload row (-1: not
-    yet; on a timed lane the server's us), "token_at": int64[B, T], "token_offset":
+    yet; on a timed lane the server's us), "gpu" (where kept: each request's share of the
+    steps' time, us), "token_at": int64[B, T], "token_offset":
     int64[B, R]: the per-token record (T 0: none kept)} of a vLLM server's host state."""
     out = host.out
     record = {"scheduled": out.scheduled, "first": out.first_token, "finish": out.finish, "preemptions": out.preemptions}
+    if getattr(out, "gpu_us", None) is not None:
+        record["gpu"] = out.gpu_us
     record = {name: np.asarray(values, np.int64) for name, values in record.items()}
     times = getattr(out, "times", None)
     if times is None:

@@ -57,7 +57,7 @@ from vtc_jax.servers.vllm_prefix_settings import (  # noqa: F401  (the server's 
 )
 from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, ServerShape, Work
-from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog
+from vtc_jax.servers.vllm_v1 import Outcome, ScheduleLog, add_gpu_time, gpu_record
 from vtc_jax.servers.vllm_v1 import _log  # one writer of the schedule log for both vLLM servers
 
 I32 = jnp.int32
@@ -144,7 +144,7 @@ def init(shape: ServerShape) -> PrefixState:
         computed=empty, generated=empty, tokens=empty, spos=jnp.full(s, INT_MAX, I32),
         row=jnp.zeros((s, NUM_FIELDS), I32), ndone=zero, done_client=empty, done_prompt=empty, done_output=empty,
         done_value=empty,
-        out=Outcome(first_token=never, finish=never, preemptions=jnp.zeros(r, I32), scheduled=never,
+        out=Outcome(first_token=never, finish=never, preemptions=jnp.zeros(r, I32), scheduled=never, gpu_us=gpu_record(shape),
                     times=base.token_times(shape)),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, shape.clock), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
@@ -430,6 +430,7 @@ def end_step(state: PrefixState, params, mask):
     decoding = live & (state.generated > 0) & (state.computed == total - 1)
     slots_now = (jnp.where(live, state.tokens, 0), decoding, total, state.computed)
     elapsed = step_time.duration(p, *slots_now)
+    shares = step_time.slot_shares(p, *slots_now) if state.shares else None
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
@@ -462,14 +463,14 @@ def end_step(state: PrefixState, params, mask):
         done_client=jnp.where(got, state.client[fs], 0), done_prompt=jnp.where(got, state.prompt[fs], 0),
         done_output=jnp.where(got, state.output[fs], 0), done_value=jnp.where(got, state.value[fs], 0),
         just_finished=finished.any(), pool=pool, log=log, preempted=jnp.zeros((), bool), victims=jnp.full(slots, -1, I32),
-        out=dataclasses.replace(state.out, first_token=first, finish=finish, times=times),
+        out=add_gpu_time(dataclasses.replace(state.out, first_token=first, finish=finish, times=times), state.index,
+                         shares, mask & live & state.shares),
         **({"stamp": stamp, "sampled": samples, "lastpos": state.spos} if state.asyncs else {}))
     counted = mask & samples
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(total, state.client, counted, k), elapsed=elapsed,
                 emptied=mask & p["blis_engine"] & (state.nrun > 0) & (finished.sum(dtype=I32) == state.nrun),
-                time=_per_client(step_time.slot_shares(p, *slots_now), state.client, mask & live, k)
-                if state.shares else None)
+                time=None if shares is None else _per_client(shares, state.client, mask & live, k))
     return _select(mask, new, state), work
 
 

@@ -56,7 +56,7 @@ from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import base, block_math, step_time
 from vtc_jax.servers.records import VLLM_FLAGS, outcome_record, timed_by_options, vllm_memory
 from vtc_jax.servers.base import Finished, Requeue, Server, Work
-from vtc_jax.servers.vllm_v1_state import (  # noqa: F401  (Outcome, ScheduleLog, _log: read by servers/vllm_prefix.py)
+from vtc_jax.servers.vllm_v1_state import (  # noqa: F401  (Outcome, ScheduleLog, _log, gpu_record: read by servers/vllm_prefix.py)
     _MOVED,
     ONE_HOT_CLIENTS,
     Outcome,
@@ -70,7 +70,9 @@ from vtc_jax.servers.vllm_v1_state import (  # noqa: F401  (Outcome, ScheduleLog
     _per_client,
     _running,
     _select,
+    add_gpu_time,
     census,
+    gpu_record,
     init,
     load,
 )
@@ -413,6 +415,7 @@ def end_step(state: VllmState, params, mask):
     decoding = listed & (state.generated > 0) & (state.computed == state.prompt + state.generated - 1)
     slots_now = (jnp.where(listed, state.tokens, 0), decoding, state.prompt + state.generated, state.computed)
     elapsed = step_time.duration(p, *slots_now)
+    shares = step_time.slot_shares(p, *slots_now) if state.shares else None
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")
@@ -425,13 +428,14 @@ def end_step(state: VllmState, params, mask):
         state, computed=computed, generated=generated, tokens=jnp.zeros_like(state.tokens), ndone=nfin,
         ended=jnp.where(p["async"], state.stamp, stamp) if state.asyncs else stamp, stamp=stamp, just_finished=nfin > 0,
         free=state.free + jnp.where(finished, _blocks(computed, state, p), 0).sum(dtype=I32),
-        out=dataclasses.replace(state.out, first_token=first, times=times), log=log, preempted=jnp.zeros((), bool),
+        out=add_gpu_time(dataclasses.replace(state.out, first_token=first, times=times), state.index, shares,
+                         mask & listed & state.shares),
+        log=log, preempted=jnp.zeros((), bool),
         **({"victims": jnp.full(slots, -1, I32)} if state.log.t.shape[0] else {}))
     work = Work(decoded=_per_client(samples.astype(I32), state.client, counted, k),
                 attended=_per_client(state.prompt + state.generated, state.client, counted, k),
                 elapsed=elapsed, emptied=mask & p["blis_engine"] & (state.nrun > 0) & (nfin == state.nrun),
-                time=_per_client(step_time.slot_shares(p, *slots_now), state.client, mask & listed, k)
-                if state.shares else None)
+                time=None if shares is None else _per_client(shares, state.client, mask & listed, k))
     return _select(mask, new, state), work
 
 

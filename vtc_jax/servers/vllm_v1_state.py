@@ -6,6 +6,7 @@ vllm_v1.py for size; every name here is importable from there too."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,15 @@ class Outcome:
     scheduled it (-1: never); preemptions; times: each token's time, the same stamps.
     Stamps (first_token, finish, scheduled, times) are of the lane's clock dtype
     (ServerShape.clock: int64 for a wide clock), as are VllmState's t, ended, stamp and
-    ScheduleLog.t."""
+    ScheduleLog.t. gpu_us: int32[R] each request's share of the steps' time in us
+    (step_time.slot_shares), kept where some lane keeps time shares (None: not kept)."""
 
     first_token: jax.Array
     finish: jax.Array
     preemptions: jax.Array
     scheduled: jax.Array
     times: base.TokenTimes
+    gpu_us: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -103,6 +106,21 @@ class VllmState:
     shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
 
 
+def gpu_record(shape: ServerShape):
+    """Outcome.gpu_us of a fresh lane: int32[R] zeros where the batch keeps time shares
+    (the static option `time_shares`), else None."""
+    return jnp.zeros(shape.num_rows, I32) if dict(shape.static).get("time_shares", False) else None
+
+
+def add_gpu_time(out: Outcome, index, shares, mask) -> Outcome:
+    """`out` with each slot's time share (int32[S]) added to its request's gpu_us where
+    `mask` (bool[S]); unchanged when none is kept."""
+    if out.gpu_us is None:
+        return out
+    rows = out.gpu_us.shape[0]
+    return dataclasses.replace(out, gpu_us=out.gpu_us.at[jnp.where(mask, index, rows)].add(shares, mode="drop"))
+
+
 _SLOTS = ("client", "value", "index", "prompt", "output", "computed", "generated", "tokens", "order")
 _MOVED = ("client", "value", "index", "prompt", "output", "computed", "generated", "order")  # by `complete`
 
@@ -117,7 +135,7 @@ def init(shape: ServerShape) -> VllmState:
         **{f: empty for f in _SLOTS},
         ndone=zero, ended=now, stamp=now,
         out=Outcome(first_token=never, finish=never, preemptions=jnp.zeros(r, I32), scheduled=never,
-                    times=base.token_times(shape)),
+                    times=base.token_times(shape), gpu_us=gpu_record(shape)),
         log=ScheduleLog(count=zero, t=jnp.zeros(steps, shape.clock), index=jnp.full((steps, s), -1, I32),
                         tokens=jnp.zeros((steps, s), I32), finished=jnp.zeros((steps, s), bool),
                         preempted=jnp.full((steps, s), -1, I32)),
