@@ -88,13 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--short-tenants", type=int_arg(1, MAX_TENANTS - 1), default=3,
                    help="short-context tenants beside rag (default 3)")
     p.add_argument("--long-prompt", type=_range, default=(8000, 16000), metavar="LO:HI",
-                   help="rag's prompt tokens, uniform (default 8000:16000)")
+                   help="rag's prompt tokens, uniform (8000:16000 by default)")
     p.add_argument("--long-output", type=_range, default=(50, 150), metavar="LO:HI",
-                   help="rag's output tokens (default 50:150)")
+                   help="rag's output tokens (50:150 by default)")
     p.add_argument("--short-prompt", type=_range, default=(100, 800), metavar="LO:HI",
-                   help="the short tenants' prompt tokens (default 100:800)")
+                   help="the short tenants' prompt tokens (100:800 by default)")
     p.add_argument("--short-output", type=_range, default=(100, 400), metavar="LO:HI",
-                   help="the short tenants' output tokens (default 100:400)")
+                   help="the short tenants' output tokens (100:400 by default)")
     p.add_argument("--log-seed", type=int_arg(0, 2**31 - 1), default=0, help="seed of the log (default 0)")
     p.add_argument("--preset", default=PRESET, help=f"the step-time model (default {PRESET})")
     p.add_argument("--num-gpu-blocks", type=int_arg(2, (1 << 29) - 1), default=30000,
