@@ -286,10 +286,15 @@ SLOW: tuple[tuple[str, str], ...] = (
     ("test_hand_cases.py::test_rpm_window_boundary", "5 s"),
     ("test_hand_cases.py::test_cached_prefix", "8 s"),
     ("test_hand_cases.py::test_fractional_beta_and_weights", "4 s"),
+    ("test_blis_physics.py", "BLIS's goldens and random traces: a replay compile each, 20-40 s"),
+    ("test_gpu_time.py::test_gpu_share_in_the_timed_report_whatever_the_cost", "two timed compares, 25 s"),
+    ("test_gpu_time_sweep.py::test_a_tiny_run_writes_a_consistent_set", "three compares over two seeds, 58 s cold"),
 )
 
 # Tests kept in the fast tier although a SLOW pattern names them: one cheap case per heavy area.
 KEEP_FAST: tuple[tuple[str, str], ...] = (
+    ("test_blis_physics.py::test_the_physics_step_worked_by_hand", "the physics step by hand, no run"),
+    ("test_blis_physics.py::test_blis_golden_runs_to_the_microsecond[[]blis_ties[]]", "one BLIS golden run (20 s)"),
     ("test_engine_exact.py::test_matches_reference_every_step[[]drain-2[]]", "engine exactness: every policy, 2 clients"),
     ("test_vllm_cli.py::test_cli_reproduces_the_real_scheduler[[]g004[]]", "a vLLM golden replayed exactly (19 s)"),
     ("test_artifact.py::test_engine_matches_reference[[]0[]]", "the artifact engine against its reference (7 s)"),
