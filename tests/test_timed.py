@@ -45,7 +45,10 @@ def test_one_request_worked_by_hand(tmp_path, capsys):
     rows, report = _compare(tmp_path, "timestamp,tenant,prompt,output\n100.5,a,100,3\n")
     assert rows == [{"policy": "fcfs", "row": "0", "tenant": "a", "arrival_us": "0", "scheduled_us": "4680",
                      "first_token_us": "13685", "finish_us": "27839", "ttft_us": "13685", "tpot_us": "7077",
-                     "e2e_us": "27839", "prompt": "100", "output": "3", "preemptions": "0"}]
+                     "e2e_us": "27839", "prompt": "100", "output": "3", "preemptions": "0",
+                     # its GPU time: the steps' shares, each trunc(own terms) + trunc(b0) over one request:
+                     # (1954 + 7051) + 2 x (25 + 7051) = 23157 us (the steps last 23159: 1 us of truncation each)
+                     "gpu_time_us": "23157"}]
     a = report["policies"]["fcfs"]["tenants"]["a"]
     assert a["ttft"]["p50"] == pytest.approx(13.685) and a["e2el"]["p99"] == pytest.approx(27.839)
     assert a["tpot"]["mean"] == pytest.approx(7.077) and a["queue"]["p50"] == pytest.approx(4.680)

@@ -264,32 +264,54 @@ def _pad(v, n: int):
     return jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (n - v.shape[-1],), v.dtype)], -1)
 
 
-def _slot_features(tokens, decoding, length, computed):
-    """int32[S, F, FEATURE_LIMBS]: each slot's own FEATURES in limbs (the doubled ones
-    twice; per_step 0: the step's, not a slot's): tokens int32[S] scheduled (0: none),
-    decoding bool[S], length int32[S] (prompt + generated: the sequence a chunk prefills,
-    the context a decode reads), computed int32[S] (tokens computed before the step)."""
+SCALAR = ("per_step", "per_request", "per_prefill_token", "per_decode_token")  # sums that fit int32
+
+
+def used_terms(texts) -> tuple:
+    """The FEATURES any of these `time_model` texts uses (a nonzero coefficient), in
+    FEATURES order: the static `time_terms` of a batch, so that a lane's program computes
+    only those ("": untimed, none)."""
+    used = set()
+    for text in texts:
+        if text:
+            used |= {n for form in parse_text(text) for n, c in zip(FEATURES, form) if c}
+    return tuple(n for n in FEATURES if n in used)
+
+
+def _slot_features(tokens, decoding, length, computed, terms):
+    """int32[S, len(terms), FEATURE_LIMBS]: each slot's own FEATURES named in `terms`, in
+    limbs (the doubled ones twice; per_step 0: the step's, not a slot's): tokens int32[S]
+    scheduled (0: none), decoding bool[S], length int32[S] (prompt + generated: the sequence
+    a chunk prefills, the context a decode reads), computed int32[S] (tokens computed before
+    the step)."""
     on = tokens > 0
     dec = on & decoding
     t = jnp.where(on & ~decoding, tokens, 0)
     lt = _limbs(t, 3)
-    attention = _mul(lt, _limbs(length, 3) * 2 + lt)  # t (2 P + t)
-    context = _mul(lt, _limbs(computed, 3) * 2 + lt + (jnp.arange(3) == 0))  # t (2 c + t + 1)
-    rows = [jnp.zeros_like(t), on.astype(I32), t, jnp.where(dec, tokens, 0)]
-    rows = [_limbs(x, 5) for x in rows] + [attention, _limbs(jnp.where(dec, length, 0), 5), context]
-    return _pad(_carry(jnp.stack(rows, 1)), FEATURE_LIMBS)
+    rows = {"per_step": lambda: _limbs(jnp.zeros_like(t), 5), "per_request": lambda: _limbs(on.astype(I32), 5),
+            "per_prefill_token": lambda: _limbs(t, 5), "per_decode_token": lambda: _limbs(jnp.where(dec, tokens, 0), 5),
+            "per_chunk_attention": lambda: _mul(lt, _limbs(length, 3) * 2 + lt),  # t (2 P + t)
+            "per_decode_context": lambda: _limbs(jnp.where(dec, length, 0), 5),
+            "per_prefill_context": lambda: _mul(lt, _limbs(computed, 3) * 2 + lt + (jnp.arange(3) == 0))}  # t (2c+t+1)
+    return _pad(_carry(jnp.stack([rows[n]() for n in terms], 1)), FEATURE_LIMBS)
 
 
-def _features(slots):
-    """int32[F, FEATURE_LIMBS]: the step's FEATURES from `_slot_features` (per_step 1)."""
-    total = _carry(slots.sum(0))
-    return total.at[0].set(_limbs(jnp.ones((), I32), FEATURE_LIMBS))
+def _features(tokens, decoding, length, computed, terms):
+    """int32[len(terms), FEATURE_LIMBS]: the step's FEATURES named in `terms` (per_step 1):
+    the scalar ones from their int32 sums, the others from the slots' limbs."""
+    on = tokens > 0
+    sums = {"per_step": jnp.ones((), I32), "per_request": on.sum(dtype=I32),
+            "per_prefill_token": jnp.where(on & ~decoding, tokens, 0).sum(dtype=I32),
+            "per_decode_token": jnp.where(on & decoding, tokens, 0).sum(dtype=I32)}
+    summed = [n for n in terms if n not in SCALAR]
+    slots = _carry(_slot_features(tokens, decoding, length, computed, tuple(summed)).sum(0)) if summed else None
+    return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else slots[summed.index(n)] for n in terms])
 
 
 def exact_us(coef, features):
-    """int32[MAX_FORMS]: each form's trunc(sum of coefficient x feature) in us, exact
+    """int32[..., MAX_FORMS]: each form's trunc(sum of coefficient x feature) in us, exact
     (saturating at MAX_STEP_US: `StepTime.check` refuses a model that could reach it).
-    coef int32[..., MAX_FORMS, F, COEF_LIMBS]; features int32[..., F, FEATURE_LIMBS]."""
+    coef int32[..., MAX_FORMS, F', COEF_LIMBS]; features int32[..., F', FEATURE_LIMBS]."""
     total = _carry(_carry(_mul(coef, features[..., None, :, :])).sum(-2))  # [..., MAX_FORMS, limbs]
     whole = total[..., FRAC_LIMBS:]
     over = (whole[..., 3:] != 0).any(-1) | (whole[..., 2] > MAX_STEP_US // BASE**2)
@@ -297,26 +319,35 @@ def exact_us(coef, features):
     return jnp.where(over, MAX_STEP_US, jnp.minimum(us, MAX_STEP_US)).astype(I32)
 
 
-def duration(p: dict, tokens, decoding, length, computed):
+def _coef(p: dict, terms):
+    """int32[MAX_FORMS, len(terms), COEF_LIMBS]: the lane's coefficients of `terms`."""
+    return jnp.asarray(p["time_coef"])[:, [FEATURES.index(n) for n in terms]]
+
+
+def duration(p: dict, tokens, decoding, length, computed, terms: tuple = FEATURES):
     """int32[]: the step's duration in us (1 when the lane is untimed); the slots as in
-    `_slot_features`."""
-    us = exact_us(p["time_coef"], _features(_slot_features(tokens, decoding, length, computed))).max()
+    `_slot_features`; `terms`: the features any lane of the batch uses (static:
+    `used_terms`), the only ones computed."""
+    if not terms:
+        return jnp.ones((), I32)
+    us = exact_us(_coef(p, terms), _features(tokens, decoding, length, computed, terms)).max()
     return jnp.where(p["timed"], jnp.maximum(us, 1), 1).astype(I32)
 
 
-def slot_shares(p: dict, tokens, decoding, length, computed):
+def slot_shares(p: dict, tokens, decoding, length, computed, terms: tuple = FEATURES):
     """int32[S]: each slot's share of the step's time in us (--cost time), under the form
     that sets the step's duration (the first of the largest): trunc(the form's terms of the
     slot's own features), plus trunc(the form's per_step term) split evenly over the
     scheduled slots (the first `remainder` of them in slot order 1 us more). 0 where the
     slot is not scheduled or the lane untimed. The shares add up to the step's duration
-    less each slot's truncation (under 1 us a slot)."""
-    slots = _slot_features(tokens, decoding, length, computed)
-    whole = exact_us(p["time_coef"], _features(slots))  # [MAX_FORMS]
-    form = jnp.argmax(whole)
-    coef = jnp.asarray(p["time_coef"])[form]  # [F, COEF_LIMBS]
-    step_row = (jnp.arange(len(FEATURES)) == 0)[:, None]
-    own = exact_us(jnp.where(step_row, 0, coef)[None], slots)[:, 0]  # [S]: a form axis of one
+    less each slot's truncation (under 1 us a slot). `terms` as in `duration`."""
+    if not terms:
+        return jnp.zeros(tokens.shape, I32)
+    coefs = _coef(p, terms)
+    whole = exact_us(coefs, _features(tokens, decoding, length, computed, terms))  # [MAX_FORMS]
+    coef = coefs[jnp.argmax(whole)]  # [F', COEF_LIMBS]
+    step_row = (jnp.asarray([n == "per_step" for n in terms]))[:, None]
+    own = exact_us(jnp.where(step_row, 0, coef)[None], _slot_features(tokens, decoding, length, computed, terms))[:, 0]
     base = exact_us(coef[None], jnp.where(step_row, _limbs(jnp.ones((), I32), FEATURE_LIMBS), 0))[0]
     on = tokens > 0
     n = jnp.maximum(on.sum(dtype=I32), 1)

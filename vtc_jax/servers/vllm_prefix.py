@@ -127,6 +127,7 @@ class PrefixState:
     lastpos: jax.Array
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})
     shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
+    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.used_terms of the batch
 
 
 def init(shape: ServerShape) -> PrefixState:
@@ -152,7 +153,8 @@ def init(shape: ServerShape) -> PrefixState:
         victims=jnp.full(s, -1, I32), pool=vb.pool_init(blocks, s, width, contents), cached=none_r,
         recomputed=jnp.zeros(r, I32), stamp=jnp.zeros((), shape.clock), sampled=jnp.zeros(s, bool),
         lastpos=jnp.full(s, INT_MAX, I32),
-        asyncs=static.get("async_scheduling", False), shares=static.get("time_shares", False))
+        asyncs=static.get("async_scheduling", False), shares=static.get("time_shares", False),
+        terms=static.get("time_terms", ()))
 
 
 def _per_client(values, client, mask, k):
@@ -429,8 +431,8 @@ def end_step(state: PrefixState, params, mask):
     rows, k = state.out.first_token.shape[0], state.running.shape[0]
     decoding = live & (state.generated > 0) & (state.computed == total - 1)
     slots_now = (jnp.where(live, state.tokens, 0), decoding, total, state.computed)
-    elapsed = step_time.duration(p, *slots_now)
-    shares = step_time.slot_shares(p, *slots_now) if state.shares else None
+    elapsed = step_time.duration(p, *slots_now, terms=state.terms)
+    shares = step_time.slot_shares(p, *slots_now, terms=state.terms) if state.shares else None
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)
     fresh = mask & samples & (state.out.first_token[jnp.clip(state.index, 0, rows - 1)] < 0)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")

@@ -128,7 +128,8 @@ def static_options(options: list) -> tuple:
             ("pool_blocks", max(vllm_v1.settings(_split(o)[0])["num_gpu_blocks"] for o in options)),
             ("table_width", max(w for w, _ in sizes)), ("contents", _pow2(max(u for _, u in sizes))),
             *((("async_scheduling", True),) if vllm["async_scheduling"] else ()),
-            *((("time_shares", True),) if vllm["time_shares"] else ()))
+            *((("time_shares", True),) if vllm["time_shares"] else ()),
+            *((("time_terms", vllm["time_terms"]),) if vllm["time_terms"] else ()))
 
 
 def never_served(options: dict, prompt, output, kv_budget: int) -> str | None:

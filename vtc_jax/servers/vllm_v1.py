@@ -246,12 +246,14 @@ def static_options(options: list) -> tuple:
     the program), ("token_times", the most entries any lane asks for: 0, no record), ("pow2_blocks", every
     lane's block size is a power of two, as vLLM's are: block counts are then shifts), ("async_scheduling", some
     lane schedules async: else servers/vllm_v1_async.py is left out of the program), ("time_shares", some lane
-    keeps each client's share of each step's time: else step_time.slot_shares is left out))."""
+    keeps each client's share of each step's time: else step_time.slot_shares is left out), ("time_terms", the
+    step-time features any lane's model uses: step_time.used_terms, the only ones a step computes))."""
     return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
             ("token_times", max(settings(o)["token_times"] for o in options)),
             ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)),
             ("async_scheduling", any(settings(o)["async_scheduling"] for o in options)),
-            ("time_shares", any(settings(o)["time_shares"] for o in options)))
+            ("time_shares", any(settings(o)["time_shares"] for o in options)),
+            ("time_terms", step_time.used_terms(settings(o)["time_model"] for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)
@@ -414,8 +416,8 @@ def end_step(state: VllmState, params, mask):
     # scheduled is prefill (a prompt, or a recompute after a preemption).
     decoding = listed & (state.generated > 0) & (state.computed == state.prompt + state.generated - 1)
     slots_now = (jnp.where(listed, state.tokens, 0), decoding, state.prompt + state.generated, state.computed)
-    elapsed = step_time.duration(p, *slots_now)
-    shares = step_time.slot_shares(p, *slots_now) if state.shares else None
+    elapsed = step_time.duration(p, *slots_now, terms=state.terms)
+    shares = step_time.slot_shares(p, *slots_now, terms=state.terms) if state.shares else None
     stamp = jnp.where(p["timed"], state.t + elapsed, state.t)  # timed: the end of the step
     fresh = mask & samples & (state.generated == 0)  # its first token ever (a recompute keeps its count)
     first = state.out.first_token.at[jnp.where(fresh, state.index, rows)].set(stamp, mode="drop")

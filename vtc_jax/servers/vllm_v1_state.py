@@ -104,6 +104,7 @@ class VllmState:
     pow2_blocks: bool = dataclasses.field(default=False, metadata={"static": True})
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane schedules async
     shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
+    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.used_terms of the batch
 
 
 def gpu_record(shape: ServerShape):
@@ -141,7 +142,8 @@ def init(shape: ServerShape) -> VllmState:
                         preempted=jnp.full((steps, s), -1, I32)),
         victims=jnp.full(s, -1, I32), walks=dict(shape.static).get("walks", True),
         pow2_blocks=dict(shape.static).get("pow2_blocks", False),
-        asyncs=dict(shape.static).get("async_scheduling", False), shares=dict(shape.static).get("time_shares", False))
+        asyncs=dict(shape.static).get("async_scheduling", False), shares=dict(shape.static).get("time_shares", False),
+        terms=dict(shape.static).get("time_terms", ()))
 
 
 
