@@ -19,8 +19,8 @@ from vtc_jax.core.wide import WIDE
 from vtc_jax.driver import runner
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import histogram_quantile
-from vtc_jax.driver.run import (calendar_rows, check_exact_limits, check_time_charges, lane_keys, reject_at_arrival,
-                                validate_fits)
+from vtc_jax.driver.run import calendar_rows, check_exact_limits, lane_keys, reject_at_arrival, validate_fits
+from vtc_jax.engines.settings import check_time_charges
 from vtc_jax.driver.cluster_gateway import encode_gateway, gateway_config
 from vtc_jax.engines.cluster import PROGRAM, layout_lanes
 from vtc_jax.engines.cluster_replica import table_rows

@@ -30,8 +30,8 @@ from vtc_jax.engines import limits
 from vtc_jax.engines.engine import EngineBatch, LaneInput
 from vtc_jax.engines.engine_config import EngineConfig
 from vtc_jax.engines.quiet import WINDOW as QUIET_WINDOW
-from vtc_jax.engines.settings import (INT32_MAX, Scales, Settings, encode_settings, lane_scales, limit_flags,
-                                     policy_names)
+from vtc_jax.engines.settings import (INT32_MAX, Scales, Settings, check_time_charges, encode_settings, lane_scales,
+                                     limit_flags, policy_names)
 from vtc_jax.inputs import sources
 from vtc_jax.inputs.traffic import Traffic
 from vtc_jax.inputs.workload import (MAX_ARRIVAL, ORDER, Trace, Workload, make_workload, requests_per_client,
@@ -298,17 +298,6 @@ def validate_fits(trace: Trace, settings: Settings, num_clients: int, horizon: i
                         "it could never be admitted")
     if too_big.any() and horizon is None:
         raise InputError("a prompt larger than M never completes: give a fixed number of steps")
-
-
-def check_time_charges(settings: Settings, server: str) -> None:
-    """InputError where a lane charges GPU time (w_time > 0: --cost time) on a server that
-    keeps no time shares (a timed vllm server with the `time_shares` option)."""
-    options = dict(settings.server_options)
-    if settings.w_time and not (servers.takes_step_time(server) and servers.keeps_time(server, options)
-                                and options.get("time_shares")):
-        raise InputError(f"--cost time needs a timed vllm server keeping time shares (--server vllm with --preset, "
-                         f"--step-time or --roofline), not --server {server}"
-                         + (" without a step-time model" if servers.takes_step_time(server) else ""))
 
 
 def plan_lanes(traces: Sequence[Trace], settings: Sequence[Settings], num_clients: int, steps: int | None,

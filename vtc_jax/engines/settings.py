@@ -291,6 +291,17 @@ class Scales:
     counter_scale: np.ndarray  # object[B] of ints
 
 
+def check_time_charges(settings: Settings, server: str) -> None:
+    """InputError where a lane charges GPU time (w_time > 0: --cost time) on a server that
+    keeps no time shares (a timed vllm server with the `time_shares` option)."""
+    options = dict(settings.server_options)
+    if settings.w_time and not (servers.takes_step_time(server) and servers.keeps_time(server, options)
+                                and options.get("time_shares")):
+        raise InputError(f"--cost time needs a timed vllm server keeping time shares (--server vllm with --preset, "
+                         f"--step-time or --roofline), not --server {server}"
+                         + (" without a step-time model" if servers.takes_step_time(server) else ""))
+
+
 COST_NAMES = ("w_p", "w_q", "beta", "w_time")  # Settings' prices, in Costs' order
 
 
