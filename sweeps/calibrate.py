@@ -158,18 +158,18 @@ def _parse_rows(records, source: str, names, index, times: dict) -> np.ndarray:
     return np.asarray(rows, np.float64)
 
 
-def read_vllm_csv(path) -> np.ndarray:
-    """A vllm step profile: float64[n, 3] of (prefill_tokens, decode_tokens, step time in
-    us). InputError (file, line, problem) as `read_csv`, and unless exactly one of
-    step_time_us, step_time_s is given."""
+def read_vllm_csv(path, columns: tuple = VLLM_COLUMNS) -> np.ndarray:
+    """A vllm step profile: float64[n, len(columns) + 1] of `columns` (default
+    prefill_tokens, decode_tokens) and the step time in us. InputError (file, line,
+    problem) as `read_csv`, and unless exactly one of step_time_us, step_time_s is given."""
     source = os.fspath(path)
     text = fileio.read_text(path, limit=1 << 28, what="profile")
-    header, records = fileio.csv_table(text, source, VLLM_COLUMNS, tuple(VLLM_TIMES))
+    header, records = fileio.csv_table(text, source, columns, tuple(VLLM_TIMES))
     times = [c for c in VLLM_TIMES if c in header]
     if len(times) != 1:
         raise InputError(f"{source}: give exactly one step-time column, step_time_us or step_time_s "
                          f"(header: {','.join(header)[:200]})")
-    names = VLLM_COLUMNS + (times[0],)
+    names = columns + (times[0],)
     return _parse_rows(records, source, names, [header.index(c) for c in names], VLLM_TIMES)
 
 
@@ -233,15 +233,7 @@ def _main_vllm(args) -> int:
 def read_roofline_csv(path) -> np.ndarray:
     """A roofline step profile: float64[n, 5] of ROOFLINE_COLUMNS and the step time in us;
     InputError as `read_vllm_csv`."""
-    source = os.fspath(path)
-    text = fileio.read_text(path, limit=1 << 28, what="profile")
-    header, records = fileio.csv_table(text, source, ROOFLINE_COLUMNS, tuple(VLLM_TIMES))
-    times = [c for c in VLLM_TIMES if c in header]
-    if len(times) != 1:
-        raise InputError(f"{source}: give exactly one step-time column, step_time_us or step_time_s "
-                         f"(header: {','.join(header)[:200]})")
-    names = ROOFLINE_COLUMNS + (times[0],)
-    return _parse_rows(records, source, names, [header.index(c) for c in names], VLLM_TIMES)
+    return read_vllm_csv(path, ROOFLINE_COLUMNS)
 
 
 def roofline_bases(forms: tuple, rows: np.ndarray) -> np.ndarray:
