@@ -232,7 +232,9 @@ def load_line(load: dict) -> str:
     """The load line of `client_report`'s "load": offered and served over the arrival span,
     and the overload warning where `results.overloaded` says so."""
     ratio = load["offered_over_served"]
-    line = (f"load: offered {load['offered_per_step']:.4g} vs served {load['served_per_step']:.4g} weighted "
+    offered = load["offered_per_step"]  # NaN under GPU-time charges: demand is priced in tokens
+    offered = "n/a (demand is priced in tokens)" if offered != offered else f"{offered:.4g}"
+    line = (f"load: offered {offered} vs served {load['served_per_step']:.4g} weighted "
             f"tokens/step over the arrival span ({load['waiting_at_span_end']} requests queued when the last "
             f"arrived); {load['waiting_at_end']} requests still waiting")
     if overloaded(ratio, load["waiting_at_span_end"]):

@@ -465,7 +465,9 @@ def collect(host, done: np.ndarray, config, settings: Sequence[Settings], scales
         counters=_tokens(host.counter, qd, num),
         policy_counters=policy_counters, arrived=arrived, admitted=admitted, completed=completed,
         rejected=rejected, waiting=arrived - admitted, running=admitted - completed,
-        offered=offered_units / np.asarray(q, np.float64)[:, None],
+        # demand is priced in tokens: under GPU-time charges (--cost time) it is unknown before the steps run
+        offered=np.where(np.asarray([bool(s.w_time) for s in settings])[:, None], np.nan,
+                         offered_units / np.asarray(q, np.float64)[:, None]),
         offered_steps=(np.minimum(np.asarray(last_arrival, np.int64) + 1, steps) if span_mode else steps),
         span_service=_tokens(m.span_service, q, num) if span_mode else service,
         span_waiting=(np.asarray(m.span_waiting, np.int64) if span_mode else (arrived - admitted).sum(axis=1)),
