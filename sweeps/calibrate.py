@@ -218,15 +218,25 @@ def _main_vllm(args) -> int:
     b = [float(getattr(model, k)) for k in VLLM_KEYS]
     pred = b[0] + b[1] * rows[:, 0] + b[2] * rows[:, 1]
     y = rows[:, 2]
-    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
-    rel = np.sqrt(np.mean(((pred - y) / y) ** 2))
+    r2, rel = _fit_quality(pred, y)
     print(f"vllm step time: {len(rows)} steps, R^2 {r2:.4f}, RMS relative error {100 * rel:.2f}% "
           f"(coefficients as written, {args.decimals} decimals of a us)")
+    return _write_model(data, args.out)
+
+
+def _fit_quality(pred: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(R^2, RMS relative error) of a fitted step-time model's `pred` against the steps' `y` (us)."""
+    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
+    return r2, float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+
+
+def _write_model(data: dict, out) -> int:
+    """Print the step-time JSON `compare --step-time` reads and write it to `out` (if given)."""
     text = json.dumps(data, indent=1)
     print(text)
-    if args.out is not None:
-        fileio.write_text_atomically(args.out, text + "\n")
-        print(f"wrote {args.out}")
+    if out is not None:
+        fileio.write_text_atomically(out, text + "\n")
+        print(f"wrote {out}")
     return 0
 
 
@@ -298,17 +308,11 @@ def _main_roofline(args) -> int:
     model = step_time.from_dict(data, "fit", str(args.profile))  # what compare --step-time will read
     pred = roofline_bases(model.forms, rows).max(0)
     y = rows[:, 4]
-    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
-    rel = np.sqrt(np.mean(((pred - y) / y) ** 2))
+    r2, rel = _fit_quality(pred, y)
     bound = int((roofline_bases(model.forms, rows).argmax(0) == 0).sum())
     print(f"roofline {shape.name} on {tp} x {gpu.name}: {len(rows)} steps ({bound} compute-bound), efficiency compute "
           f"{effs[0]} memory {effs[1]}, R^2 {r2:.4f}, RMS relative error {100 * rel:.2f}%")
-    text = json.dumps(data, indent=1)
-    print(text)
-    if args.out is not None:
-        fileio.write_text_atomically(args.out, text + "\n")
-        print(f"wrote {args.out}")
-    return 0
+    return _write_model(data, args.out)
 
 
 def main(argv=None) -> int:
