@@ -296,16 +296,20 @@ def _slot_features(tokens, decoding, length, computed, terms):
     return _pad(_carry(jnp.stack([rows[n]() for n in terms], 1)), FEATURE_LIMBS)
 
 
-def _features(tokens, decoding, length, computed, terms):
+def _features(tokens, decoding, length, computed, terms, slots=None):
     """int32[len(terms), FEATURE_LIMBS]: the step's FEATURES named in `terms` (per_step 1):
-    the scalar ones from their int32 sums, the others from the slots' limbs."""
+    the scalar ones from their int32 sums, the others from the slots' limbs (`slots`:
+    `_slot_features` of all `terms` where the caller has them, else those computed here)."""
     on = tokens > 0
     sums = {"per_step": jnp.ones((), I32), "per_request": on.sum(dtype=I32),
             "per_prefill_token": jnp.where(on & ~decoding, tokens, 0).sum(dtype=I32),
             "per_decode_token": jnp.where(on & decoding, tokens, 0).sum(dtype=I32)}
     summed = [n for n in terms if n not in SCALAR]
-    slots = _carry(_slot_features(tokens, decoding, length, computed, tuple(summed)).sum(0)) if summed else None
-    return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else slots[summed.index(n)] for n in terms])
+    if slots is not None:
+        total = _carry(slots.sum(0))
+        return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else total[terms.index(n)] for n in terms])
+    total = _carry(_slot_features(tokens, decoding, length, computed, tuple(summed)).sum(0)) if summed else None
+    return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else total[summed.index(n)] for n in terms])
 
 
 def exact_us(coef, features):
@@ -344,10 +348,11 @@ def slot_shares(p: dict, tokens, decoding, length, computed, terms: tuple = FEAT
     if not terms:
         return jnp.zeros(tokens.shape, I32)
     coefs = _coef(p, terms)
-    whole = exact_us(coefs, _features(tokens, decoding, length, computed, terms))  # [MAX_FORMS]
+    slots = _slot_features(tokens, decoding, length, computed, terms)  # once: the step's sums and the slots' shares
+    whole = exact_us(coefs, _features(tokens, decoding, length, computed, terms, slots))  # [MAX_FORMS]
     coef = coefs[jnp.argmax(whole)]  # [F', COEF_LIMBS]
     step_row = (jnp.asarray([n == "per_step" for n in terms]))[:, None]
-    own = exact_us(jnp.where(step_row, 0, coef)[None], _slot_features(tokens, decoding, length, computed, terms))[:, 0]
+    own = exact_us(jnp.where(step_row, 0, coef)[None], slots)[:, 0]
     base = exact_us(coef[None], jnp.where(step_row, _limbs(jnp.ones((), I32), FEATURE_LIMBS), 0))[0]
     on = tokens > 0
     n = jnp.maximum(on.sum(dtype=I32), 1)
