@@ -138,6 +138,16 @@ def test_retraction_victim_order_requeue_and_ratio():
     assert back[2] == "prefill" and back[1] + back[3] == 6 + 32
 
 
+def test_retracted_request_goes_to_the_tail():
+    """As above with D (5, 30) arriving at 20, held back by the full pool: C, retracted at 34,
+    queues behind D, so D is prefilled first (41) and C recomputes its 6 + 32 tokens after."""
+    reqs = [R(0, 14, 47), R(2, 4, 39), R(2, 6, 33), R(20, 5, 30)]
+    run = simulate(reqs, SglangConfig(120, 4, 64, schedule_conservativeness=0.3))
+    assert steps_by_iteration(run)[34]["retracted"] == [2]
+    prefills = [(s["step"], e[0], e[1]) for s in run.steps if s["kind"] == "prefill" for e in s["scheduled"]]
+    assert prefills[-2:] == [(41, 3, 5), (49, 2, 38)]
+
+
 def test_retraction_ratio_below_one_and_batch_left_in_sorted_order():
     """g2 (the hand-read retraction golden): at 32 r2 is retracted from 7 decoding and the
     ratio is re-estimated to 0.895522; the batch is kept in retract_decode's sorted order."""
@@ -146,8 +156,10 @@ def test_retraction_ratio_below_one_and_batch_left_in_sorted_order():
     s = steps_by_iteration(run)[32]
     assert s["retracted"] == [2] and round(s["new_token_ratio"], 6) == 0.895522
     before = [e[0] for e in steps_by_iteration(run)[31]["scheduled"]]
-    after = [e[0] for e in s["scheduled"]]
-    assert sorted(after) == sorted(r for r in before if r != 2)
+    # outputs: the first token at the prefill, then one per decode step (prefill steps stall decodes)
+    out = {r: 1 + sum((r, 1, "decode", None) in st["scheduled"] for st in run.steps if st["step"] < 32) for r in before}
+    kept = sorted(before, key=lambda r: (out[r], -requests[r].prompt), reverse=True)
+    assert kept[-1] == 2 and [e[0] for e in s["scheduled"]] == kept[:-1] != [r for r in before if r != 2]
 
 
 def test_lpm_deprioritizes_in_batch_shared_prefixes():
