@@ -23,9 +23,10 @@ kept exactly:
     int32[S] (blocks held; leading ones of them hashed). W bounds any request's blocks.
 
 Per event the work is O(what changes): a take or a hash is O(1) per block (a loop over
-the blocks, TAKE_CHUNK a pass, a step's running requests together), a release, a hit and
-a lookup are vectorized over one request's table (O(W)), a compaction is O(C) once per
-P + W appends.
+the blocks, TAKE_CHUNK a pass, a step's running requests together), a release and a hit
+are O(the request's blocks) and a lookup O(its hit), SPAN positions a pass (not the table's
+width W: a trace whose longest request holds 7,797 blocks made every W-wide lookup cost
+most of an event), a compaction is O(C) once per P + W appends.
 Masked-off calls change nothing (counts of 0, dropped scatter indices, `_when`).
 
 In place: XLA:CPU copies a pool-sized array that a scatter updates while a gather of it
@@ -47,6 +48,7 @@ from vtc_jax.core.lanes import batch_any
 I32 = jnp.int32
 TAKE_CHUNK = 64  # blocks a take or a hash handles per pass
 LRU_WINDOW = 2 * TAKE_CHUNK  # ring entries a take's pass looks at (stale ones among them are skipped)
+SPAN = 128  # block positions a lookup, hit or release handles per pass
 
 
 @jax.tree_util.register_dataclass
@@ -308,30 +310,49 @@ def _compact(pool: Pool, on) -> Pool:
         rhead=jnp.where(on, pool.rtail, pool.rhead), rtail=pool.rtail + live.sum(dtype=I32))
 
 
-def _release(pool: Pool, slot, on) -> Pool:
-    w, c, big, s = pool.table.shape[1], pool.ring.shape[0], pool.ref.shape[0], pool.held.shape[0]
-    pool = _when(on & (pool.rtail - pool.rhead + w > c), _compact, pool)
-    row = jnp.clip(slot, 0, s - 1)
-    j = jnp.arange(w, dtype=I32)
-    blocks = pool.table[row]
-    mine = on & (j < pool.held[row])
-    held = pool.ref[blocks]  # a request's blocks are distinct: the scatter below sets each once
-    freed = mine & (held == 1)
-    cached = freed & (pool.key[blocks] >= 0)
-    plain = freed & (pool.key[blocks] < 0)
+def _release_span(pool: Pool, row, held, start, on) -> Pool:
+    """Where `on`: the blocks of slot `row` at positions [start, start + SPAN) below
+    `held` drop a holder; those that become free join the LRU's back, last block first
+    (the span's blocks after this one stamped before it), or the stack when unhashed."""
+    w, c, big = pool.table.shape[1], pool.ring.shape[0], pool.ref.shape[0]
+    j = start + jnp.arange(SPAN, dtype=I32)
+    blocks = pool.table[row, jnp.clip(j, 0, w - 1)]
+    mine = on & (j >= 0) & (j < held)
+    holders = pool.ref[blocks]  # a request's blocks are distinct: the scatter below sets each once
+    freed = mine & (holders == 1)
+    key = pool.key[blocks]
+    cached = freed & (key >= 0)
+    plain = freed & (key < 0)
     later = jnp.cumsum(cached[::-1], dtype=I32)[::-1] - cached  # cached blocks after this one: last block first
     stamp = pool.rtail + later
     ncached = cached.sum(dtype=I32)
-    below = jnp.cumsum(plain, dtype=I32) - plain
-    gone = jnp.where(on, slot, s)
+    below = jnp.cumsum(plain, dtype=I32) - plain  # (which unhashed free block is taken is never observable)
     return dataclasses.replace(
-        pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].set(held - 1, mode="drop"),
+        pool, ref=pool.ref.at[jnp.where(mine, blocks, big)].set(holders - 1, mode="drop"),
         ring=pool.ring.at[jnp.where(cached, stamp % c, c)].set(blocks, mode="drop"),
         freed_at=pool.freed_at.at[jnp.where(cached, blocks, big)].set(stamp, mode="drop"),
         rtail=pool.rtail + ncached, nlru=pool.nlru + ncached,
         stack=pool.stack.at[jnp.where(plain, pool.nstack + below, big)].set(blocks, mode="drop"),
-        nstack=pool.nstack + plain.sum(dtype=I32), held=pool.held.at[gone].set(0, mode="drop"),
-        hashed=pool.hashed.at[gone].set(0, mode="drop"))
+        nstack=pool.nstack + plain.sum(dtype=I32))
+
+
+def _release(pool: Pool, slot, on) -> Pool:
+    """Spans of SPAN positions from the slot's last held block down to its first: the
+    work is its blocks', not the table's width W."""
+    w, c, s = pool.table.shape[1], pool.ring.shape[0], pool.held.shape[0]
+    pool = _when(on & (pool.rtail - pool.rhead + w > c), _compact, pool)
+    row = jnp.clip(slot, 0, s - 1)
+    held = jnp.where(on, pool.held[row], 0)
+
+    def one(carry):
+        start, pool = carry
+        return start - SPAN, _release_span(pool, row, held, start, start + SPAN > 0)
+
+    last = (jnp.maximum(held, 1) - 1) // SPAN * SPAN  # the last span's first position
+    pool = jax.lax.while_loop(lambda c: batch_any(c[0] + SPAN > 0), one, (jnp.where(held > 0, last, -SPAN), pool))[1]
+    gone = jnp.where(on, slot, s)
+    return dataclasses.replace(pool, held=pool.held.at[gone].set(0, mode="drop"),
+                               hashed=pool.hashed.at[gone].set(0, mode="drop"))
 
 
 def release(pool: Pool, slot, on) -> Pool:
@@ -345,33 +366,49 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
     blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
     (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
-    needed). All W positions at once, no loop: the gathers do not depend on `tokens`, so
-    every lookup of one request in an event (the engine's `prefix_hit`, the admission's,
-    `touch`'s) is one computation after XLA's CSE, ordered before the pool's in-place
-    updates; a read of the content table in a loop or apart from them made XLA:CPU copy
-    the table (U entries) twice an event."""
-    w = pool.table.shape[1]
+    needed). SPAN positions a pass, until the first miss: the work is the hit's, not the
+    table's width W."""
     limit = jnp.minimum((tokens - 1) // block_size, nids)  # <= W: a request's blocks
-    j = jnp.arange(w, dtype=I32)
-    copy = pool.head[_content(ids, off, j)]
-    ok = (j < limit) & (copy >= 0)
-    run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
-    return run, ((j < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
+    r = jnp.arange(SPAN, dtype=I32)
+
+    def one(carry):
+        start, run, evictable, going = carry
+        j = start + r
+        copy = pool.head[_content(ids, off, j)]
+        ok = (j < limit) & (copy >= 0)
+        miss = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)  # SPAN: none in this span
+        free = ((r < miss) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
+        return (start + SPAN, jnp.where(going, start + miss, run), evictable + jnp.where(going, free, 0),
+                going & (miss == SPAN))
+
+    zero = jnp.zeros((), I32)
+    _, run, evictable, _ = jax.lax.while_loop(lambda c: batch_any(c[3]), one, (zero, zero, zero, limit > 0))
+    return run, evictable
 
 
 def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
-    w, big, s = pool.table.shape[1], pool.ref.shape[0], pool.held.shape[0]
-    j = jnp.arange(w, dtype=I32)
-    mine = on & (j < hits)
-    copy = pool.head[_content(ids, off, j)]
-    holders = pool.ref[jnp.maximum(copy, 0)]  # distinct blocks (distinct contents' first copies)
-    was_free = mine & (holders == 0)
+    """SPAN positions a pass over the first `hits` (the caller masks with `on`)."""
+    big, s, w = pool.ref.shape[0], pool.held.shape[0], pool.table.shape[1]
+    r = jnp.arange(SPAN, dtype=I32)
     row = jnp.where(on, slot, s)
-    return dataclasses.replace(
-        pool, ref=pool.ref.at[jnp.where(mine, copy, big)].set(holders + 1, mode="drop"),
-        freed_at=pool.freed_at.at[jnp.where(was_free, copy, big)].set(-1, mode="drop"),
-        nlru=pool.nlru - was_free.sum(dtype=I32), table=pool.table.at[row].set(jnp.where(mine, copy, 0), mode="drop"),
-        held=pool.held.at[row].set(hits, mode="drop"), hashed=pool.hashed.at[row].set(hits, mode="drop"))
+
+    def one(carry):
+        start, pool = carry
+        j = start + r
+        mine = on & (j < hits)
+        copy = pool.head[_content(ids, off, j)]
+        holders = pool.ref[jnp.maximum(copy, 0)]  # distinct blocks (distinct contents' first copies)
+        was_free = mine & (holders == 0)
+        return start + SPAN, dataclasses.replace(
+            pool, ref=pool.ref.at[jnp.where(mine, copy, big)].set(holders + 1, mode="drop"),
+            freed_at=pool.freed_at.at[jnp.where(was_free, copy, big)].set(-1, mode="drop"),
+            nlru=pool.nlru - was_free.sum(dtype=I32),
+            table=pool.table.at[row, jnp.where(mine, j, w)].set(copy, mode="drop"))
+
+    hits = jnp.where(on, hits, 0)
+    pool = jax.lax.while_loop(lambda c: batch_any(c[0] < hits), one, (jnp.zeros((), I32), pool))[1]
+    return dataclasses.replace(pool, held=pool.held.at[row].set(hits, mode="drop"),
+                               hashed=pool.hashed.at[row].set(hits, mode="drop"))
 
 
 def touch(pool: Pool, slot, hits, ids, off) -> Pool:
