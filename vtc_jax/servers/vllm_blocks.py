@@ -24,9 +24,10 @@ kept exactly:
 
 Per event the work is O(what changes): a take or a hash is O(1) per block (a loop over
 the blocks, TAKE_CHUNK a pass, a step's running requests together), a release and a hit
-are O(the request's blocks) and a lookup O(its hit), SPAN positions a pass (not the table's
-width W: a trace whose longest request holds 7,797 blocks made every W-wide lookup cost
-most of an event), a compaction is O(C) once per P + W appends.
+are O(the request's blocks), SPAN positions a pass, not the table's width W (a trace whose
+longest request holds 7,797 blocks made W-wide ones most of an event), a lookup is
+vectorized over all W positions (`lookup` says why), a compaction is O(C) once per P + W
+appends.
 Masked-off calls change nothing (counts of 0, dropped scatter indices, `_when`).
 
 In place: XLA:CPU copies a pool-sized array that a scatter updates while a gather of it
@@ -48,7 +49,7 @@ from vtc_jax.core.lanes import batch_any
 I32 = jnp.int32
 TAKE_CHUNK = 64  # blocks a take or a hash handles per pass
 LRU_WINDOW = 2 * TAKE_CHUNK  # ring entries a take's pass looks at (stale ones among them are skipped)
-SPAN = 128  # block positions a lookup, hit or release handles per pass
+SPAN = 128  # block positions a hit or a release handles per pass
 
 
 @jax.tree_util.register_dataclass
@@ -366,24 +367,19 @@ def lookup(pool: Pool, tokens, ids, off, nids, block_size):
     """The prefix hit of a request knowing `tokens` tokens: the longest run of its leading
     blocks whose content is cached, whole blocks of at most tokens - 1 tokens. Returns
     (hits int32[], evictable int32[]: hit blocks free now, which the admission counts as
-    needed). SPAN positions a pass, until the first miss: the work is the hit's, not the
-    table's width W."""
+    needed). All W positions at once, no loop: the gathers do not depend on `tokens`, so
+    every lookup of one request in an event (the engine's `prefix_hit`, the admission's,
+    `touch`'s) is one computation after XLA's CSE, ordered before the pool's in-place
+    updates; a read of the content table in a loop or apart from them made XLA:CPU copy
+    the table (U entries) twice an event (a SPAN loop here: 2.7x slower an event at 2^21
+    contents, benchmarks/HISTORY.md 2026-12-07)."""
+    w = pool.table.shape[1]
     limit = jnp.minimum((tokens - 1) // block_size, nids)  # <= W: a request's blocks
-    r = jnp.arange(SPAN, dtype=I32)
-
-    def one(carry):
-        start, run, evictable, going = carry
-        j = start + r
-        copy = pool.head[_content(ids, off, j)]
-        ok = (j < limit) & (copy >= 0)
-        miss = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)  # SPAN: none in this span
-        free = ((r < miss) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
-        return (start + SPAN, jnp.where(going, start + miss, run), evictable + jnp.where(going, free, 0),
-                going & (miss == SPAN))
-
-    zero = jnp.zeros((), I32)
-    _, run, evictable, _ = jax.lax.while_loop(lambda c: batch_any(c[3]), one, (zero, zero, zero, limit > 0))
-    return run, evictable
+    j = jnp.arange(w, dtype=I32)
+    copy = pool.head[_content(ids, off, j)]
+    ok = (j < limit) & (copy >= 0)
+    run = jnp.argmin(jnp.concatenate([ok, jnp.zeros(1, bool)])).astype(I32)
+    return run, ((j < run) & (pool.ref[jnp.maximum(copy, 0)] == 0)).sum(dtype=I32)
 
 
 def _touch(pool: Pool, slot, hits, ids, off, on) -> Pool:
