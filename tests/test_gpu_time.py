@@ -119,3 +119,31 @@ def test_slot_shares_against_fractions_on_random_steps():
         for rank, s in enumerate(on):
             want[s] = int(form_sum(form, feats(s))) + base // len(on) + (rank < base % len(on))
         assert list(got) == want
+
+
+def test_scaled_integer_steps_equal_the_limbs_and_fall_back_when_they_could_overflow():
+    """A linear model (one form over per_step, per_request, per_prefill_token,
+    per_decode_token) whose longest step sums below 2^31 once scaled by a power of ten runs
+    as one int32 dot (step_time.step_terms leads with SCALED): its durations and slot shares
+    equal the exact limbs' (and Fractions') on 300 random steps; a model with other terms,
+    too many decimals or a budget whose longest step could pass 2^31 keeps the limbs."""
+    text = "per_step=7051.8,per_request=3.25,per_prefill_token=19.54,per_decode_token=25.43"
+    assert step_time.scaled_form(text, 8192, 256) == ([705180, 325, 1954, 2543], 100)
+    assert step_time.step_terms([(text, 8192, 256), ("", 0, 0)])[0] == step_time.SCALED
+    assert step_time.scaled_form(text, 600_000, 256) is None  # 705180 + 325 x 256 + 4497 x 600000 > 2^31
+    assert step_time.step_terms([(text, 8192, 256), (text, 600_000, 256)])[0] != step_time.SCALED
+    assert step_time.scaled_form("per_step=1.0000000001", 8192, 256) is None  # ten decimals
+    assert step_time.scaled_form("per_step=5,per_decode_context=0.5", 8192, 256) is None
+    enc = step_time.encode(text, 8192, 256)
+    limbs, fast = step_time.used_terms([text]), step_time.step_terms([(text, 8192, 256)])
+    rng = np.random.default_rng(11)
+    form = step_time.parse_text(text)[0]
+    for _ in range(300):
+        dec = rng.random(8) < 0.5
+        tok = np.where(dec, rng.random(8) < 0.8, rng.integers(0, 1000, 8) * (rng.random(8) < 0.6)).astype(np.int64)
+        args = [jnp.asarray(x, jnp.int32) for x in (tok, dec, rng.integers(1, 9000, 8), rng.integers(0, 8000, 8))]
+        prefill, decode = int(tok[~dec].sum()), int(tok[dec].sum())
+        want = max(1, int(step_time.StepTime(forms=(form,)).step_us(prefill, decode, per_request=int((tok > 0).sum()))))
+        assert int(step_time.duration(enc, *args, terms=fast)) == int(step_time.duration(enc, *args, terms=limbs)) == want
+        assert (np.asarray(step_time.slot_shares(enc, *args, terms=fast))
+                == np.asarray(step_time.slot_shares(enc, *args, terms=limbs))).all()

@@ -225,16 +225,52 @@ def _coef_limbs(c: Fraction) -> list[int]:
     return [(n // BASE**j) % BASE for j in range(COEF_LIMBS)]
 
 
-def encode(text: str) -> dict:
+def encode(text: str, budget: int = 0, seats: int = 0) -> dict:
     """The traced form of a `time_model` option: `time_coef` int32[MAX_FORMS, F,
     COEF_LIMBS] (each coefficient x 10^24 in base-10^4 limbs, least first; the doubled
-    features' halved; an absent form 0) and `timed` bool."""
+    features' halved; an absent form 0), `timed` bool, and the model as scaled integers
+    (`scaled_form` for steps of at most `budget` tokens and `seats` requests):
+    `time_scaled` int32[len(SCALAR)] and `time_scale` int32[] (0 and 1 where it is not)."""
     coef = np.zeros((MAX_FORMS, len(FEATURES), COEF_LIMBS), np.int32)
     if text:
         for f, form in enumerate(parse_text(text)):
             for i, (name, c) in enumerate(zip(FEATURES, form)):
                 coef[f, i] = _coef_limbs(c / 2 if name in DOUBLED else c)
-    return {"time_coef": coef, "timed": np.bool_(bool(text))}
+    scaled = scaled_form(text, budget, seats)
+    ints, scale = scaled if scaled is not None else ([0] * len(SCALAR), 1)
+    return {"time_coef": coef, "timed": np.bool_(bool(text)), "time_scaled": np.asarray(ints, np.int32),
+            "time_scale": np.int32(scale)}
+
+
+def scaled_form(text: str, budget: int, seats: int) -> tuple[list[int], int] | None:
+    """(C, s): the model as integers over SCALAR's features with s a power of ten, so
+    that a step lasts (C . x) // s exactly (and a slot's own part likewise), when it is
+    one form over SCALAR's terms only whose every step of at most `budget` tokens and
+    `seats` requests sums below 2^31 (the blackbox fits are); else None. A batch whose
+    every timed lane has one computes its steps in one int32 dot, not in limbs (`step_terms`)."""
+    if not text:
+        return None
+    forms = parse_text(text)
+    if len(forms) != 1 or any(c for n, c in zip(FEATURES, forms[0]) if n not in SCALAR):
+        return None
+    cs = [forms[0][FEATURES.index(n)] for n in SCALAR]
+    digits = next((d for d in range(10) if all((c * 10**d).denominator == 1 for c in cs)), None)
+    if digits is None:
+        return None
+    ints = [int(c * 10**digits) for c in cs]  # per_step, per_request, per_prefill_token, per_decode_token
+    longest = ints[0] + ints[1] * seats + (ints[2] + ints[3]) * budget
+    return (ints, 10**digits) if longest <= INT32_MAX else None
+
+
+def step_terms(models) -> tuple:
+    """The static `time_terms` of a batch whose lanes' models are `models` (time_model
+    text, token budget, seats): `used_terms` of the texts, led by SCALED when every timed
+    lane's model has a `scaled_form` (its steps then cost one int32 dot: the limbs made a
+    timed vllm_prefix run on Mooncake's log 2.3x slower, benchmarks/HISTORY.md 2026-12-07)."""
+    models = list(models)
+    terms = used_terms(text for text, _, _ in models)
+    fast = terms and all(scaled_form(text, budget, seats) is not None for text, budget, seats in models if text)
+    return ((SCALED,) + terms) if fast else terms
 
 
 def _limbs(x, n: int):
@@ -265,6 +301,7 @@ def _pad(v, n: int):
 
 
 SCALAR = ("per_step", "per_request", "per_prefill_token", "per_decode_token")  # sums that fit int32
+SCALED = "scaled"  # leads a batch's time_terms when its steps are computed as scaled integers (`step_terms`)
 
 
 def used_terms(texts) -> tuple:
@@ -312,6 +349,13 @@ def _features(tokens, decoding, length, computed, terms, slots=None):
     return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else total[summed.index(n)] for n in terms])
 
 
+def _scalar_features(tokens, decoding):
+    """int32[len(SCALAR)]: the step's SCALAR features (per_step 1)."""
+    on = tokens > 0
+    return jnp.stack([jnp.ones((), I32), on.sum(dtype=I32), jnp.where(on & ~decoding, tokens, 0).sum(dtype=I32),
+                      jnp.where(on & decoding, tokens, 0).sum(dtype=I32)])
+
+
 def exact_us(coef, features):
     """int32[..., MAX_FORMS]: each form's trunc(sum of coefficient x feature) in us, exact
     (saturating at MAX_STEP_US: `StepTime.check` refuses a model that could reach it).
@@ -334,6 +378,9 @@ def duration(p: dict, tokens, decoding, length, computed, terms: tuple = FEATURE
     `used_terms`), the only ones computed."""
     if not terms:
         return jnp.ones((), I32)
+    if terms[0] == SCALED:
+        us = (jnp.asarray(p["time_scaled"]) * _scalar_features(tokens, decoding)).sum(dtype=I32) // p["time_scale"]
+        return jnp.where(p["timed"], jnp.maximum(us, 1), 1).astype(I32)
     us = exact_us(_coef(p, terms), _features(tokens, decoding, length, computed, terms)).max()
     return jnp.where(p["timed"], jnp.maximum(us, 1), 1).astype(I32)
 
@@ -347,6 +394,16 @@ def slot_shares(p: dict, tokens, decoding, length, computed, terms: tuple = FEAT
     less each slot's truncation (under 1 us a slot). `terms` as in `duration`."""
     if not terms:
         return jnp.zeros(tokens.shape, I32)
+    on = tokens > 0
+    rank = jnp.cumsum(on.astype(I32)) - 1
+    n = jnp.maximum(on.sum(dtype=I32), 1)
+    if terms[0] == SCALED:
+        c = jnp.asarray(p["time_scaled"])
+        prefill, decode = jnp.where(on & ~decoding, tokens, 0), jnp.where(on & decoding, tokens, 0)
+        own = (c[1] * on + c[2] * prefill + c[3] * decode) // p["time_scale"]
+        base = c[0] // p["time_scale"]
+        split = base // n + (rank < base % n).astype(I32)
+        return jnp.where(on & p["timed"], own + split, 0).astype(I32)
     coefs = _coef(p, terms)
     slots = _slot_features(tokens, decoding, length, computed, terms)  # once: the step's sums and the slots' shares
     whole = exact_us(coefs, _features(tokens, decoding, length, computed, terms, slots))  # [MAX_FORMS]
@@ -354,9 +411,6 @@ def slot_shares(p: dict, tokens, decoding, length, computed, terms: tuple = FEAT
     step_row = (jnp.asarray([n == "per_step" for n in terms]))[:, None]
     own = exact_us(jnp.where(step_row, 0, coef)[None], slots)[:, 0]
     base = exact_us(coef[None], jnp.where(step_row, _limbs(jnp.ones((), I32), FEATURE_LIMBS), 0))[0]
-    on = tokens > 0
-    n = jnp.maximum(on.sum(dtype=I32), 1)
-    rank = jnp.cumsum(on.astype(I32)) - 1
     split = base // n + (rank < base % n).astype(I32)
     return jnp.where(on & p["timed"], own + split, 0).astype(I32)
 

@@ -127,7 +127,7 @@ class PrefixState:
     lastpos: jax.Array
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})
     shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
-    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.used_terms of the batch
+    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.step_terms of the batch
 
 
 def init(shape: ServerShape) -> PrefixState:

@@ -80,7 +80,7 @@ def encode(options: dict) -> dict:
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "victim": np.int32(VICTIMS.index(s["victim"])), "async": np.bool_(s["async_scheduling"]),
             "block_offsets": offsets, "block_ids": ids, "blis_engine": np.bool_(s["blis_engine"]),
-            **step_time.encode(s["time_model"])}
+            **step_time.encode(*vllm_v1.time_model(s))}
 
 
 def prefix_options(arrival, prompt, output, ident: ContentIdentity) -> dict:

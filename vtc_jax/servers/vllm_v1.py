@@ -145,7 +145,13 @@ def encode(options: dict) -> dict:
             "long_cap": np.int32(s["long_prefill_token_threshold"]), "chunked": np.bool_(s["enable_chunked_prefill"]),
             "policy": np.int32(POLICIES.index(s["scheduling_policy"])), "victim": np.int32(VICTIMS.index(s["victim"])),
             "async": np.bool_(s["async_scheduling"]), "blis_engine": np.bool_(s["blis_engine"]),
-            **step_time.encode(s["time_model"])}
+            **step_time.encode(*time_model(s))}
+
+
+def time_model(s: dict) -> tuple[str, int, int]:
+    """(time_model text, token budget, seats) of a lane's settings: what its step time
+    is encoded from (step_time.encode, step_terms)."""
+    return s["time_model"], s["max_num_batched_tokens"], s["max_num_seqs"]
 
 
 def priority_queues(client, priority):
@@ -247,13 +253,14 @@ def static_options(options: list) -> tuple:
     lane's block size is a power of two, as vLLM's are: block counts are then shifts), ("async_scheduling", some
     lane schedules async: else servers/vllm_v1_async.py is left out of the program), ("time_shares", some lane
     keeps each client's share of each step's time: else step_time.slot_shares is left out), ("time_terms", the
-    step-time features any lane's model uses: step_time.used_terms, the only ones a step computes))."""
+    step-time features any lane's model uses, the only ones a step computes, and whether in scaled integers:
+    step_time.step_terms))."""
     return (("walks", any(settings(o)["victim"] != "newest" for o in options)),
             ("token_times", max(settings(o)["token_times"] for o in options)),
             ("pow2_blocks", all(block_math.block_shift(settings(o)["block_size"]) >= 0 for o in options)),
             ("async_scheduling", any(settings(o)["async_scheduling"] for o in options)),
             ("time_shares", any(settings(o)["time_shares"] for o in options)),
-            ("time_terms", step_time.used_terms(settings(o)["time_model"] for o in options)))
+            ("time_terms", step_time.step_terms(time_model(settings(o)) for o in options)))
 
 
 SLOT_TIER = 32  # slots a first run tries (the bench workload's lanes hold at most ~26)

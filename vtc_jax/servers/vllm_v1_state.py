@@ -104,7 +104,7 @@ class VllmState:
     pow2_blocks: bool = dataclasses.field(default=False, metadata={"static": True})
     asyncs: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane schedules async
     shares: bool = dataclasses.field(default=False, metadata={"static": True})  # some lane keeps time shares
-    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.used_terms of the batch
+    terms: tuple = dataclasses.field(default=(), metadata={"static": True})  # step_time.step_terms of the batch
 
 
 def gpu_record(shape: ServerShape):
