@@ -337,10 +337,7 @@ def _features(tokens, decoding, length, computed, terms, slots=None):
     """int32[len(terms), FEATURE_LIMBS]: the step's FEATURES named in `terms` (per_step 1):
     the scalar ones from their int32 sums, the others from the slots' limbs (`slots`:
     `_slot_features` of all `terms` where the caller has them, else those computed here)."""
-    on = tokens > 0
-    sums = {"per_step": jnp.ones((), I32), "per_request": on.sum(dtype=I32),
-            "per_prefill_token": jnp.where(on & ~decoding, tokens, 0).sum(dtype=I32),
-            "per_decode_token": jnp.where(on & decoding, tokens, 0).sum(dtype=I32)}
+    sums = dict(zip(SCALAR, _scalar_features(tokens, decoding)))
     summed = [n for n in terms if n not in SCALAR]
     if slots is not None:
         total = _carry(slots.sum(0))
@@ -349,11 +346,16 @@ def _features(tokens, decoding, length, computed, terms, slots=None):
     return jnp.stack([_limbs(sums[n], FEATURE_LIMBS) if n in SCALAR else total[summed.index(n)] for n in terms])
 
 
+def _scalar_slots(tokens, decoding):
+    """int32[len(SCALAR), S]: each slot's own SCALAR features (per_step 0: the step's)."""
+    on = tokens > 0
+    return jnp.stack([jnp.zeros_like(tokens), on.astype(I32), jnp.where(on & ~decoding, tokens, 0),
+                      jnp.where(on & decoding, tokens, 0)])
+
+
 def _scalar_features(tokens, decoding):
     """int32[len(SCALAR)]: the step's SCALAR features (per_step 1)."""
-    on = tokens > 0
-    return jnp.stack([jnp.ones((), I32), on.sum(dtype=I32), jnp.where(on & ~decoding, tokens, 0).sum(dtype=I32),
-                      jnp.where(on & decoding, tokens, 0).sum(dtype=I32)])
+    return _scalar_slots(tokens, decoding).sum(-1, dtype=I32).at[0].set(1)
 
 
 def exact_us(coef, features):
@@ -399,8 +401,7 @@ def slot_shares(p: dict, tokens, decoding, length, computed, terms: tuple = FEAT
     n = jnp.maximum(on.sum(dtype=I32), 1)
     if terms[0] == SCALED:
         c = jnp.asarray(p["time_scaled"])
-        prefill, decode = jnp.where(on & ~decoding, tokens, 0), jnp.where(on & decoding, tokens, 0)
-        own = (c[1] * on + c[2] * prefill + c[3] * decode) // p["time_scale"]
+        own = (c[:, None] * _scalar_slots(tokens, decoding)).sum(0, dtype=I32) // p["time_scale"]
         base = c[0] // p["time_scale"]
         split = base // n + (rank < base % n).astype(I32)
         return jnp.where(on & p["timed"], own + split, 0).astype(I32)

@@ -10,17 +10,11 @@ import os
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.fileio import csv_table, read_text
 from vtc_jax.testing.sglang_reference import SglangConfig, SglangRequest, SglangRun
+from vtc_jax.testing.vllm_goldens import int_cell  # one reader of a golden CSV's integer cell
 
 TRACE_COLUMNS = ("arrival", "client", "prompt", "output")
 TRACE_OPTIONAL = ("prefix_id", "prefix_len")
 RATIO_DIGITS = 6  # the harness prints new_token_ratio rounded to 6 digits
-
-
-def _int_cell(text: str, source: str, line: int, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise InputError(f"{source}: line {line}: {name} must be an integer, got {text[:40]!r}") from None
 
 
 def read_trace_csv(path) -> list[SglangRequest]:
@@ -32,8 +26,8 @@ def read_trace_csv(path) -> list[SglangRequest]:
     out = []
     for line, cells in records:
         cell = dict(zip(header, cells))
-        ints = {name: _int_cell(cell[name], source, line, name) for name in ("arrival", "prompt", "output")}
-        prefix_len = _int_cell(cell.get("prefix_len") or "0", source, line, "prefix_len")
+        ints = {name: int_cell(cell[name], source, line, name) for name in ("arrival", "prompt", "output")}
+        prefix_len = int_cell(cell.get("prefix_len") or "0", source, line, "prefix_len")
         prefix_id = cell.get("prefix_id") or None
         if prefix_id in (None, "-1") or prefix_len <= 0:
             prefix_id, prefix_len = None, 0

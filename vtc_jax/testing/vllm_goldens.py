@@ -12,7 +12,7 @@ from vtc_jax.testing.vllm_reference import TRACE_COLUMNS, TRACE_OPTIONAL, TraceR
 
 
 
-def _int_cell(text: str, source: str, line: int, name: str) -> int:
+def int_cell(text: str, source: str, line: int, name: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -28,9 +28,9 @@ def read_trace_csv(path) -> list[TraceRequest]:
     out = []
     for line, cells in records:
         cell = dict(zip(header, cells))
-        ints = {name: _int_cell(cell[name], source, line, name) for name in ("arrival", "prompt", "output")}
-        priority = _int_cell(cell.get("priority") or "0", source, line, "priority")
-        prefix_len = _int_cell(cell.get("prefix_len") or cell.get("cached") or "0", source, line, "prefix_len")
+        ints = {name: int_cell(cell[name], source, line, name) for name in ("arrival", "prompt", "output")}
+        priority = int_cell(cell.get("priority") or "0", source, line, "priority")
+        prefix_len = int_cell(cell.get("prefix_len") or cell.get("cached") or "0", source, line, "prefix_len")
         prefix_id = (cell.get("prefix_id") or f"client:{cell['client']}") if prefix_len > 0 else None
         out.append(TraceRequest(client=cell["client"], priority=priority, prefix_id=prefix_id,
                                 prefix_len=prefix_len, **ints))
