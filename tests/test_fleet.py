@@ -163,6 +163,51 @@ def test_one_replica_behind_the_round_robin_picker_is_one_vllm_server():
         assert {o: v[:2] for o, v in fleet.items()} == {o: v[:2] for o, v in per.items()}, f"lane {i}"
 
 
+def test_a_replica_routed_at_arrival_queues_past_any_saturation_bound():
+    """Routed at arrival (no flow control), nothing bounds a replica's queue but the
+    requests: 30 requests at once on a one-seat replica with M = 64 (a saturation bound of
+    a few requests) all queue there, and the fleet is still one vllm server, request for
+    request (planned from the saturation rule, the queue overflowed and the lane was
+    flagged)."""
+    options = {"num_gpu_blocks": 9, "block_size": 4, "max_num_batched_tokens": 64, "max_num_seqs": 1}
+    settings = [Settings(policy=p, kv_budget=64, server_options=tuple(options.items())) for p in ("fcfs", "vtc")]
+    trace = Trace.from_rows([(0, r % 2, 16, 4) for r in range(30)])
+    want = _one_server([trace] * 2, settings, 2)
+    rules = Gateway(picker="round-robin", ties="lowest")
+    clusters = [ClusterSettings(engine=s, gateway_policy="fcfs", gateway_rules=rules) for s in settings]
+    cl = simulate_traces([trace] * 2, clusters, num_clients=2, steps=400, record=True, server="vllm")
+    assert cl.finished.all()
+    for i in range(2):
+        totals, per = want[i]
+        assert (_ints(cl.service_units[i, 0]), _ints(cl.admitted[i, 0])) == (totals[0], totals[2])
+        assert {o: v[:2] for o, v in _fleet_requests(cl, i, len(trace)).items()} == {o: v[:2] for o, v in per.items()}
+
+
+def test_slot_tiers_of_a_fleet_give_the_results_of_its_full_slots(monkeypatch):
+    """The replicas' servers run in slot tiers (driver/tiers.py): lanes whose replicas hold
+    more than 32 requests at once rerun with the full slots, the others keep the first
+    tier's run widened; every result equals one run with the full slots."""
+    from vtc_jax.driver import tiers
+
+    options = {"num_gpu_blocks": 400, "block_size": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 64}
+    s = Settings(policy="vtc", kv_budget=1 << 16, server_options=tuple(options.items()))
+    heavy = Trace.from_rows([(r // 20, r % 2, 8 + r % 5, 4 + r % 7) for r in range(90)])
+    light = Trace.from_rows([(3 * r, r % 2, 8, 5) for r in range(12)])
+    traces = [heavy, light, light, heavy]
+    clusters = [ClusterSettings(engine=s, gateway_policy="fcfs", replicas=2, choice="round_robin")] * 4
+    assert tiers.tier_sizes("vllm", 64) == [32, 64]
+    reruns = []
+    run = tiers.runner.run
+    monkeypatch.setattr(tiers.runner, "run", lambda *a, **kw: reruns.append(a[1].slots) or run(*a, **kw))
+    tiered = simulate_traces(traces, clusters, num_clients=2, steps=300, record=True, server="vllm")
+    assert reruns == [32, 64]  # the heavy lanes overflowed the first tier
+    monkeypatch.setattr(tiers, "tier_sizes", lambda server, slots: [slots])
+    whole = simulate_traces(traces, clusters, num_clients=2, steps=300, record=True, server="vllm")
+    assert tiered.finished.all() and whole.finished.all()
+    for name in ("service_units", "counter_units", "admitted", "completed", "first_token", "finish", "records"):
+        np.testing.assert_array_equal(np.asarray(getattr(tiered, name)), np.asarray(getattr(whole, name)), err_msg=name)
+
+
 def _burst(heavy: int, light: int, light_at: int) -> Trace:
     """Tenant 0 sends `heavy` requests at 0, tenant 1 `light` requests at `light_at`
     (prompt 16, output 4 each)."""

@@ -16,7 +16,7 @@ import numpy as np
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import OUTPUT
 from vtc_jax.core.wide import WIDE
-from vtc_jax.driver import runner
+from vtc_jax.driver import tiers
 from vtc_jax.driver.devices import lane_mesh
 from vtc_jax.driver.results import histogram_quantile
 from vtc_jax.driver.run import calendar_rows, check_exact_limits, lane_keys, reject_at_arrival, validate_fits
@@ -53,6 +53,13 @@ from vtc_jax.servers import registry as servers
 
 
 # ---- planning and running (host) ---------------------------------------------------------
+
+# Slot tiers (driver/tiers.py) over the replicas' servers: a lane where some replica's
+# server (or waiting pool) overflowed a tier reruns with the next.
+REPLICA_SERVERS = tiers.Lanes(
+    servers=lambda host: host.reps.server,
+    with_servers=lambda host, tree: dataclasses.replace(host, reps=dataclasses.replace(host.reps, server=tree)),
+    overflowed=lambda host: np.asarray(host.reps.overflow, bool).any(axis=1))
 
 def _tenants(num_clients, lanes: int) -> list[int]:
     out = [int(num_clients)] * lanes if np.ndim(num_clients) == 0 else [int(x) for x in num_clients]
@@ -148,6 +155,9 @@ def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows
                            horizon=horizon, max_requests=max_requests, arrival_width=arrival_width)
     waiting = 1
     for c in clusters:
+        if c.gateway_rules is not None:  # an endpoint picker: no rule of a replica's room bounds its queue
+            waiting = max_requests
+            break
         waiting = max(waiting, c.queue_limit if c.saturation == "queue" else (c.kv_limit - 1) // min_prompt + 1)
     running = max(1, min(max(c.engine.kv_budget for c in clusters) // max(min_prompt, 1), max_requests))
     names = registry.names()
@@ -182,8 +192,9 @@ def run_lanes(workload: Workload, clusters: Sequence[ClusterSettings], horizons:
     workload, rejected, shared = reject_at_arrival(workload, engines, horizons, cfg.num_clients, shared)
     wl = layout_lanes(workload, params, routers=cfg.routers, shared=shared)
     batch = ClusterBatch(params=params, workload=wl)
-    host, done = runner.run(PROGRAM, cfg, batch, None, event_budget=event_budget, chunk=chunk,
-                            expected_events=expected_events, mesh=mesh or lane_mesh(), progress=progress)
+    host, done = tiers.run_in_tiers(cfg, batch, None, program=PROGRAM, lanes_of=REPLICA_SERVERS,
+                                    event_budget=event_budget, chunk=chunk, expected_events=expected_events,
+                                    mesh=mesh or lane_mesh(), progress=progress)
     overflow = np.asarray(host.reps.overflow).any(axis=1) | np.asarray(jax.device_get(wl.overflow))
     rows = np.asarray(jax.device_get(wl.requests)) if cfg.record else None
     return ClusterResults.collect(host, done & ~overflow, clusters, cfg, rows, jax.device_get(params),

@@ -112,10 +112,12 @@ def ingress_router(seed, client, position, thresholds):
 # ---- events ---------------------------------------------------------------------------
 
 def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, cfg: ClusterConfig, flags,
-              routers: Routers, offer: Offer, rheads, room, load, queued, mask, live=None) -> ClusterState:
+              routers: Routers, offer: Offer, rheads, room, load, queued, mask, live=None):
     """One dispatch where `mask`: the offering router's candidate leaves its gateway queue,
     is charged there and joins the chosen replica's FIFO (behind a picker: `live`, the
-    replicas' metrics now, cluster_fleet.live_stats)."""
+    replicas' metrics now, cluster_fleet.live_stats). Returns (state, its record for
+    `sent`: (position int32[], record int32[POOL_FIELDS]), or None): the next event writes
+    it first (`_record_sent`)."""
     g, r = cfg.routers, cfg.replicas
     j, c = offer.router, offer.client
     t = state.step
@@ -165,9 +167,9 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         rows = rec.shape[0]
         rec = rec.at[jnp.where(mask, index, rows)].set(
             jnp.stack([t, target, state.dseq, jnp.asarray(-1, I32)]), mode="drop")
-    sent = state.sent
-    if sent is not None:  # a preempted request's record is read again from here
-        sent = sent.at[jnp.where(mask, state.dseq, sent.shape[0])].set(record.astype(I32), mode="drop")
+    sent = None
+    if state.sent is not None:  # a preempted request's record is read again from there
+        sent = (jnp.where(mask, state.dseq, state.sent.shape[0]), record.astype(I32))
     m = mask.astype(I32)
     return dataclasses.replace(
         state, rhead=state.rhead.at[j, c].add(m), rcounter=rcounter,
@@ -176,7 +178,16 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         rr=state.rr.at[j].set(jnp.where(mask & (params.choice == ROUND_ROBIN), (target + 1) % params.replicas,
                                         state.rr[j])),
         dseq=state.dseq + m, ring_c=ring_c, ring_d=ring_d, reps=reps, boundary=boundary, asleep=asleep,
-        dispatched=state.dispatched.at[j, target, c].add(m), rec=rec, sent=sent, fleet=fleet)
+        dispatched=state.dispatched.at[j, target, c].add(m), rec=rec, fleet=fleet), sent
+
+
+def _record_sent(state: ClusterState, write) -> ClusterState:
+    """The previous event's dispatch record into `sent`, at the start of this event, before
+    any read of it: an event's reads are of requests dispatched before it, and a table
+    written first and read after is updated in place (read in the event that wrote it, XLA
+    kept its old copy too: the whole [N, POOL_FIELDS] table copied twice an event)."""
+    at, record = write
+    return dataclasses.replace(state, sent=state.sent.at[at].set(record, mode="drop"))
 
 
 def _admit(state: ClusterState, rheads, clients, rstates, admitting, params: ClusterParams,
@@ -416,6 +427,8 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
         state = dataclasses.replace(state, fleet=fleet, rhead=rhead)
     active = ~state.done
     in_horizon = t < params.horizon
+    if state.sent is not None:
+        state = _record_sent(state, state.sent_write)
     # replicas
     rheads = jax.vmap(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
     due = _due(state, cfg)
@@ -461,7 +474,8 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
         settled = settled & ~beginning.any()
     finishing = settled & ~admitting.any()
 
-    state = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued, dispatching, live)
+    state, sent_write = _dispatch(state, wl, params, cfg, flags, routers, offer, rheads, room, load, queued,
+                                  dispatching, live)
     state = dataclasses.replace(state, dispatched_all=state.dispatched_all | ready & ~dispatching)
     if flow is not None:  # a cycle dispatches one request; one that finds none to send (saturated, empty) is spent
         state = dataclasses.replace(state, fleet=fleet_mod.spend(state.fleet, pending, flow & gate, dispatching))
@@ -477,7 +491,7 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
         arriving = arriving & (~flow | (state.fleet["cycles"] <= 0))
     state = _arrive(state, wl, heads, head_index, params, cfg, flags, arriving, entries, warr)
     finished = (state.step >= params.horizon) & settled_now
-    return dataclasses.replace(state, done=state.done | (active & finished),
+    return dataclasses.replace(state, done=state.done | (active & finished), sent_write=sent_write,
                                iterations=state.iterations + active.astype(I32))
 
 
@@ -510,6 +524,7 @@ def init_state(cfg: ClusterConfig, params: ClusterParams, wl: ClusterWorkload) -
         dispatched=jnp.zeros((g, r, k), I32), snap=WIDE.zeros((r, k)), wsnap=WIDE.zeros((r, k)),
         bs=WIDE.zeros((k,)), bsw=WIDE.zeros((k,)), drift=WIDE.zeros(), bsteps=jnp.zeros((), I32),
         wait_hist=jnp.zeros((k, LATENCY_BINS), I32), rec=rec, sent=sent,
+        sent_write=None if sent is None else (jnp.asarray(cfg.num_rows, I32), jnp.zeros(POOL_FIELDS, I32)),
         fleet=None if cfg.picker is None else fleet_mod.init(cfg, params))
 
 

@@ -112,7 +112,9 @@ class ClusterState:
     drift: int32[2] max over those steps of max_k bsw - min_k bsw; bsteps: int32[];
     wait_hist: int32[K, LATENCY_BINS]; rec: int32[G * N, 4] or None. sent: int32[G * N,
     POOL_FIELDS] the pool record of each dispatch sequence (where a preempted request's
-    record is read again), None unless the server preempts. fleet: the gateway's picker,
+    record is read again), None unless the server preempts; sent_write: (position int32[],
+    record int32[POOL_FIELDS]) the last event's dispatch record, written into `sent` at the
+    next event's start (cluster._record_sent; position N: none), None with `sent`. fleet: the gateway's picker,
     metrics and flow-control state (cluster_fleet.init), None without a picker."""
 
     step: jax.Array
@@ -144,6 +146,7 @@ class ClusterState:
     wait_hist: jax.Array
     rec: jax.Array | None
     sent: jax.Array | None = None
+    sent_write: tuple | None = None
     fleet: dict | None = None
 
 
