@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vtc_jax.core.lanes import over_replicas
 from vtc_jax.core.rows import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT
 from vtc_jax.core.wide import WIDE
 from vtc_jax.engines import cluster_fleet as fleet_mod
@@ -149,18 +150,18 @@ def _dispatch(state: ClusterState, wl: ClusterWorkload, params: ClusterParams, c
         target = choose_replica(state, params, cfg, room, load, queued, j, c)
     else:  # the endpoint picker (ENGINE_FLEET.md section 4); a cycle spent (flow control)
         present = jnp.arange(r) < params.replicas
-        target, picked = fleet_mod.choose(state, fleet, state.reps, row, live, present, params, cfg)
+        target, picked = fleet_mod.choose(state, fleet, state.reps, row, live, present, params, cfg, mask)
         fleet = fleet_mod.routed(fleet, picked, target, row[PROMPT], mask, params.fleet)
     record = jnp.concatenate([jnp.stack([t, state.dseq]), row[PROMPT:ROW_FIELDS],
                               jnp.stack([row[ARRIVAL], index, row[ORDER]])])
     into = mask & (jnp.arange(r) == target)
-    reps = jax.vmap(functools.partial(replica.rep_receive, cfg=cfg), in_axes=(0, 0, None, None, None, 0, None))(
+    reps = over_replicas(functools.partial(replica.rep_receive, cfg=cfg), in_axes=(0, 0, None, None, None, 0, None))(
         state.reps, rheads, t, record.astype(I32), c, into, params.engine)
     boundary, asleep = state.boundary, state.asleep
     wake = servers.get(cfg.server).wake
     if wake is not None:  # a sleeping replica looks at its queue again at its own poll (docs/CLUSTER.md)
         waking = into & asleep
-        boundary = jnp.where(waking, jax.vmap(wake, in_axes=(None, 0, None))(params.engine, boundary, t), boundary)
+        boundary = jnp.where(waking, over_replicas(wake, in_axes=(None, 0, None))(params.engine, boundary, t), boundary)
         asleep = asleep & ~waking
     rec = state.rec
     if rec is not None:
@@ -194,7 +195,7 @@ def _admit(state: ClusterState, rheads, clients, rstates, admitting, params: Clu
            cfg: ClusterConfig) -> ClusterState:
     """Every replica where `admitting` admits its candidate."""
     t = state.step
-    reps, (orig, rowid), first = jax.vmap(functools.partial(replica.rep_admit, cfg=cfg),
+    reps, (orig, rowid), first = over_replicas(functools.partial(replica.rep_admit, cfg=cfg),
                                           in_axes=(0, 0, 0, 0, 0, None, None))(
         state.reps, rheads, clients, rstates, admitting, t, params.engine)
     # a preempted request's admission again is not a wait (its first admission was)
@@ -211,7 +212,7 @@ def _admit(state: ClusterState, rheads, clients, rstates, admitting, params: Clu
 
 def _begin(state: ClusterState, rheads, params: ClusterParams, cfg: ClusterConfig, mask) -> ClusterState:
     """Every replica where `mask` (bool[R]) runs its step's BEGIN (a server that preempts)."""
-    reps = jax.vmap(functools.partial(replica.rep_begin, cfg=cfg), in_axes=(0, 0, None, 0, None, None))(
+    reps = over_replicas(functools.partial(replica.rep_begin, cfg=cfg), in_axes=(0, 0, None, 0, None, None))(
         state.reps, rheads, state.step, mask, state.sent, params.engine)
     return dataclasses.replace(state, reps=reps)
 
@@ -225,12 +226,12 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     horizon = params.horizon
     queued = cluster_shed.waiting(state.rhead, state.rarrived, state.fleet)
     waiting = queued.sum(axis=0) + state.reps.nw.sum(axis=0)  # [K]
-    running = jax.vmap(functools.partial(replica.rep_load, cfg=cfg))(state.reps).running
+    running = over_replicas(functools.partial(replica.rep_load, cfg=cfg))(state.reps).running
     # the replicas at a boundary (docs/CLUSTER.md, "Replica clocks"); on ideal: all of them
     bound = state.boundary <= t
     stepping = mask & bound & ~state.asleep
     busy = (running.sum(axis=1) > 0) | (state.reps.nw.sum(axis=1) > 0)
-    server, work = jax.vmap(functools.partial(replica.rep_end_step, cfg=cfg), in_axes=(0, 0, None))(
+    server, work = over_replicas(functools.partial(replica.rep_end_step, cfg=cfg), in_axes=(0, 0, None))(
         state.reps, stepping, params.engine)
     stepped = stepping & busy
     boundary = jnp.where(stepped, t + work.elapsed, jnp.where(stepping, t, state.boundary))
@@ -246,7 +247,7 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
         waits_for_tick = params.fleet.flow
     next_t = jnp.where(mask, jnp.where(~ahead.any() & routed & ~waits_for_tick, t + 1, jnp.maximum(t + 1, soonest)), t)
     elapsed = next_t - t
-    reps = jax.vmap(functools.partial(replica.rep_finish, cfg=cfg),
+    reps = over_replicas(functools.partial(replica.rep_finish, cfg=cfg),
                     in_axes=(0, 0, None, None, 0, None, 0, 0, 0, None))(
         state.reps, rheads, t, next_t, mask & bound, mask, server, work,
         jnp.where(stepped, work.elapsed, elapsed), params.engine)
@@ -326,8 +327,8 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
 
 def _complete(state: ClusterState, params: ClusterParams, cfg: ClusterConfig, mask) -> ClusterState:
     t = state.step
-    heads = jax.vmap(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
-    reps, prompts = jax.vmap(functools.partial(replica.rep_complete, cfg=cfg), in_axes=(0, 0, 0, None, None))(
+    heads = over_replicas(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
+    reps, prompts = over_replicas(functools.partial(replica.rep_complete, cfg=cfg), in_axes=(0, 0, 0, None, None))(
         state.reps, heads, mask, t, params.engine)
     fleet = state.fleet
     if fleet is not None:
@@ -412,7 +413,7 @@ def _flags(params: ClusterParams, cfg: ClusterConfig) -> dict:
 
 def _due(state: ClusterState, cfg: ClusterConfig):
     """bool[R]: each replica at a boundary holds a request its last step finished."""
-    due = jax.vmap(functools.partial(replica.rep_due, cfg=cfg), in_axes=(0, None))(state.reps, state.step)
+    due = over_replicas(functools.partial(replica.rep_due, cfg=cfg), in_axes=(0, None))(state.reps, state.step)
     return due & (state.boundary <= state.step)
 
 
@@ -430,9 +431,9 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
     if state.sent is not None:
         state = _record_sent(state, state.sent_write)
     # replicas
-    rheads = jax.vmap(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
+    rheads = over_replicas(replica.rep_heads, in_axes=(0, None))(state.reps, state.sent)
     due = _due(state, cfg)
-    room, load, queued = jax.vmap(functools.partial(replica.rep_room, cfg=cfg), in_axes=(0, 0, None))(
+    room, load, queued = over_replicas(functools.partial(replica.rep_room, cfg=cfg), in_axes=(0, 0, None))(
         state.reps, jnp.arange(r, dtype=I32), params)
     cycles = flow = live = None
     if state.fleet is not None:  # the gateway: a scrape due by now; room = a cycle and no saturation (flow control)
@@ -460,9 +461,9 @@ def step_lane(state: ClusterState, params: ClusterParams, wl: ClusterWorkload, c
         cycles = fleet_mod.cycles_now(state.fleet, pending)
         gate = jnp.where(flow, active & in_horizon & ~due.any() & (cycles > 0), ready)
     dispatching = gate & ~state.dispatched_all & room.any() & offer.has
-    clients, has, rstates = jax.vmap(functools.partial(replica.rep_select, cfg=cfg), in_axes=(0, 0, None, None))(
+    clients, has, rstates = over_replicas(functools.partial(replica.rep_select, cfg=cfg), in_axes=(0, 0, None, None))(
         state.reps, rheads, t, params.engine)
-    fits = jax.vmap(functools.partial(replica.rep_fits, cfg=cfg), in_axes=(0, 0, 0, None))(
+    fits = over_replicas(functools.partial(replica.rep_fits, cfg=cfg), in_axes=(0, 0, 0, None))(
         state.reps, rheads, clients, params.engine)
     settled = ready & ~dispatching
     at_bound = (state.boundary <= t) & ~state.asleep

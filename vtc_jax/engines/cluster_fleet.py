@@ -28,9 +28,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vtc_jax.core.lanes import over_replicas
 from vtc_jax.core.rows import NUM_FIELDS, ORDER, PROMPT
 from vtc_jax.engines import cluster_shed, flow_control
 from vtc_jax.engines.cluster_settings import ClusterConfig, ClusterParams
+from vtc_jax.engines.cluster_state import choose as choose_leaves
 from vtc_jax.engines.cluster_state import wadd
 from vtc_jax.pickers import registry as pickers
 from vtc_jax.pickers.base import Request, Shape, Snapshot
@@ -75,7 +77,7 @@ def kv_used(server_state, eparams, cfg: ClusterConfig):
 
 def live_stats(reps, eparams, cfg: ClusterConfig):
     """int32[R, 2]: each replica's (W, KV used) now."""
-    used = jax.vmap(lambda s: kv_used(s, eparams, cfg))(reps.server)
+    used = over_replicas(lambda s: kv_used(s, eparams, cfg))(reps.server)
     return jnp.stack([reps.nw.sum(axis=1, dtype=I32), used], axis=1)
 
 
@@ -125,9 +127,10 @@ def engine_blocks(prompt, fp):
     return (prompt + fp.block - 1) // fp.block
 
 
-def choose(state, fleet: dict, reps, row, live, present, params: ClusterParams, cfg: ClusterConfig):
+def choose(state, fleet: dict, reps, row, live, present, params: ClusterParams, cfg: ClusterConfig, mask):
     """(replica int32[], picker state): the picker's choice for the request `row` (a cluster
-    row, int32[ROW_FIELDS]); ties from the lane's seed and the dispatch sequence."""
+    row, int32[ROW_FIELDS]) and its state after routing it there where `mask` (else as it
+    was); ties from the lane's seed and the dispatch sequence."""
     fp = params.fleet
     picker = pickers.get(cfg.picker)
     seen = metrics(fleet, live, fp)
@@ -135,7 +138,7 @@ def choose(state, fleet: dict, reps, row, live, present, params: ClusterParams, 
     overlap = jnp.zeros(cfg.replicas, I32)
     hit = servers.get(cfg.server).prefix_hit
     if "overlap" in picker.reads and hit is not None:
-        cached = jax.vmap(lambda s: hit(s, params.engine, row[:NUM_FIELDS], generated=jnp.zeros((), I32)))(reps.server)
+        cached = over_replicas(lambda s: hit(s, params.engine, row[:NUM_FIELDS], generated=jnp.zeros((), I32)))(reps.server)
         overlap = cached // fp.block
     snapshot = Snapshot(waiting=seen[:, 0], kv_used=seen[:, 1], kv_usable=jnp.broadcast_to(fp.usable, present.shape),
                         in_flight=in_flight, prefill_blocks=fleet["prefill"], decode_blocks=fleet["decode"],
@@ -148,16 +151,19 @@ def choose(state, fleet: dict, reps, row, live, present, params: ClusterParams, 
                       engine_blocks=engine_blocks(row[PROMPT], fp))
     key = jax.random.fold_in(jax.random.PRNGKey(params.seed.astype(jnp.uint32)), state.dseq)
     target, picked = picker.pick(fleet["picker"], snapshot, request, key, fp.picker)
-    return target, picker.routed(picked, target, request, fp.picker)
+    # Masked inside `routed` (replica -1: nothing routed), not by a select over its result:
+    # a select kept the state's old copy alive, so XLA copied llm-d's index (O(R x blocks))
+    # at every event. A leaf `pick` returned as it was needs no select either.
+    picked = choose_leaves(mask, picked, fleet["picker"])
+    return target, picker.routed(picked, jnp.where(mask, target, -1), request, fp.picker)
 
 
 def routed(fleet: dict, picked, target, prompt, mask, fp) -> dict:
     """The gateway's counts after a dispatch of a `prompt`-token request to `target` where
-    `mask`: the picker's state, P_r and D_r."""
+    `mask`: the picker's state (`choose`'s, already masked), P_r and D_r."""
     blocks = jnp.where(mask, engine_blocks(prompt, fp), 0)
     at = jnp.arange(fleet["prefill"].shape[0]) == target
-    keep = jax.tree_util.tree_map(lambda a, b: jnp.where(mask, b, a), fleet["picker"], picked)
-    return dict(fleet, picker=keep, prefill=fleet["prefill"] + jnp.where(at, blocks, 0),
+    return dict(fleet, picker=picked, prefill=fleet["prefill"] + jnp.where(at, blocks, 0),
                 decode=fleet["decode"] + jnp.where(at, blocks, 0))
 
 

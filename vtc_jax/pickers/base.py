@@ -8,7 +8,9 @@ a state of its own; parameters apart from the state).
 
 `pick` chooses among the present replicas (`Snapshot.present`); `routed` records that the
 request was sent to `replica` (llm-d's approximate prefix index learns from it; the other
-pickers ignore it). The fleet calls `routed` right after the `pick` it acts on. Every
+pickers ignore it), and leaves the state as it is for `replica` < 0 (an event that routes
+nothing: the fleet masks there, not by a select over the state). The fleet calls `routed`
+right after the `pick` it acts on. Every
 function is pure, of one lane, with static shapes (`Shape`), and jit- and vmap-able; under
 the runner's vmap over lanes (core/lanes.py) the loops take bounds shared by the lanes.
 
