@@ -270,7 +270,7 @@ def test_compare_reports_shed_requests_per_tenant_and_per_replica(tmp_path, caps
     assert all(0 < e["busy_share"] <= 1 and 0 < e["mean_kv_use"] <= 1 for e in replicas)
 
 
-def test_latency_over_seeds_behind_a_gateway(tmp_path):
+def test_latency_over_seeds_behind_a_gateway(tmp_path, capsys):
     """A fleet's latency figures over --seeds, as on one server: results.json's
     latency["over_seeds"] per policy, tenant and figure (mean, 95% CI, min, max over the
     seeds) and the rows' ttft_p99_ms[TENANT] metrics. With --phase-unit 1 every seed
@@ -290,6 +290,8 @@ def test_latency_over_seeds_behind_a_gateway(tmp_path):
 
     same = run("same", "round-robin", "--phase-unit", "1")
     latency = same["latency"]
+    printed = capsys.readouterr().out  # the table's heading names the seeds it spans (it once said "over 1 seeds")
+    assert latency["seeds"] == 3 and "half width over 3 seeds" in printed and "seeds 1..2 redraw" in printed
     for policy, summary in latency["policies"].items():
         spread = latency["over_seeds"][policy]
         for name in [*latency["tenants"]]:

@@ -61,7 +61,7 @@ def report(args, recorder, rows, trace, names: list[str], file_row: np.ndarray, 
     clock, options = own(dict(settings.server_options)) if own is not None else shown  # what its reports print
     where = None if cluster is None else dict(cluster, server=args.server)
     out = {"log": str(args.log), "server": args.server, "step_time": clock, "settings": options,
-           "tenants": names, **({} if cluster is None else {"cluster": cluster}),
+           "tenants": names, "seeds": args.seeds, **({} if cluster is None else {"cluster": cluster}),
            "load": timed_compare.load_report(measured, arrival_us, where), "policies": {}}
     tables, bench, replicas = {}, {}, {}
     for row in rows:
