@@ -196,7 +196,7 @@ def _admit(state: ClusterState, rheads, clients, rstates, admitting, params: Clu
     """Every replica where `admitting` admits its candidate."""
     t = state.step
     reps, (orig, rowid), first = over_replicas(functools.partial(replica.rep_admit, cfg=cfg),
-                                          in_axes=(0, 0, 0, 0, 0, None, None))(
+                                                in_axes=(0, 0, 0, 0, 0, None, None))(
         state.reps, rheads, clients, rstates, admitting, t, params.engine)
     # a preempted request's admission again is not a wait (its first admission was)
     hist = state.wait_hist.at[clients, latency_bin(t - orig)].add(first.astype(I32))
@@ -248,7 +248,7 @@ def _finish(state: ClusterState, wl: ClusterWorkload, rheads, routers: Routers, 
     next_t = jnp.where(mask, jnp.where(~ahead.any() & routed & ~waits_for_tick, t + 1, jnp.maximum(t + 1, soonest)), t)
     elapsed = next_t - t
     reps = over_replicas(functools.partial(replica.rep_finish, cfg=cfg),
-                    in_axes=(0, 0, None, None, 0, None, 0, 0, 0, None))(
+                         in_axes=(0, 0, None, None, 0, None, 0, 0, 0, None))(
         state.reps, rheads, t, next_t, mask & bound, mask, server, work,
         jnp.where(stepped, work.elapsed, elapsed), params.engine)
     fleet = state.fleet
