@@ -55,7 +55,7 @@ import jax.numpy as jnp
 
 from vtc_jax.core import clock, over_clients
 from vtc_jax.core.once import once_for
-from vtc_jax.core.rows import CACHED, OUTPUT, PROMPT
+from vtc_jax.core.rows import ARRIVAL, CACHED, ORDER, OUTPUT, PROMPT
 from vtc_jax.core.wide import numbers
 from vtc_jax.engines import limits, quiet, requeue
 from vtc_jax.engines.engine_config import EngineConfig
@@ -159,9 +159,11 @@ def init_state(config: EngineConfig, lane: LaneInput, workload: Workload) -> Sta
 
 
 def _preemption_state(config: EngineConfig) -> dict:
-    if not servers.get(config.server).preempts:
+    server = servers.get(config.server)
+    if not server.preempts:
         return {}
-    return {"stacks": requeue.init(config.num_clients, config.requeue_depth), "begun": jnp.zeros((), bool)}
+    queue = requeue.init_tails if server.requeue_to_tail else requeue.init
+    return {"stacks": queue(config.num_clients, config.requeue_depth), "begun": jnp.zeros((), bool)}
 
 
 def _heads(state: State):
@@ -169,6 +171,8 @@ def _heads(state: State):
     stack's top when it has preempted requests, else its FIFO's head."""
     if state.stacks is None:
         return state.heads, state.head_index
+    if isinstance(state.stacks, requeue.Tails):
+        return state.heads, jnp.where(state.stacks.from_tail, requeue.fronts(state.stacks)[0], state.head_index)
     top_index, _ = requeue.tops(state.stacks)
     return state.heads, jnp.where(state.stacks.depth > 0, top_index, state.head_index)
 
@@ -198,8 +202,11 @@ def _estimates(state: State, params: Params, config: EngineConfig, client, rows,
 def _view(state: State, params: Params, heads, head_index, estimates, config: EngineConfig) -> View:
     load = servers.get(config.server).load(state.server)
     waiting = _waiting(state)
+    order = None  # the lane's one waiting order, when requeued requests join its tail (requeue.order_keys)
+    if isinstance(state.stacks, requeue.Tails):
+        order = requeue.order_keys(state.stacks, heads[:, ARRIVAL], heads[:, ORDER], config.num_rows)
     return View(num=numbers(config.wide), step=state.step, backlogged=waiting > 0, heads=heads, arrivals=state.arrivals,
-                head_index=head_index,
+                head_index=head_index, order=order,
                 waiting=waiting,
                 counter=state.counter, running=load.running, context=load.context, last_left=state.last_left,
                 costs=params.costs, estimates=estimates)
@@ -221,7 +228,14 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     charged = jnp.where(params.costs.charge_cached, prompt, prompt - cached)  # sent, or computed (the default)
     prefill = params.costs.prefill * charged
     stacks, generated, first = state.stacks, jnp.zeros((), I32), mask  # first: a new request (not a preempted one)
-    if stacks is not None:
+    tails = isinstance(stacks, requeue.Tails)
+    if tails:
+        again = stacks.from_tail[client]
+        generated = jnp.where(again, requeue.fronts(stacks)[1][client], 0)
+        first = mask & ~again
+        stacks = requeue.pop_tail(stacks, _onehot(client, k, mask & again))
+        prefill = jnp.where(again, 0, prefill)
+    elif stacks is not None:
         again = stacks.depth[client] > 0
         generated = jnp.where(again, requeue.tops(stacks)[1][client], 0)
         first = mask & ~again
@@ -240,7 +254,14 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     # The client's new head (meaningful if backlogged). Lanes that do not admit read row 0,
     # which every such event reads, so it stays cached: only admissions pay a miss.
     next_index = jnp.where(mask, fifo_index, 0)
-    if stacks is not None:  # or its stack's new top, if any
+    if tails:  # its FIFO's head or its ring's front, whichever waits first (requeue.Tails)
+        fifo_row = workload.requests[next_index]
+        fifo_waits = state.head[client] + first < state.arrived[client]
+        front_index, _, front_at, _ = (x[client] for x in requeue.fronts(stacks))
+        from_tail = (stacks.depth[client] > 0) & (~fifo_waits | (front_at < fifo_row[ARRIVAL]))
+        next_index = jnp.where(from_tail, front_index, next_index)
+        stacks = dataclasses.replace(stacks, from_tail=put_at(stacks.from_tail, client, from_tail, mask))
+    elif stacks is not None:  # or its stack's new top, if any
         left = stacks.depth[client]
         next_index = jnp.where(left > 0, stacks.index[client, jnp.maximum(left - 1, 0)], next_index)
     next_row, next_arrival = clock.split_rows(workload.requests[next_index])
@@ -275,6 +296,8 @@ def begin(state: State, view: View, params: Params, workload: Workload, mask, co
     running requests; its victims go onto their clients' stacks (a client's head is then
     its stack's top, read from the workload)."""
     server, out = servers.get(config.server).begin_step(state.server, params, view, state.step, mask)
+    if isinstance(state.stacks, requeue.Tails):  # its victims leave at the step's end (Work.requeue)
+        return dataclasses.replace(state, server=server, begun=state.begun | mask)
     stacks, overflow = requeue.push(state.stacks, out.mask & mask, out.client, out.index, out.generated)
     top_index, _ = requeue.tops(stacks)
     pushed = stacks.depth > state.stacks.depth
@@ -299,15 +322,29 @@ def _keep(old: dict, new: dict, mask) -> dict:
 
 
 def finish(state: State, view: View, workload: Workload, params: Params, mask, next_arrival, ahead,
-           config: EngineConfig, candidate, head_prompts):
+           config: EngineConfig, candidate, head_prompts, refused=None):
     """Phase 3 of step t where `mask`; t moves on (by a jump over idle steps when nothing
     runs or waits: to the next arrival or the horizon; or, with `ahead`, the timeline's next
     `quiet_window` entries, past the quiet steps that follow t). `candidate`: (client
     int32[], prompt int32[]) the policy's candidate, which did not fit (or none is
-    eligible); `head_prompts` int32[K]: view.heads[:, PROMPT], computed once."""
+    eligible); `head_prompts` int32[K]: view.heads[:, PROMPT], computed once; `refused`:
+    (bool[], row int32[5], generated int32[]) the candidate's request where one was refused
+    (read by a server with a `refused` hook)."""
     t, num = state.step, view.num
     load = servers.get(config.server).load(state.server)
-    server, work = servers.get(config.server).end_step(state.server, params, mask)
+    server = state.server
+    if servers.get(config.server).refused is not None:  # the candidate that ends the step, told to the server
+        refusing, row, generated = refused
+        server = servers.get(config.server).refused(server, params, row, generated=generated, mask=mask & refusing)
+    server, work = servers.get(config.server).end_step(server, params, mask)
+    stacks, heads, overflow = state.stacks, state.heads, state.overflow
+    if work.requeue is not None:  # victims to the tail of the waiting queue (requeue.Tails)
+        out = work.requeue
+        fifo_empty = state.arrived <= state.head
+        stacks, full = requeue.push_tail(stacks, out.mask & mask, out.client, out.index, out.generated, t, fifo_empty)
+        newly = stacks.from_tail & ~state.stacks.from_tail
+        front_rows = workload.requests[jnp.where(newly, requeue.fronts(stacks)[0], 0)]
+        heads, overflow = jnp.where(newly[:, None], front_rows, heads), overflow | (mask & full)
     decode = step_charge(params.costs, work)
     service = num.add(state.service, decode)
     idle = ~servers.get(config.server).busy(state.server) & ~over_clients.any_of(view.backlogged)
@@ -343,7 +380,7 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
                          config.record_every, num, **at_ends)
     return dataclasses.replace(
         state, step=next_t, service=service, counter=num.add(state.counter, decode * params.costs.counter_mult),
-        server=server, arrived=arrived, next=state.next + taken,
+        server=server, arrived=arrived, next=state.next + taken, stacks=stacks, heads=heads, overflow=overflow,
         begun=None if state.begun is None else state.begun & ~mask,
         policy=_keep(state.policy, policy_states, mask),
         limits=limits.on_step(state.limits, t, next_t, mask, params), measures=measures)
@@ -466,8 +503,14 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
         view.heads[choice.client, PROMPT], view.heads[:, PROMPT], view.backlogged)
     heads, head_index = view.heads, view.head_index
     view = view._replace(backlogged=backlogged)
+    refused = None
+    if server.refused is not None:
+        tails = isinstance(state.stacks, requeue.Tails)
+        generated = jnp.where(state.stacks.from_tail[client], requeue.fronts(state.stacks)[1][client], 0) if tails \
+            else jnp.zeros((), I32)
+        refused = (choice.has, view.heads[client], generated)
     state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config,
-                   (client, prompt), prompts)
+                   (client, prompt), prompts, refused)
     view = _view(state, params, heads, head_index, view.estimates, config)
     completing = active & server.due(state.server, state.step)
     state = complete(state, view, params, completing, config)

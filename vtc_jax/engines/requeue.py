@@ -77,3 +77,83 @@ def push(stacks: Stacks, mask, client, index, generated):
 def pop(stacks: Stacks, take) -> Stacks:
     """One entry off the stacks where take int32[K] is 1 (and the stack is not empty)."""
     return dataclasses.replace(stacks, depth=jnp.maximum(stacks.depth - take, 0))
+
+
+# ----------------------------------------------------------------------------------------
+# Tail requeue (SGLang's retraction): a victim goes to the TAIL of the waiting queue, behind
+# every request waiting when it left and ahead of every later arrival.
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Tails:
+    """Per client a FIFO ring of D requeued requests (a server with `requeue_to_tail`).
+
+    index, generated int32[K, D] as in Stacks; at int32[K, D] the step whose end requeued it
+    (it waits behind every request that arrived by then); seq int32[K, D] its number among
+    the lane's requeues (victims of one step in the server's order); front, depth int32[K];
+    from_tail bool[K]: the client's next request is its ring's front (its FIFO is empty, or
+    its FIFO head arrived after the front was requeued); count int32[] requeues so far.
+    The ring's front sorts in the lane's one waiting order as (at, R + seq) against a FIFO
+    head's (arrival, ORDER) (R: the workload's rows): `order_keys`."""
+
+    index: jax.Array
+    generated: jax.Array
+    at: jax.Array
+    seq: jax.Array
+    front: jax.Array
+    depth: jax.Array
+    from_tail: jax.Array
+    count: jax.Array
+
+
+def init_tails(num_clients: int, depth: int) -> Tails:
+    zeros = jnp.zeros((num_clients, depth), I32)
+    return Tails(index=zeros, generated=zeros, at=zeros, seq=zeros, front=jnp.zeros(num_clients, I32),
+                 depth=jnp.zeros(num_clients, I32), from_tail=jnp.zeros(num_clients, bool), count=jnp.zeros((), I32))
+
+
+def _front(q: Tails, field: jax.Array) -> jax.Array:
+    return field[jnp.arange(q.front.shape[0]), q.front]
+
+
+def fronts(q: Tails):
+    """(index, generated, at, seq) int32[K] at each ring's front (meaningful where depth > 0)."""
+    return _front(q, q.index), jnp.where(q.depth > 0, _front(q, q.generated), 0), _front(q, q.at), _front(q, q.seq)
+
+
+def push_tail(q: Tails, mask, client, index, generated, step, fifo_empty):
+    """Entries i (in order) where mask[i] join their clients' rings at the back, requeued at
+    the end of `step` (int32[]); fifo_empty bool[K]: the client's FIFO holds no arrived
+    request (its next request is then the ring's front). Returns (tails, overflow bool[])."""
+    k, d = q.index.shape
+    s = client.shape[0]
+    earlier = (client[:, None] == client[None, :]) & mask[None, :] & jnp.tri(s, k=-1, dtype=bool)
+    safe = jnp.clip(client, 0, k - 1)
+    place = q.depth[safe] + earlier.sum(axis=1, dtype=I32)
+    ok = mask & (place < d)
+    c = jnp.where(ok, client, k)
+    p = jnp.where(ok, (q.front[safe] + place) % d, 0)
+    seq = q.count + jnp.cumsum(mask.astype(I32)) - 1
+    mine = ((client[None, :] == jnp.arange(k)[:, None]) & mask[None, :]).sum(axis=1, dtype=I32)
+    return Tails(index=q.index.at[c, p].set(index, mode="drop"), generated=q.generated.at[c, p].set(generated, mode="drop"),
+                 at=q.at.at[c, p].set(jnp.broadcast_to(step, (s,)).astype(I32), mode="drop"),
+                 seq=q.seq.at[c, p].set(seq, mode="drop"), front=q.front, depth=jnp.minimum(q.depth + mine, d),
+                 from_tail=q.from_tail | ((mine > 0) & fifo_empty),
+                 count=q.count + mask.sum(dtype=I32)), (mask & (place >= d)).any()
+
+
+def pop_tail(q: Tails, take) -> Tails:
+    """The front off the rings where take int32[K] is 1 (and the ring is not empty)."""
+    take = jnp.where(q.depth > 0, take, 0)
+    return dataclasses.replace(q, front=(q.front + take) % q.index.shape[1], depth=q.depth - take)
+
+
+def order_keys(q: Tails, heads_arrival, heads_order, num_rows: int):
+    """int32[K, 2]: each client's next request's place in the lane's one waiting order,
+    (arrival, ORDER) for a FIFO head, (requeue step, R + seq) for a ring's front (compared as
+    core/wide.WIDE pairs: lexicographically)."""
+    _, _, at, seq = fronts(q)
+    first = jnp.where(q.from_tail, at, heads_arrival)
+    second = jnp.where(q.from_tail, num_rows + seq, heads_order)
+    return jnp.stack([first.astype(I32), second.astype(I32)], axis=-1)

@@ -81,7 +81,10 @@ class View(NamedTuple):
     requests running and their KV tokens; last_left: int32[] (-1: none); costs: Costs;
     estimates: int32[K] the cost estimator's output prediction for each head;
     arrivals: the heads' arrival times, of the clock's dtype [K], where a wide clock's do not
-    fit the rows' int32 ARRIVAL field (None: read heads[:, ARRIVAL]; `head_arrivals`).
+    fit the rows' int32 ARRIVAL field (None: read heads[:, ARRIVAL]; `head_arrivals`);
+    order: int32[K, 2] each head's place in the server's one waiting queue, compared as
+    core/wide.WIDE pairs, where a server requeues preempted requests at its tail
+    (engines/requeue.order_keys; None: ORDER, heads[:, ORDER]).
     """
 
     num: Any
@@ -97,6 +100,7 @@ class View(NamedTuple):
     costs: Costs
     estimates: jax.Array
     arrivals: Any = None
+    order: Any = None
 
 
 def head_arrivals(view: View) -> jax.Array:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from vtc_jax.core import wide
 from vtc_jax.core.errors import InputError
 from vtc_jax.core.rows import ORDER
 from vtc_jax.policies.base import Choice, Policy, argmin_choice, no_params, no_state
 
 
 def select(state, view, eligible, params) -> Choice:
-    """The oldest eligible FIFO head: smallest (arrival, number), i.e. smallest ORDER."""
+    """The oldest eligible FIFO head: smallest (arrival, number), i.e. smallest ORDER (or,
+    on a server that requeues at its tail, the head first in its one waiting order)."""
+    if view.order is not None:
+        return argmin_choice(view.order, eligible, state, num=wide.WIDE)
     return argmin_choice(view.heads[:, ORDER], eligible, state)
 
 

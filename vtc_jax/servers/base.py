@@ -171,7 +171,9 @@ class Work:
     policy may read (StepEnd.detail; None: none); time: int32[K] each client's share of the
     step's time in us (--cost time: step_time.slot_shares; None: not kept); emptied: bool[]
     the step finished every request it ran, on a server that then frees the engine from the
-    step's start (BLIS's event order, the vllm servers' `blis_engine` option; None: never)."""
+    step's start (BLIS's event order, the vllm servers' `blis_engine` option; None: never);
+    requeue: a Requeue of the requests the step retracted, which go to the TAIL of the waiting
+    queue in its order (a server with `requeue_to_tail`, SGLang's; None: none)."""
 
     decoded: jax.Array
     attended: jax.Array
@@ -179,6 +181,7 @@ class Work:
     detail: Any = None
     time: Any = None
     emptied: Any = None
+    requeue: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -298,6 +301,12 @@ class Server:
     fuzz_options: Callable[..., dict] | None = None
     preempts: bool = False
     begin_step: Callable[..., tuple[Any, Requeue]] | None = None
+    # SGLang's retraction: its victims leave at the step's end (Work.requeue) for the TAIL of the waiting queue
+    # (engines/requeue.Tails), where vLLM's go back to the front at the step's start
+    requeue_to_tail: bool = False
+    # refused(state, params, row, *, generated, mask) -> state: the step's admissions end because this candidate
+    # did not fit (a server that remembers a refusal, SGLang's sticky batch_is_full); None: nothing to tell
+    refused: Callable[..., Any] | None = None
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)
