@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a trace CSV under one scheduler",
                         description="Replay TRACE.csv under one scheduler (header arrival,client,prompt,output"
                                     "[,cached]; with --server vllm arrival,client,prompt,output[,priority][,prefix_id]"
+                                    "[,prefix_len], with --server sglang arrival,client,prompt,output[,prefix_id]"
                                     "[,prefix_len], any client labels; arrival in steps).")
     rp.add_argument("trace_paths", nargs="+", metavar="TRACE",
                     help="the input: a trace CSV in steps, or any format of --format (several files: one tenant each "
@@ -86,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_scheduler_flags(rp, kv_budget_required=False)
     add_server_flags(rp)
     rp.add_argument("--schedule-out", metavar="OUT.json",
-                    help="server vllm: write the step-by-step schedule and per-request first-token/finish steps "
-                         "in the layout of the real vLLM scheduler's logs")
+                    help="servers vllm, vllm_prefix, sglang: write the step-by-step schedule and per-request "
+                         "first-token/finish steps in the layout of the real vLLM (SGLang) scheduler's golden logs")
     rp.add_argument("--preset", default=None, help="a server with a step-time model (vllm): a timed replay with "
                     "the preset's step durations (" + ", ".join(step_time.presets()) + "), arrivals from the log's "
                     "timestamps in us")

@@ -18,6 +18,7 @@ from vtc_jax.cli.server_replay import replay_on_server
 from vtc_jax.core import fileio
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver.results import load_values, overloaded
+from vtc_jax.driver.schedules import no_schedule
 from vtc_jax.inputs.workload import Trace
 from vtc_jax.measures.online import PAIR_DRIFT_MAX_CLIENTS, MeasureConfig
 from vtc_jax.servers import registry as servers
@@ -68,7 +69,7 @@ def replay_command(args) -> tuple[dict, dict, object]:
             raise InputError(f"--kv-budget M is required (the {args.server} server's memory)")
     server_options(args)  # refuses another server's flags
     if args.schedule_out:
-        raise InputError("--schedule-out needs a server that keeps a schedule (--server vllm)")
+        raise no_schedule(args.server)
     trace, num_clients = load_for_replay(args)
     window = args.share_window or (0, 0)
     settings = settings_from_args(args, args.policy, window)

@@ -1,5 +1,6 @@
 """`--server NAME` and the settings of servers other than `ideal`, under the names of the
-engines they model (vLLM's engine arguments: `--num-gpu-blocks`, `--max-num-seqs`, ...).
+engines they model (vLLM's engine arguments: `--num-gpu-blocks`, `--max-num-seqs`, ...;
+SGLang's server arguments: `--max-total-tokens`, `--max-running-requests`, ...).
 
 A flag given for a server that does not read it is refused (one line naming both), so a
 run never silently ignores what a user asked for."""
@@ -11,7 +12,7 @@ import sys
 
 import numpy as np
 
-from vtc_jax.cli.common import int_arg
+from vtc_jax.cli.common import float_arg, int_arg
 from vtc_jax.core.errors import InputError
 from vtc_jax.servers import registry as servers
 
@@ -46,6 +47,20 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="share KV blocks of common content (the log's hash_ids, session_id or prefix_id/"
                             "prefix_len) and keep freed blocks cached: runs --server vllm as vllm_prefix (default: on "
                             "when the log carries such content, as vLLM V1)")
+    group = parser.add_argument_group("server sglang (SGLang's server arguments; docs/SGLANG.md)")
+    group.add_argument("--max-total-tokens", type=int_arg(2, LIMIT), metavar="KV",
+                       help="the KV pool in tokens (page size 1; required)")
+    group.add_argument("--max-running-requests", type=int_arg(1, LIMIT), metavar="S",
+                       help="running requests at most (required; capped at KV // 2, as SGLang does)")
+    group.add_argument("--chunked-prefill-size", type=int_arg(-LIMIT, LIMIT), metavar="C",
+                       help="prefill tokens of one chunk (default 8192; <= 0: chunking off)")
+    group.add_argument("--max-prefill-tokens", type=int_arg(1, LIMIT), metavar="X",
+                       help="prefill tokens of one step (default 16384)")
+    group.add_argument("--schedule-conservativeness", type=float_arg(0.0, open_min=True), metavar="Y",
+                       help="scales the new-token ratio's start (default 1.0; > 0)")
+    group.add_argument("--schedule-policy", default=None, metavar="POLICY",
+                       help="SGLang's waiting order: fcfs (the default; lpm and SGLang's other policies are "
+                            "not modelled yet)")
 
 
 def server_options(args) -> tuple:
@@ -89,6 +104,21 @@ def prefix_caching_default(args, log) -> str:
                   "--no-enable-prefix-caching turns it off", file=sys.stderr)
             args.server = caching
     return args.server
+
+
+def group_options(prefix_id, prefix_len, tenant, arrival, prompt, output) -> dict:
+    """--server sglang's `prefix_blocks` setting: the trace's prefix groups (prefix_id,
+    prefix_len per request, trace order), read as the SGLang goldens' traces are
+    (testing/sglang_goldens.read_trace_csv): a prefix_id of -1 or blank, or a prefix_len of
+    0, is no shared prefix; `arrival`: the engine trace's arrivals (its ORDER)."""
+    from vtc_jax.inputs import prefix_blocks
+    from vtc_jax.servers.vllm_prefix import prefix_options
+
+    length = np.asarray(prefix_len, np.int64)
+    none = [g is None or g in ("", "-1") or n <= 0 for g, n in zip(prefix_id, length.tolist())]
+    ident = prefix_blocks.groups([None if x else g for g, x in zip(prefix_id, none)],
+                                 np.where(none, 0, length), tenant)
+    return prefix_options(arrival, prompt, output, ident)
 
 
 def content_options(args, log, arrival) -> dict:

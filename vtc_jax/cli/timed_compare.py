@@ -22,6 +22,7 @@ from vtc_jax.cli.server_flags import server_options
 from vtc_jax.core.errors import InputError
 from vtc_jax.driver import capacity
 from vtc_jax.driver.latency import DEFAULT_SLO, PERCENTILES, gateway_drops, per_tenant
+from vtc_jax.servers import registry as servers
 from vtc_jax.servers import step_time
 
 RECORD_BYTES = 1 << 30  # the most memory the per-token record (ITL percentiles) may take, every lane together
@@ -94,6 +95,9 @@ def model_of(args) -> step_time.StepTime:
 
 def server_settings(args, model: step_time.StepTime) -> dict:
     options = dict(server_options(args))
+    own = servers.get(args.server).model_options
+    if own is not None:  # a server that fills its own settings from the model (its KV pool)
+        return own(model, options)
     if "num_gpu_blocks" not in options:
         if model.num_gpu_blocks is None:
             raise InputError(f"step-time model {model.name} names no KV pool: give --num-gpu-blocks")

@@ -117,8 +117,13 @@ def _pow2(x: int) -> int:
 def check_server(name: str):
     """The replicas' server (servers.registry): any registered server; a timed one (slora,
     vllm) runs with a clock per replica, one that preempts (vllm) with a requeue per
-    replica (docs/CLUSTER.md)."""
-    return servers.get(name)
+    replica (docs/CLUSTER.md). A server whose victims go to the tail of its queue or that
+    computes in doubles (sglang) is not a replica yet: refused by name."""
+    chosen = servers.get(name)
+    if chosen.requeue_to_tail or chosen.refused is not None or chosen.x64:
+        raise InputError(f"--server {name} cannot be a fleet's replica yet (--replicas): its retraction to the tail "
+                         "of the queue is not in the cluster's replicas; run it as one server")
+    return chosen
 
 
 def plan_config(clusters: Sequence[ClusterSettings], *, num_clients, tenant_rows: int, min_prompt: int,

@@ -391,7 +391,7 @@ def run_traces(traces: Sequence[Trace], settings: Sequence[Settings], *, num_cli
     config, horizons, budget, expected = plan_lanes(traces, settings, num_clients, steps, record_every,
                                                     allow_unadmittable, arrival_width, measures, policies, wide,
                                                     server, log_steps, quiet_window)
-    with clock.context(config.wide_clock):
+    with clock.context(config.x64):
         return _run_planned(traces, settings, config, horizons, budget, expected, num_clients=num_clients,
                             steps=steps, arrival_width=arrival_width, chunk=chunk, mesh=mesh, progress=progress)
 
@@ -561,7 +561,7 @@ def simulate_sources(srcs: Sequence[sources.Source], settings: Sequence[Settings
         raise InputError("no lanes: give at least one seed")
     config = config or source_config(srcs, settings, record_every, arrival_width, measures, policies, server)
     validate_lanes(srcs, settings, config)
-    with clock.context(config.wide_clock):
+    with clock.context(config.x64):
         return _simulate(srcs, settings, seeds, config, base_seed=base_seed, chunk=chunk, mesh=mesh,
                          progress=progress)
 

@@ -207,7 +207,7 @@ class ModelEngine:
         buffers. The server's state is sized from its own `init` (abstractly: nothing is
         allocated), so a server with per-row tables or a schedule log is counted whole."""
         k, r = config.num_clients, config.num_rows
-        with clock.context(config.wide_clock):  # a wide clock's stamps are int64
+        with clock.context(config.x64):  # a wide clock's stamps are int64 (and sglang's doubles)
             server = jax.eval_shape(lambda: servers.get(config.server).init(config.server_shape))
         words = 4 * NUM_WORDS * r + sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(server))
         measures = 4 * (3 * config.num_checkpoints * k + 2 * 264 * k + 3 * k * k)
@@ -472,7 +472,7 @@ def evaluate(sweep: Sweep, seeds: Sequence[int], *, base_seed: int = 0, chunk: i
             batch = [mine[(first + j) % len(mine)] for j in range(size)]  # the last chunk repeats lanes
             keep = min(size, len(mine) - first)
             chunk_rows = [rows[lane // len(seeds)] for lane in batch]
-            with clock.context(getattr(config, "wide_clock", False)):  # core/clock.py
+            with clock.context(getattr(config, "x64", False)):  # core/clock.py
                 results = engine.run(chunk_rows, [seeds[lane % len(seeds)] for lane in batch], config, base_seed,
                                      mesh, progress.chunk(keep, size))
             values = {"metrics": sweep.metrics(results, chunk_rows), "finished": results.finished}

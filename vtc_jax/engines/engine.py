@@ -345,6 +345,8 @@ def finish(state: State, view: View, workload: Workload, params: Params, mask, n
         newly = stacks.from_tail & ~state.stacks.from_tail
         front_rows = workload.requests[jnp.where(newly, requeue.fronts(stacks)[0], 0)]
         heads, overflow = jnp.where(newly[:, None], front_rows, heads), overflow | (mask & full)
+    if work.overflow is not None:
+        overflow = overflow | (mask & work.overflow)
     decode = step_charge(params.costs, work)
     service = num.add(state.service, decode)
     idle = ~servers.get(config.server).busy(state.server) & ~over_clients.any_of(view.backlogged)
@@ -503,12 +505,7 @@ def step_lane(state: State, lane: LaneInput, workload: Workload, config: EngineC
         view.heads[choice.client, PROMPT], view.heads[:, PROMPT], view.backlogged)
     heads, head_index = view.heads, view.head_index
     view = view._replace(backlogged=backlogged)
-    refused = None
-    if server.refused is not None:
-        tails = isinstance(state.stacks, requeue.Tails)
-        generated = jnp.where(state.stacks.from_tail[client], requeue.fronts(state.stacks)[1][client], 0) if tails \
-            else jnp.zeros((), I32)
-        refused = (choice.has, view.heads[client], generated)
+    refused = None if server.refused is None else (choice.has, view.heads[client], _generated(state, client))
     state = finish(state, view, workload, params, finishing, next_arrival, ahead if jump else None, config,
                    (client, prompt), prompts, refused)
     view = _view(state, params, heads, head_index, view.estimates, config)
@@ -537,12 +534,21 @@ def _lane_view(state: State, params: Params, config: EngineConfig) -> View:
                  config)
 
 
+def _generated(state: State, client) -> jax.Array:
+    """int32[]: the tokens `client`'s next request had generated (0 unless it was preempted)."""
+    if state.stacks is None:
+        return jnp.zeros((), I32)
+    if isinstance(state.stacks, requeue.Tails):
+        return jnp.where(state.stacks.from_tail[client], requeue.fronts(state.stacks)[1][client], 0)
+    return requeue.tops(state.stacks)[1][client]
+
+
 def _candidate(state: State, params: Params, config: EngineConfig):
     """(view, choice, fits bool[]): the lane's view, its policy's candidate and whether
     the candidate's request fits the server now."""
     view = _lane_view(state, params, config)
     choice = select(state, view, params, config)
-    generated = jnp.zeros((), I32) if state.stacks is None else requeue.tops(state.stacks)[1][choice.client]
+    generated = _generated(state, choice.client)
     server = servers.get(config.server)
     fits = server.fits(state.server, params, view.heads[choice.client], generated=generated,
                        **({"client": choice.client} if server.fits_client else {}))

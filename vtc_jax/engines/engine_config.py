@@ -69,6 +69,11 @@ class EngineConfig:
     wide_clock: bool = False
 
     @property
+    def x64(self) -> bool:
+        """The run needs JAX's 64-bit mode: a wide clock, or a server that computes in doubles."""
+        return self.wide_clock or servers.get(self.server).x64
+
+    @property
     def clock(self):
         """The clock's dtype (int32, or int64 for a wide clock)."""
         return clock.dtype(self.wide_clock)

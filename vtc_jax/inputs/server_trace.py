@@ -59,6 +59,15 @@ class ServerTrace:
         rank = {p: r for r, p in enumerate(sorted({p for _, p in pairs}))}  # bands keep the order, in range
         return queue, [rank[p] for _, p in pairs], [t for t, _ in pairs]
 
+    def reordered(self, order: np.ndarray) -> ServerTrace:
+        """The trace with its rows in `order` (int64[N], a permutation of its row indices),
+        every per-row column taken along (tenant ids and labels unchanged)."""
+        order = np.asarray(order, np.int64)
+        return dataclasses.replace(self, tenant=self.tenant[order], arrival=self.arrival[order],
+                                   prompt=self.prompt[order], output=self.output[order],
+                                   priority=self.priority[order], prefix_id=tuple(self.prefix_id[i] for i in order),
+                                   prefix_len=self.prefix_len[order], lines=self.lines[order])
+
     def engine_trace(self, queue: np.ndarray) -> Trace:
         """The engine's Trace with `queue` as client ids (file lines kept for messages)."""
         return Trace(self.arrival, queue, self.prompt, self.output, np.zeros(len(self), np.int64), lines=self.lines,

@@ -173,7 +173,9 @@ class Work:
     the step finished every request it ran, on a server that then frees the engine from the
     step's start (BLIS's event order, the vllm servers' `blis_engine` option; None: never);
     requeue: a Requeue of the requests the step retracted, which go to the TAIL of the waiting
-    queue in its order (a server with `requeue_to_tail`, SGLang's; None: none)."""
+    queue in its order (a server with `requeue_to_tail`, SGLang's; None: none); overflow:
+    bool[] the step could not run as the modelled engine would (out of memory, a fixed
+    structure full): the lane is flagged as not finished (None: never)."""
 
     decoded: jax.Array
     attended: jax.Array
@@ -182,6 +184,7 @@ class Work:
     time: Any = None
     emptied: Any = None
     requeue: Any = None
+    overflow: Any = None
 
 
 @jax.tree_util.register_dataclass
@@ -307,6 +310,16 @@ class Server:
     # refused(state, params, row, *, generated, mask) -> state: the step's admissions end because this candidate
     # did not fit (a server that remembers a refusal, SGLang's sticky batch_is_full); None: nothing to tell
     refused: Callable[..., Any] | None = None
+    # model_options(model: step_time.StepTime, options) -> options: its settings filled in from a step-time model
+    # (the KV pool the model names, the GPU's defaults) and the model checked against them; None: vLLM's rule
+    # (cli/timed_compare.server_settings: num_gpu_blocks and the H100 defaults)
+    model_options: Callable[..., dict] | None = None
+    # arrival_order(arrival, rows) -> int64[N]: a replay's trace rows in the order the server's queue takes
+    # same-step arrivals (SGLang's golden harness: request ids as strings), for a server whose replays read
+    # iteration traces with prefix groups; None: the file's order
+    arrival_order: Callable[..., Any] | None = None
+    # its lanes run under JAX's 64-bit mode (SGLang's new-token ratio and budgets are doubles); counts stay int32
+    x64: bool = False
     fits_client: bool = False  # `fits` reads the candidate's client (keyword `client`)
     wake: Callable[..., jax.Array] | None = None  # wake(params, now, next_arrival): when an idle server starts again
     max_horizon: int = (2**31 - 1) // 2  # the longest drain horizon in its time unit (a step past it must not wrap)

@@ -9,6 +9,7 @@ import dataclasses
 from vtc_jax.core.registry import Registry
 from vtc_jax.servers.base import Server
 from vtc_jax.servers.ideal import IDEAL, IDEAL_RESERVE
+from vtc_jax.servers.sglang import SGLANG
 from vtc_jax.servers.slora import SLORA
 from vtc_jax.servers.vllm_prefix import VLLM_PREFIX
 from vtc_jax.servers.vllm_v1 import VLLM
@@ -22,6 +23,7 @@ register(VLLM)
 register(IDEAL_RESERVE)
 register(VLLM_PREFIX)
 register(SLORA)
+register(SGLANG)
 
 DEFAULT_SERVER = names()[0]  # the server a run gets when none is named (the first registered: MODEL.md's)
 
