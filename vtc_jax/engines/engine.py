@@ -231,13 +231,13 @@ def admit(state: State, view: View, choice, params: Params, workload: Workload, 
     tails = isinstance(stacks, requeue.Tails)
     if tails:
         again = stacks.from_tail[client]
-        generated = jnp.where(again, requeue.fronts(stacks)[1][client], 0)
+        generated = _generated(state, client)
         first = mask & ~again
         stacks = requeue.pop_tail(stacks, _onehot(client, k, mask & again))
         prefill = jnp.where(again, 0, prefill)
     elif stacks is not None:
         again = stacks.depth[client] > 0
-        generated = jnp.where(again, requeue.tops(stacks)[1][client], 0)
+        generated = _generated(state, client)
         first = mask & ~again
         stacks = requeue.pop(stacks, _onehot(client, k, mask & again))
         prefill = jnp.where(again, 0, prefill)  # a recompute is not charged again: its tokens were

@@ -43,7 +43,7 @@ from vtc_jax.core.rows import ORDER, OUTPUT, PROMPT
 from vtc_jax.servers import sglang_radix as radix
 from vtc_jax.servers import base, step_time
 from vtc_jax.servers.records import outcome_record, timed_by_options
-from vtc_jax.servers.vllm_v1_state import add_gpu_time
+from vtc_jax.servers.vllm_v1_state import _per_client, add_gpu_time
 from vtc_jax.servers import sglang_state as ss
 from vtc_jax.servers.base import Finished, Load, Requeue, Server, Work
 from vtc_jax.servers.sglang_state import DONE, F64, FREE, I32, NEW, RUN, SglangState, fill, ident, live
@@ -375,12 +375,12 @@ def _retract(st: SglangState, p: dict, mask):
         st = _evict_to_free(st, need, mask)
         return st, st.kv_free >= need
 
-    def more(carry):
-        st, left, victims, n, first, done = carry
+    def more(carry):  # the first pass always retracts (done starts False); then until the rest fits
+        st, left, victims, n, done = carry
         return mask & ~done & (left.sum() > 1)
 
     def one(carry):
-        st, left, victims, n, first, done = carry
+        st, left, victims, n, done = carry
         v = _victim(st, left)
         left = left.at[v].set(False)
         st = _release(st, v, False, True)
@@ -389,11 +389,11 @@ def _retract(st: SglangState, p: dict, mask):
         st = dataclasses.replace(st, out=dataclasses.replace(st.out, preemptions=st.out.preemptions.at[
             st.index[v]].add(1)))
         st, ok = mem_ok(st, left)
-        return st, left, victims.at[n].set(v), n + 1, False, ok
+        return st, left, victims.at[n].set(v), n + 1, ok
 
     left = mask & (st.phase == RUN)
-    carry = (st, left, jnp.full(s, -1, I32), jnp.zeros((), I32), True, jnp.zeros((), bool))
-    st, left, victims, n, _, _ = jax.lax.while_loop(more, one, carry)
+    carry = (st, left, jnp.full(s, -1, I32), jnp.zeros((), I32), jnp.zeros((), bool))
+    st, left, victims, _, _ = jax.lax.while_loop(more, one, carry)
     st, ok = mem_ok(st, left)
     abort = mask & (left.sum() <= 1) & ~ok  # SGLang aborts the last request: the lane is flagged
     # the rest in sorted order: (n_out, -prompt) descending, ties in running order (a stable sort)
@@ -447,10 +447,12 @@ def end_step(st: SglangState, params, mask):
     tokens = jnp.where(prefill, scheduled, decoding.astype(I32))
     st = dataclasses.replace(st, open=st.open & ~mask, t_end=jnp.where(mask, st.t_begin + elapsed, st.t_end),
                              log=_log(st, prefill | decode | requeue.mask.any(), tokens, finished, requeue))
-    work = Work(decoded=ss.per_client(sampled.astype(I32), clients, mask, k),
-                attended=ss.per_client(context_p + context_d, clients, mask & sampled, k), elapsed=elapsed,
+    counted = mask & sampled
+    work = Work(decoded=_per_client(counted.astype(I32), clients, counted, k),
+                attended=_per_client(context_p + context_d, clients, counted, k), elapsed=elapsed,
                 requeue=requeue, overflow=st.flagged | st.tree.overflow,
-                time=ss.per_client(shares_p + shares_d, clients, mask, k) if st.shares else None)
+                time=_per_client(shares_p + shares_d, clients, jnp.broadcast_to(mask, clients.shape), k)
+                if st.shares else None)
     return st, work
 
 
@@ -489,8 +491,8 @@ def busy(st: SglangState) -> jax.Array:
 def load(st: SglangState) -> Load:
     k = st.num_clients
     held = live(st)
-    return Load(running=ss.per_client(held.astype(I32), st.client, held, k),
-                context=ss.per_client(fill(st), st.client, held, k))
+    return Load(running=_per_client(held.astype(I32), st.client, held, k),
+                context=_per_client(fill(st), st.client, held, k))
 
 
 def prefix_hit(st: SglangState, params, row, *, generated):

@@ -371,10 +371,6 @@ def live(st: SglangState):
     return (st.phase == RUN) | (st.phase == NEW)
 
 
-def per_client(values, client, mask, k: int):
-    return jnp.zeros(k, I32).at[jnp.where(mask, client, k)].add(values, mode="drop")
-
-
 def census(host: SglangState, num_clients: int) -> np.ndarray:
     """int64[B, K]: requests the server holds per client (running, in the prefill list, or
     finished and not yet handed back), counted from the slots."""
